@@ -1,0 +1,61 @@
+"""The one interface every policy implements, shared by rollout servers, RL and SFT trainers.
+
+Observations are dicts of batched tensors, the same keys the env workers put on the wire:
+
+- classic control: ``{"state": float32[B, obs_dim]}``
+- VLA tasks: ``{"image": uint8[B, H, W, 3], "instruction": int32[B, L] (byte tokens, 0 = pad),
+  "proprio": float32[B, P]}``
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ObsBatch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActOutput:
+    """What a policy returns when it acts.
+
+    Attributes:
+        action: int64[B] for discrete heads, int64[B, D] for binned action tokens,
+            float32[B, D] for Gaussian heads.
+        log_prob: float32[B], log-probability of ``action`` under the policy (summed over dims).
+        value: float32[B], the critic's estimate for the observation.
+    """
+
+    action: torch.Tensor
+    log_prob: torch.Tensor
+    value: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalOutput:
+    """What a policy returns when it re-scores actions during training.
+
+    Attributes:
+        log_prob: float32[B], log-probability of the given actions.
+        entropy: float32[B], entropy of the action distribution.
+        value: float32[B], the critic's estimate.
+    """
+
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    value: torch.Tensor
+
+
+class ActorCritic(nn.Module, abc.ABC):
+    """A policy with a value head. Subclasses implement ``act`` and ``evaluate``."""
+
+    @abc.abstractmethod
+    def act(self, obs: ObsBatch, deterministic: bool = False) -> ActOutput:
+        """Sample (or take the mode of) an action for each observation in the batch."""
+
+    @abc.abstractmethod
+    def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
+        """Log-probability, entropy and value for given observations and actions."""
