@@ -1,0 +1,78 @@
+"""The ``rlvla3`` command: ``launch`` a run, ``monitor`` it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlvla3.typed_load import ConfigError
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from rlvla3.launcher import launch
+
+    return launch(args.config, args.set, node=args.node, out=args.out, resume=args.resume)
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    import redis
+
+    from rlvla3.monitor import RunNotFound, find_run, snapshot, watch
+    from rlvla3.registry import Registry
+
+    try:
+        info = {"redis_url": args.redis, "run_id": args.run} if args.redis else find_run(
+            args.run, args.runs_root
+        )
+    except RunNotFound as err:
+        print(f"rlvla3 monitor: {err}", file=sys.stderr)
+        return 2
+    registry = Registry(info["redis_url"], info["run_id"])
+    try:
+        if args.json:
+            print(json.dumps(snapshot(registry), indent=2))
+            return 0
+        return watch(registry, args.interval)
+    except (redis.ConnectionError, FileNotFoundError) as err:
+        print(f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``rlvla3`` command."""
+    parser = argparse.ArgumentParser(prog="rlvla3", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("launch", help="start a run from a launch YAML and supervise it")
+    p.add_argument("config", nargs="?", default=None, help="launch YAML (default: embedded defaults)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set run.mode=sync (repeatable)")
+    p.add_argument("--node", default=None, help="start only this node's roles (multi-host runs)")
+    p.add_argument("--out", default=None, help="run dir (default: run.output_dir/run.name)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse an existing run dir and continue from its checkpoints")
+    p.set_defaults(func=_launch)
+
+    p = sub.add_parser("monitor", help="live view of a run (or one --json snapshot)")
+    p.add_argument("--run", default=None, help="run dir or run name (default: newest under runs/)")
+    p.add_argument("--runs-root", default="runs", help="where run names are looked up")
+    p.add_argument("--redis", default=None, help="Redis URL (then --run is the run id)")
+    p.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
+    p.set_defaults(func=_monitor)
+    return parser  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``rlvla3`` console command."""
+    args = build_parser().parse_args(argv)
+    try:
+        sys.exit(args.func(args))
+    except ConfigError as err:
+        print(f"rlvla3: config error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

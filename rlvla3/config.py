@@ -1,0 +1,232 @@
+"""The run configuration: typed dataclasses loaded from one YAML file.
+
+Unknown or mistyped keys fail with one line naming the key path; ``--set a.b=c`` overrides are
+applied to the raw YAML before validation, so they are checked exactly like file values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rlvla3.role_settings import ROLE_SETTINGS
+from rlvla3.typed_load import ConfigError, from_dict, to_dict
+
+Mode = Literal["sync", "async_rollout", "async"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopConfig:
+    """When the launcher ends a run. Zero or null disables a condition."""
+
+    max_env_steps: int = 0
+    max_wall_s: float = 0.0
+    target_mean_return: float | None = None
+    return_window: int = 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """Run identity, mode and bookkeeping. The run id in Redis keys is ``name``.
+
+    ``transport``: ``tcp`` binds free ports on each node's host; ``ipc`` uses unix socket paths in
+    the run dir (one host only).
+    """
+
+    name: str = "run"
+    mode: Mode = "async"
+    seed: int = 0
+    output_dir: str = "runs"
+    redis_url: str | None = None
+    transport: Literal["tcp", "ipc"] = "tcp"
+    heartbeat_ttl_s: float = 5.0
+    progress_interval_s: float = 5.0
+    stop_timeout_s: float = 20.0
+    stop: StopConfig = field(default_factory=StopConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """One host. ``host`` is the address its roles bind and advertise (loopback by default)."""
+
+    name: str
+    host: str = "127.0.0.1"
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartPolicy:
+    """How the launcher treats a role process that exits with an error."""
+
+    max_restarts: int = 3
+    backoff_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoleConfig:
+    """How many processes of a role, where, and the role's own settings.
+
+    ``node`` is a node name or a list of names the instances are spread over round-robin;
+    null places every instance on the first node.
+    """
+
+    count: int = 1
+    node: str | list[str] | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StragglerSettings:
+    """Added per-step simulator latency, for measuring asynchrony (``none`` disables it)."""
+
+    distribution: Literal["none", "lognormal", "constant"] = "none"
+    mean_ms: float = 20.0
+    sigma: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvConfig:
+    """The simulator every env worker runs: any gymnasium id or a built-in ``rlvla3/...`` task."""
+
+    id: str = "CartPole-v1"
+    num_envs_per_worker: int = 4
+    chunk_len: int = 32
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    straggler: StragglerSettings = field(default_factory=StragglerSettings)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyConfig:
+    """Which policy network. ``vla`` holds the VLA model's fields (see rlvla3/policy/vla.py)."""
+
+    kind: Literal["mlp", "vla"] = "mlp"
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    vla: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgoConfig:
+    """PPO with off-policy correction for lagging rollouts."""
+
+    lr: float = 2.5e-4
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip_coef: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    epochs: int = 4
+    minibatch_size: int = 256
+    chunks_per_update: int = 8
+    max_staleness: int = 2
+    correction: Literal["none", "truncated_is", "vtrace"] = "truncated_is"
+    publish_every: int = 1
+    checkpoint_every: int = 50
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SftConfig:
+    """Packed-sequence supervised pretraining on demonstrations."""
+
+    dataset: str = ""
+    token_budget: int = 2048
+    lr: float = 3e-4
+    max_steps: int = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """The whole run, as one YAML file describes it."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    nodes: list[NodeConfig] = field(default_factory=lambda: [NodeConfig(name="local")])
+    roles: dict[str, RoleConfig] = field(default_factory=dict)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+
+    def role_settings(self, role: str) -> Any:
+        """The typed settings dataclass of ``role``, validated against its schema."""
+        raw = self.roles[role].settings if role in self.roles else {}
+        return from_dict(ROLE_SETTINGS[role], raw, f"roles.{role}.settings")
+
+    def node(self, name: str) -> NodeConfig:
+        """The node called ``name``."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise ConfigError(f"nodes: no node named {name!r}")
+
+    def placement(self, role: str) -> list[str]:
+        """Node name of every instance of ``role``, by index."""
+        rc = self.roles[role]
+        names = [rc.node] if isinstance(rc.node, str) else (rc.node or [self.nodes[0].name])
+        return [names[i % len(names)] for i in range(rc.count)]
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a YAML file (or embedded defaults when ``path`` is None) and apply ``a.b=c`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Validate plain data into a Config, checking cross-references too."""
+    cfg = from_dict(Config, raw)
+    _validate(cfg)
+    return cfg
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. run.mode=sync")
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is not a mapping, cannot set {key}")
+        node = child
+    node[parts[-1]] = yaml.safe_load(text) if text else ""
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML, as saved beside the run's logs."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _validate(cfg: Config) -> None:
+    names = [n.name for n in cfg.nodes]
+    if not names:
+        raise ConfigError("nodes: at least one node is required")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"nodes: duplicate node names in {names}")
+    for role, rc in cfg.roles.items():
+        if role not in ROLE_SETTINGS:
+            known = ", ".join(sorted(ROLE_SETTINGS))
+            raise ConfigError(f"roles.{role}: unknown role (known roles: {known})")
+        if rc.count < 0:
+            raise ConfigError(f"roles.{role}.count: must be >= 0, got {rc.count}")
+        placed = [rc.node] if isinstance(rc.node, str) else (rc.node or [])
+        for node in placed:
+            if node not in names:
+                raise ConfigError(f"roles.{role}.node: no node named {node!r} (nodes: {names})")
+        cfg.role_settings(role)
+    if cfg.env.num_envs_per_worker < 1:
+        raise ConfigError("env.num_envs_per_worker: must be >= 1")
+    if cfg.env.chunk_len < 1:
+        raise ConfigError("env.chunk_len: must be >= 1")

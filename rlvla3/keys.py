@@ -1,0 +1,76 @@
+"""Every Redis key the project uses, built in one place: ``rlvla3:{run_id}:...``.
+
+Roles, the launcher and the monitor never spell a key themselves; they call these functions, so
+the key layout can be read (and changed) here alone.
+"""
+
+from __future__ import annotations
+
+PREFIX = "rlvla3"
+
+
+def run_prefix(run_id: str) -> str:
+    """Common prefix of all keys of one run (used to clear a run's state)."""
+    _check(run_id, "run_id")
+    return f"{PREFIX}:{run_id}"
+
+
+def role_id(role: str, index: int) -> str:
+    """The id of one role instance, e.g. ``env_worker/0``."""
+    _check(role, "role")
+    return f"{role}/{index}"
+
+
+def roles_index(run_id: str) -> str:
+    """Set of the role ids ever registered in the run."""
+    return f"{run_prefix(run_id)}:roles"
+
+
+def role_record(run_id: str, role: str, index: int) -> str:
+    """Hash: role, index, node, host, pid, status, endpoints (JSON), restarts, heartbeat_at."""
+    return f"{run_prefix(run_id)}:role:{role_id(role, index)}"
+
+
+def role_alive(run_id: str, role: str, index: int) -> str:
+    """String with a TTL; present while the role's heartbeat is fresh."""
+    return f"{run_prefix(run_id)}:alive:{role_id(role, index)}"
+
+
+def role_stats(run_id: str, role: str, index: int) -> str:
+    """Hash of the role's own gauges and counters (rates, queue depths, batch fill...)."""
+    return f"{run_prefix(run_id)}:stats:{role_id(role, index)}"
+
+
+def counters(run_id: str) -> str:
+    """Hash of run-wide counters (env_steps, chunks_produced, chunks_consumed, bad_frames...)."""
+    return f"{run_prefix(run_id)}:counters"
+
+
+def weights(run_id: str) -> str:
+    """Hash: version (int) and updated_at (unix seconds) of the newest published weights."""
+    return f"{run_prefix(run_id)}:weights"
+
+
+def config(run_id: str) -> str:
+    """String: the resolved run config as YAML."""
+    return f"{run_prefix(run_id)}:config"
+
+
+def stop_request(run_id: str) -> str:
+    """String: set (with a reason) by any role that wants the whole run to end."""
+    return f"{run_prefix(run_id)}:stop"
+
+
+def metrics(run_id: str) -> str:
+    """List of JSON learning-curve points pushed by the trainer (bounded)."""
+    return f"{run_prefix(run_id)}:metrics"
+
+
+def episodes(run_id: str) -> str:
+    """List of JSON episode results (return, length, success) pushed by env workers (bounded)."""
+    return f"{run_prefix(run_id)}:episodes"
+
+
+def _check(part: str, what: str) -> None:
+    if not part or ":" in part or "/" in part or any(c.isspace() for c in part):
+        raise ValueError(f"{what} {part!r}: must be non-empty without ':', '/' or spaces")

@@ -1,0 +1,132 @@
+"""Every message that crosses a socket, in one schema with one version.
+
+Messages are frozen, slotted, keyword-only dataclasses. Array fields are numpy arrays (CPU torch
+tensors are accepted when encoding); ``transport/codec.py`` sends them as raw zero-copy frames
+beside a msgpack header. Bump ``SCHEMA_VERSION`` whenever a field changes meaning or shape.
+
+Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
+control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
+``proprio`` (float32[P]) for VLA tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+Obs = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoPing:
+    """Bus demo payload (removed once the RL roles carry real data).
+
+    Attributes:
+        seq: sender's sequence number, from 0.
+        sender: role id of the sender, e.g. ``demo_source/0``.
+        payload: float32[N] arbitrary data.
+    """
+
+    seq: int
+    sender: str
+    payload: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObsRequest:
+    """An env asks a rollout server for its next action.
+
+    Attributes:
+        env_key: which env, ``"{worker_index}/{env_index}"``; echoed nowhere, used for stats.
+        request_id: unique per env worker, echoed in the reply to match it.
+        obs: one observation (no batch dimension).
+    """
+
+    env_key: str
+    request_id: int
+    obs: Obs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionReply:
+    """A rollout server's answer to one ``ObsRequest``.
+
+    Attributes:
+        request_id: the request's id.
+        action: int64[] (discrete), int64[D] (action bins) or float32[D] (continuous).
+        log_prob: log-probability of ``action`` under the behaviour policy (nats).
+        value: the critic's value estimate of the observation.
+        policy_version: version of the weights that produced this reply.
+    """
+
+    request_id: int
+    action: np.ndarray
+    log_prob: float
+    value: float
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrajectoryChunk:
+    """Up to ``T`` consecutive steps of one env, cut at episode ends; env worker → trainer.
+
+    Attributes:
+        worker_index: index of the env worker that produced it.
+        env_index: env slot within that worker.
+        chunk_id: unique per worker, increasing.
+        obs: each key stacked to [T, ...]; ``obs[t]`` is the observation acted on at step t.
+        actions: [T, ...] actions taken (dtype as in ``ActionReply.action``).
+        rewards: float32[T].
+        terminated: bool[T]; true where the episode ended in a terminal state.
+        truncated: bool[T]; true where the episode was cut by a time limit.
+        log_probs: float32[T] behaviour log-probabilities.
+        values: float32[T] behaviour value estimates.
+        policy_versions: int64[T] weight version that chose each action.
+        bootstrap_value: value of the observation after the last step (0 if terminated).
+    """
+
+    worker_index: int
+    env_index: int
+    chunk_id: int
+    obs: Obs
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    log_probs: np.ndarray
+    values: np.ndarray
+    policy_versions: np.ndarray
+    bootstrap_value: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsAvailable:
+    """Control broadcast: a new weight version is about to be broadcast (or was).
+
+    Attributes:
+        version: the weight version, increasing from 0.
+    """
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Control:
+    """Control broadcast to all roles (e.g. ``pause``, ``resume`` in sync mode).
+
+    Attributes:
+        command: what to do.
+        round: the round or version the command refers to; -1 if none.
+    """
+
+    command: str
+    round: int = -1
+
+
+MESSAGE_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (DemoPing, ObsRequest, ActionReply, TrajectoryChunk, WeightsAvailable, Control)
+}

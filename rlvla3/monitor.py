@@ -1,0 +1,113 @@
+"""``rlvla3 monitor``: a live terminal view of a run, or one JSON snapshot for scripts.
+
+Read-only: it finds the run's Redis through ``run.json`` in the run dir and reads the registry,
+counters, weight version and the roles' own gauges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from rlvla3.registry import Registry
+
+# Gauges each role publishes that the table shows first, in this order.
+_KEY_GAUGES = ("steps_per_s", "requests_per_s", "batch_fill", "queue_depth", "in_flight",
+               "staleness", "policy_version", "updates", "bad_frames")  # fmt: skip
+
+
+class RunNotFound(RuntimeError):
+    """No run dir (with a ``run.json``) matches what the user asked for."""
+
+
+def find_run(run: str | None, runs_root: str = "runs") -> dict[str, Any]:
+    """The ``run.json`` of ``run`` (a run dir, or a run name under ``runs_root``; newest if None)."""
+    candidates: list[Path]
+    if run is not None:
+        candidates = [Path(run) / "run.json", Path(runs_root) / run / "run.json"]
+    else:
+        candidates = sorted(Path(runs_root).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+        candidates = candidates[-1:]
+    for path in candidates:
+        if path.is_file():
+            return json.loads(path.read_text())
+    where = run if run is not None else f"{runs_root}/*"
+    raise RunNotFound(f"--run {where}: no run.json found (is the run dir right? try --run PATH)")
+
+
+def snapshot(registry: Registry) -> dict[str, Any]:
+    """Everything the monitor shows, as plain data (what ``--json`` prints)."""
+    counters = registry.counters()
+    produced = counters.get("chunks_produced", 0)
+    settled = counters.get("chunks_consumed", 0) + counters.get("chunks_dropped", 0)
+    recent = registry.series("episodes", last=20)
+    metrics = registry.series("metrics", last=1)
+    return {
+        "run_id": registry.run_id,
+        "time": time.time(),
+        "stop_reason": registry.stop_reason(),
+        "weight_version": registry.weight_version(),
+        "counters": counters,
+        "chunks_in_flight": produced - settled,
+        "mean_return_last_20": sum(e["return"] for e in recent) / len(recent) if recent else None,
+        "last_metrics": metrics[-1] if metrics else None,
+        "roles": [dataclasses.asdict(r) for r in registry.roles()],
+    }
+
+
+def render(snap: dict[str, Any]) -> Group:
+    """A rich renderable of one snapshot: a role table and a line of run-wide figures."""
+    table = Table(title=f"rlvla3 run {snap['run_id']}", expand=True)
+    for col in ("role", "node", "pid", "status", "heartbeat", "restarts", "gauges"):
+        table.add_column(col, overflow="fold")
+    for r in snap["roles"]:
+        status = r["status"] if r["alive"] or r["status"] in ("done", "error") else "LOST"
+        style = {"running": "green", "error": "red", "LOST": "red"}.get(status, "yellow")
+        table.add_row(
+            f"{r['role']}/{r['index']}", r["node"], str(r["pid"]), f"[{style}]{status}[/]",
+            f"{r['heartbeat_age_s']:.1f}s ago", str(r["restarts"]), _gauges(r["stats"]),
+        )  # fmt: skip
+    c = snap["counters"]
+    mean = snap["mean_return_last_20"]
+    line = (
+        f"env_steps={c.get('env_steps', 0)}  episodes={c.get('episodes', 0)}  "
+        f"mean_return(20)={'-' if mean is None else f'{mean:.1f}'}  "
+        f"weights v{snap['weight_version']}  chunks produced={c.get('chunks_produced', 0)} "
+        f"consumed={c.get('chunks_consumed', 0)} dropped={c.get('chunks_dropped', 0)} "
+        f"in_flight={snap['chunks_in_flight']}  bad_frames={c.get('bad_frames', 0)}"
+    )
+    return Group(table, line)
+
+
+def _gauges(stats: dict[str, float]) -> str:
+    ordered = [k for k in _KEY_GAUGES if k in stats] + sorted(k for k in stats if k not in _KEY_GAUGES)
+    return " ".join(f"{k}={_fmt(stats[k])}" for k in ordered)
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
+
+
+def watch(registry: Registry, interval_s: float = 1.0, stop: threading.Event | None = None) -> int:
+    """Redraw the view every ``interval_s`` until Ctrl-C or the run's Redis goes away."""
+    stop = stop or threading.Event()
+    console = Console()
+    try:
+        with Live(render(snapshot(registry)), console=console, refresh_per_second=4) as live:
+            while not stop.wait(interval_s):
+                live.update(render(snapshot(registry)))
+    except KeyboardInterrupt:
+        return 0
+    except (redis.ConnectionError, FileNotFoundError):
+        console.print("the run's Redis is gone: the run has ended")
+        return 0
+    return 0

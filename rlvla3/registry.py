@@ -1,0 +1,200 @@
+"""Run bookkeeping in Redis: role registry, heartbeats, endpoints, counters, weight version.
+
+All Redis access of roles, the launcher and the monitor goes through ``Registry``; every key comes
+from ``rlvla3/keys.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from rlvla3 import keys
+
+_MAX_LIST_POINTS = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoleRecord:
+    """One role instance as the registry knows it.
+
+    Attributes:
+        role: role name, e.g. ``env_worker``.
+        index: instance index within the role.
+        node: node name from the config; host: the address it advertises; pid: its process id.
+        status: ``starting``, ``running``, ``stopping``, ``done`` or ``error``.
+        endpoints: name → ZeroMQ address of every socket it bound.
+        restarts: how often the launcher restarted it.
+        heartbeat_age_s: seconds since its last heartbeat.
+        alive: whether its heartbeat key has not expired.
+        stats: the role's own gauges (rates, queue depths...).
+    """
+
+    role: str
+    index: int
+    node: str
+    host: str
+    pid: int
+    status: str
+    endpoints: dict[str, str]
+    restarts: int
+    heartbeat_age_s: float
+    alive: bool
+    stats: dict[str, float]
+
+
+class Registry:
+    """Typed access to one run's state in Redis."""
+
+    def __init__(self, url: str, run_id: str) -> None:
+        self.url = url
+        self.run_id = run_id
+        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
+
+    # --- role registry and heartbeats -------------------------------------------------------
+    def register(self, role: str, index: int, *, node: str, host: str, pid: int) -> None:
+        """Record a (re)starting role instance; keeps its restart count."""
+        key = keys.role_record(self.run_id, role, index)
+        self.redis.sadd(keys.roles_index(self.run_id), keys.role_id(role, index))
+        self.redis.hset(
+            key,
+            mapping={"role": role, "index": index, "node": node, "host": host, "pid": pid,
+                     "status": "starting", "endpoints": "{}", "heartbeat_at": time.time()},
+        )  # fmt: skip
+        self.redis.hsetnx(key, "restarts", 0)
+
+    def heartbeat(self, role: str, index: int, ttl_s: float, stats: dict[str, float]) -> None:
+        """Refresh the role's TTL key and publish its current stats."""
+        pipe = self.redis.pipeline()
+        pipe.set(keys.role_alive(self.run_id, role, index), 1, px=int(ttl_s * 1000))
+        pipe.hset(keys.role_record(self.run_id, role, index), "heartbeat_at", time.time())
+        if stats:
+            pipe.hset(keys.role_stats(self.run_id, role, index), mapping=stats)
+        pipe.execute()
+
+    def set_status(self, role: str, index: int, status: str) -> None:
+        """Record a lifecycle transition."""
+        self.redis.hset(keys.role_record(self.run_id, role, index), "status", status)
+
+    def mark_dead(self, role: str, index: int) -> None:
+        """Drop a role's heartbeat at once (the launcher saw its process exit)."""
+        self.redis.delete(keys.role_alive(self.run_id, role, index))
+
+    def record_restart(self, role: str, index: int) -> int:
+        """Count one launcher restart of the role; returns the new total."""
+        self.incr("role_restarts")
+        return int(self.redis.hincrby(keys.role_record(self.run_id, role, index), "restarts", 1))
+
+    def publish_endpoint(self, role: str, index: int, name: str, address: str) -> None:
+        """Advertise a bound socket so peers can connect to it."""
+        key = keys.role_record(self.run_id, role, index)
+        endpoints = json.loads(self.redis.hget(key, "endpoints") or "{}")
+        endpoints[name] = address
+        self.redis.hset(key, "endpoints", json.dumps(endpoints))
+
+    def endpoints(self, role: str, name: str) -> list[str]:
+        """Addresses of endpoint ``name`` of every live instance of ``role``, by index."""
+        found = []
+        for rec in self.roles():
+            if rec.role == role and rec.alive and name in rec.endpoints:
+                found.append((rec.index, rec.endpoints[name]))
+        return [address for _, address in sorted(found)]
+
+    def roles(self) -> list[RoleRecord]:
+        """Every role instance registered in the run, sorted by role and index."""
+        ids = sorted(self.redis.smembers(keys.roles_index(self.run_id)))
+        records = []
+        now = time.time()
+        for rid in ids:
+            role, _, index = rid.partition("/")
+            rec = self._record(role, int(index), now)
+            if rec is not None:
+                records.append(rec)
+        return sorted(records, key=lambda r: (r.role, r.index))
+
+    def _record(self, role: str, index: int, now: float) -> RoleRecord | None:
+        pipe = self.redis.pipeline()
+        pipe.hgetall(keys.role_record(self.run_id, role, index))
+        pipe.exists(keys.role_alive(self.run_id, role, index))
+        pipe.hgetall(keys.role_stats(self.run_id, role, index))
+        raw, alive, stats = pipe.execute()
+        if not raw:
+            return None
+        return RoleRecord(
+            role=role, index=index, node=raw.get("node", ""), host=raw.get("host", ""),
+            pid=int(raw.get("pid", 0)), status=raw.get("status", "?"),
+            endpoints=json.loads(raw.get("endpoints") or "{}"),
+            restarts=int(raw.get("restarts", 0)),
+            heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
+            alive=bool(alive), stats={k: float(v) for k, v in stats.items()},
+        )  # fmt: skip
+
+    # --- counters -----------------------------------------------------------------------------
+    def incr(self, name: str, amount: int = 1) -> int:
+        """Add to a run-wide counter; returns the new value."""
+        return int(self.redis.hincrby(keys.counters(self.run_id), name, amount))
+
+    def incr_many(self, amounts: dict[str, int]) -> None:
+        """Add to several counters in one round trip."""
+        pipe = self.redis.pipeline()
+        for name, amount in amounts.items():
+            if amount:
+                pipe.hincrby(keys.counters(self.run_id), name, amount)
+        pipe.execute()
+
+    def counters(self) -> dict[str, int]:
+        """All run-wide counters."""
+        return {k: int(v) for k, v in self.redis.hgetall(keys.counters(self.run_id)).items()}
+
+    # --- weights, config, stop requests, curves -------------------------------------------------
+    def set_weight_version(self, version: int) -> None:
+        """Record the newest broadcast weight version and when it was published."""
+        self.redis.hset(keys.weights(self.run_id), mapping={"version": version, "at": time.time()})
+
+    def weight_version(self) -> int:
+        """The newest published weight version, -1 before the first."""
+        value = self.redis.hget(keys.weights(self.run_id), "version")
+        return -1 if value is None else int(value)
+
+    def save_config(self, text: str) -> None:
+        """Store the resolved config YAML."""
+        self.redis.set(keys.config(self.run_id), text)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the launcher to end the run (first reason wins)."""
+        self.redis.set(keys.stop_request(self.run_id), reason, nx=True)
+
+    def stop_reason(self) -> str | None:
+        """Why a stop was requested, or None."""
+        return self.redis.get(keys.stop_request(self.run_id))
+
+    def append(self, series: str, points: Iterable[dict[str, Any]]) -> None:
+        """Append JSON points to ``metrics`` or ``episodes`` (kept to the newest 10,000)."""
+        key = {"metrics": keys.metrics, "episodes": keys.episodes}[series](self.run_id)
+        encoded = [json.dumps(p) for p in points]
+        if encoded:
+            pipe = self.redis.pipeline()
+            pipe.rpush(key, *encoded)
+            pipe.ltrim(key, -_MAX_LIST_POINTS, -1)
+            pipe.execute()
+
+    def series(self, series: str, last: int = 0) -> list[dict[str, Any]]:
+        """The newest ``last`` points (all when 0) of ``metrics`` or ``episodes``."""
+        key = {"metrics": keys.metrics, "episodes": keys.episodes}[series](self.run_id)
+        return [json.loads(p) for p in self.redis.lrange(key, -last if last else 0, -1)]
+
+    def clear_run(self) -> None:
+        """Delete every key of this run (a fresh start under the same run id)."""
+        pattern = f"{keys.run_prefix(self.run_id)}:*"
+        batch = list(self.redis.scan_iter(match=pattern, count=1000))
+        if batch:
+            self.redis.delete(*batch)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.redis.close()

@@ -1,0 +1,221 @@
+"""The role base class: every process of a run (env worker, rollout server, trainer...) is one.
+
+A role implements ``setup()``, ``step()`` (one bounded unit of work) and ``shutdown()``. The base
+alone owns the loop, Redis registration, TTL heartbeats, counters, status transitions
+(``starting → running → stopping → done | error``) and signals: the first SIGINT/SIGTERM stops
+gracefully after the current step, the second exits at once.
+
+Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE``.
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import collections
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rlvla3.config import Config, load_config
+from rlvla3.registry import Registry
+from transport.codec import CodecError
+from transport.sockets import MessageSocket
+
+_FLUSH_PERIOD_S = 0.5
+
+
+class RateMeter:
+    """Events per second over a sliding window (for monitor gauges)."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._created = time.monotonic()
+        self._events: collections.deque[tuple[float, float]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def add(self, amount: float = 1.0) -> None:
+        """Record ``amount`` events now."""
+        with self._lock:
+            self._events.append((time.monotonic(), amount))
+
+    def rate(self) -> float:
+        """Events per second over the last window (or since the first event, if shorter)."""
+        now = time.monotonic()
+        with self._lock:
+            while self._events and now - self._events[0][0] > self.window_s:
+                self._events.popleft()
+            span = min(self.window_s, max(now - self._created, 1e-3))
+            return sum(a for _, a in self._events) / span
+
+
+class Role(abc.ABC):
+    """Base of every role process. Subclasses set ``name`` and implement ``step()``."""
+
+    name: ClassVar[str]
+
+    def __init__(self, cfg: Config, index: int, *, node: str, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.node = cfg.node(node)
+        self.run_dir = run_dir
+        self.settings: Any = cfg.role_settings(self.name)
+        self.log = logging.getLogger(f"{self.name}/{index}")
+        self.stop_event = threading.Event()
+        if cfg.run.redis_url is None:
+            raise ValueError("run.redis_url: not set; roles are started by the launcher")
+        self.registry = Registry(cfg.run.redis_url, cfg.run.name)
+        self._gauges: dict[str, float] = {}
+        self._pending: collections.Counter[str] = collections.Counter()
+        self._pending_lock = threading.Lock()
+        self._heartbeat_stop = threading.Event()
+
+    # --- the interface subclasses implement ----------------------------------------------------
+    def setup(self) -> None:
+        """Open sockets, load models, find peers. Runs once before the first ``step()``."""
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """One bounded unit of work; must return within about a second so stops are prompt."""
+
+    def shutdown(self) -> None:
+        """Flush and close. Runs once after the loop ends, also after an error."""
+
+    def stats(self) -> dict[str, float]:
+        """Gauges published with every heartbeat; subclasses may extend (call super)."""
+        return dict(self._gauges)
+
+    # --- helpers for subclasses -------------------------------------------------------------------
+    def gauge(self, name: str, value: float) -> None:
+        """Set a gauge shown by the monitor (e.g. ``queue_depth``)."""
+        self._gauges[name] = float(value)
+
+    def count(self, name: str, amount: int = 1) -> None:
+        """Add to a run-wide Redis counter (batched; flushed every 0.5 s and at exit)."""
+        with self._pending_lock:
+            self._pending[name] += amount
+        self._gauges[name] = self._gauges.get(name, 0.0) + amount
+
+    def count_bad_frame(self, err: CodecError) -> None:
+        """Count and log a message that failed to decode; the role carries on."""
+        self.count("bad_frames")
+        self.log.warning("dropped a bad message: %s: %s", type(err).__name__, err)
+
+    def bind(self, endpoint: str, sock: MessageSocket) -> str:
+        """Bind ``sock`` on this node and publish it in Redis as ``endpoint``."""
+        address = sock.bind(
+            host=self.node.host, scheme=self.cfg.run.transport, ipc_dir=str(self.run_dir / "ipc")
+        )
+        self.registry.publish_endpoint(self.name, self.index, endpoint, address)
+        return address
+
+    def wait_for_endpoints(
+        self, role: str, endpoint: str, min_count: int = 1, timeout_s: float = 120.0
+    ) -> list[str]:
+        """Addresses of ``role``'s ``endpoint`` once at least ``min_count`` are live."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.registry.endpoints(role, endpoint)
+            if len(found) >= min_count:
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {min_count} live {role}.{endpoint} within {timeout_s}s")
+            if self.stop_event.wait(0.05):
+                raise InterruptedError("stopped while waiting for peers")
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Register, set up, step until stopped, shut down. Returns the process exit code."""
+        self._install_signal_handlers()
+        self.registry.register(
+            self.name, self.index, node=self.node.name, host=self.node.host, pid=os.getpid()
+        )
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        heartbeat.start()
+        code = 0
+        try:
+            self.setup()
+            self.registry.set_status(self.name, self.index, "running")
+            self.log.info("running")
+            while not self.stop_event.is_set():
+                self.step()
+        except InterruptedError:
+            pass
+        except Exception:
+            self.log.exception("failed")
+            code = 1
+        code = self._finish(code)
+        self._heartbeat_stop.set()
+        heartbeat.join(timeout=5)
+        return code
+
+    def _finish(self, code: int) -> int:
+        self.registry.set_status(self.name, self.index, "stopping")
+        try:
+            self.shutdown()
+        except Exception:
+            self.log.exception("shutdown failed")
+            code = 1
+        self._flush_counters()
+        self.registry.set_status(self.name, self.index, "error" if code else "done")
+        self.log.info("stopped (%s)", "error" if code else "done")
+        return code
+
+    def _heartbeat_loop(self) -> None:
+        ttl = self.cfg.run.heartbeat_ttl_s
+        last_beat = 0.0
+        while True:
+            self._flush_counters()
+            if time.monotonic() - last_beat >= min(ttl / 3, 1.0):
+                try:
+                    self.registry.heartbeat(self.name, self.index, ttl, self.stats())
+                    last_beat = time.monotonic()
+                except Exception as err:  # Redis hiccup: try again next period
+                    self.log.warning("heartbeat failed: %s", err)
+            if self._heartbeat_stop.wait(_FLUSH_PERIOD_S):
+                return
+
+    def _flush_counters(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, collections.Counter()
+        if pending:
+            try:
+                self.registry.incr_many(dict(pending))
+            except Exception as err:
+                self.log.warning("counter flush failed, will retry: %s", err)
+                with self._pending_lock:
+                    self._pending.update(pending)
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            if self.stop_event.is_set():
+                os._exit(128 + signum)  # second signal: the user insists
+            self.log.info("signal %d: stopping after the current step", signum)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
+    """Command-line entry of a role process (what the launcher runs)."""
+    parser = argparse.ArgumentParser(prog=f"python -m roles.{role_cls.name}")
+    parser.add_argument("--config", required=True, help="resolved run config YAML")
+    parser.add_argument("--index", type=int, default=0, help="instance index within the role")
+    parser.add_argument("--node", default=None, help="node name (default: the first node)")
+    parser.add_argument("--run-dir", default=None, help="run directory (default: config's dir)")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {role_cls.name}/{args.index} %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
+    role = role_cls(cfg, args.index, node=args.node or cfg.nodes[0].name, run_dir=run_dir)
+    sys.exit(role.run())

@@ -1,0 +1,119 @@
+"""What the launcher reads from Redis while a run goes and writes when it ends.
+
+- ``stop_condition``: the run's stop rules (``run.stop``) checked against live counters.
+- ``progress_line``: one line of progress for the terminal.
+- ``write_report``: ``summary.json`` and ``learning_curve.png`` in the run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rlvla3.config import Config
+from rlvla3.registry import Registry
+
+
+def mean_recent(registry: Registry, key: str, window: int) -> float | None:
+    """Mean of ``key`` over the newest ``window`` episodes, None before there are that many."""
+    recent = registry.series("episodes", last=window)
+    if len(recent) < window or not recent:
+        return None
+    return sum(float(e.get(key, 0.0)) for e in recent) / len(recent)
+
+
+def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | None:
+    """The reason to end the run now, or None to go on."""
+    stop = cfg.run.stop
+    requested = registry.stop_reason()
+    if requested:
+        return f"stop requested: {requested}"
+    if stop.max_wall_s and elapsed_s >= stop.max_wall_s:
+        return f"wall time {elapsed_s:.0f}s reached run.stop.max_wall_s"
+    if stop.max_env_steps:
+        steps = registry.counters().get("env_steps", 0)
+        if steps >= stop.max_env_steps:
+            return f"{steps} env steps reached run.stop.max_env_steps"
+    if stop.target_mean_return is not None:
+        mean = mean_recent(registry, "return", stop.return_window)
+        if mean is not None and mean >= stop.target_mean_return:
+            return f"solved: mean return {mean:.1f} over {stop.return_window} episodes"
+    return None
+
+
+def progress_line(registry: Registry, cfg: Config, elapsed_s: float, restarts: int) -> str:
+    """E.g. ``[  30s] env_steps=41200 (1373/s) episodes=310 mean_return=212.5 version=57 ...``."""
+    counters = registry.counters()
+    steps = counters.get("env_steps", 0)
+    mean = mean_recent(registry, "return", min(cfg.run.stop.return_window, 20))
+    roles = registry.roles()
+    alive = sum(r.alive for r in roles)
+    parts = [
+        f"[{elapsed_s:5.0f}s]",
+        f"env_steps={steps} ({steps / max(elapsed_s, 1e-9):.0f}/s)",
+        f"episodes={counters.get('episodes', 0)}",
+        f"mean_return={'-' if mean is None else f'{mean:.1f}'}",
+        f"version={registry.weight_version()}",
+        f"roles={alive}/{len(roles)} alive",
+        f"restarts={restarts}",
+    ]
+    if counters.get("bad_frames"):
+        parts.append(f"bad_frames={counters['bad_frames']}")
+    return " ".join(parts)
+
+
+def write_report(
+    registry: Registry, cfg: Config, run_dir: Path, wall_s: float, reason: str
+) -> dict[str, Any]:
+    """Write ``summary.json`` (and a learning-curve PNG when episodes exist); return the summary."""
+    counters = registry.counters()
+    episodes = registry.series("episodes")
+    window = cfg.run.stop.return_window
+    recent = episodes[-window:]
+    final_mean = sum(e["return"] for e in recent) / len(recent) if recent else None
+    target = cfg.run.stop.target_mean_return
+    summary = {
+        "run_id": cfg.run.name,
+        "mode": cfg.run.mode,
+        "stop_reason": reason,
+        "solved": bool(target is not None and final_mean is not None and final_mean >= target
+                       and len(recent) >= window),
+        "env_steps": counters.get("env_steps", 0),
+        "wall_s": round(wall_s, 3),
+        "final_mean_return": final_mean,
+        "episodes": len(episodes),
+        "weight_version": registry.weight_version(),
+        "counters": counters,
+        "finished_at": time.time(),
+    }  # fmt: skip
+    if episodes and "success" in episodes[-1]:
+        summary["success_rate"] = sum(bool(e.get("success")) for e in recent) / len(recent)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if episodes:
+        plot_learning_curve(episodes, run_dir / "learning_curve.png", window)
+    return summary
+
+
+def plot_learning_curve(episodes: list[dict[str, Any]], path: Path, window: int) -> None:
+    """Episode return against env steps, with a moving average over ``window`` episodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [e.get("env_steps", i) for i, e in enumerate(episodes)]
+    ys = [e["return"] for e in episodes]
+    smooth = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
+              for i in range(len(ys))]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, ys, ".", alpha=0.3, label="episode return")
+    ax.plot(xs, smooth, "-", label=f"mean of last {window}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("return")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,174 @@
+"""ZeroMQ sockets that speak ``rlvla3.messages`` through the codec.
+
+- PUSH/PULL: one-way queues with high-water marks; a full queue blocks the sender (back-pressure)
+  instead of growing memory.
+- ROUTER/DEALER: request-reply across many clients and servers; a DEALER connected to several
+  servers spreads its requests over them.
+- PUB/SUB: control broadcasts.
+
+Binding always picks a free port (or a fresh ipc path); the caller publishes the address in Redis
+(see ``rlvla3/registry.py``) and peers find it there. Receivers never raise on bad input: a frame
+that fails to decode is handed to ``on_bad_frame`` and dropped, and receiving carries on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from transport.codec import DEFAULT_LIMITS, CodecError, CodecLimits, decode, encode
+
+BadFrameHandler = Callable[[CodecError], None]
+_ipc_counter = itertools.count()
+
+
+def context() -> zmq.Context:
+    """The process-wide ZeroMQ context."""
+    return zmq.Context.instance()
+
+
+class MessageSocket:
+    """A ZeroMQ socket that sends and receives messages (not raw bytes).
+
+    Args:
+        kind: a zmq socket type (``zmq.PUSH``, ``zmq.PULL``, ...).
+        hwm: high-water mark, in messages, for both directions.
+        on_bad_frame: called with the error when an incoming message fails to decode.
+        limits: decode bounds for incoming frames.
+    """
+
+    def __init__(
+        self,
+        kind: int,
+        *,
+        hwm: int = 1000,
+        on_bad_frame: BadFrameHandler | None = None,
+        limits: CodecLimits = DEFAULT_LIMITS,
+    ) -> None:
+        self.raw = context().socket(kind)
+        self.raw.setsockopt(zmq.LINGER, 0)
+        self.raw.setsockopt(zmq.SNDHWM, hwm)
+        self.raw.setsockopt(zmq.RCVHWM, hwm)
+        self._on_bad_frame = on_bad_frame
+        self._limits = limits
+        self.addresses: list[str] = []
+
+    def bind(self, host: str = "127.0.0.1", scheme: str = "tcp", ipc_dir: str | None = None) -> str:
+        """Bind to a free port on ``host`` (tcp) or a new path in ``ipc_dir`` (ipc); return it."""
+        if scheme == "tcp":
+            port = self.raw.bind_to_random_port(f"tcp://{host}")
+            address = f"tcp://{host}:{port}"
+        elif scheme == "ipc":
+            directory = Path(ipc_dir or "/tmp")
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"rlvla3-{os.getpid()}-{next(_ipc_counter)}.sock"
+            address = f"ipc://{path}"
+            self.raw.bind(address)
+        else:
+            raise ValueError(f"scheme {scheme!r}: expected 'tcp' or 'ipc'")
+        self.addresses.append(address)
+        return address
+
+    def connect(self, addresses: str | Iterable[str]) -> None:
+        """Connect to one or more peer addresses not already connected."""
+        for address in [addresses] if isinstance(addresses, str) else addresses:
+            if address not in self.addresses:
+                self.raw.connect(address)
+                self.addresses.append(address)
+
+    def disconnect(self, address: str) -> None:
+        """Drop a peer (e.g. a server that went away)."""
+        if address in self.addresses:
+            self.raw.disconnect(address)
+            self.addresses.remove(address)
+
+    def send(self, msg: Any, timeout_s: float | None = None, prefix: list[bytes] = ()) -> bool:
+        """Send ``msg``; wait up to ``timeout_s`` (None: forever) for queue space.
+
+        Returns False if the queue stayed full for the whole timeout (the message is not sent).
+        """
+        if timeout_s is not None and not self.raw.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.raw.send_multipart([*prefix, *encode(msg)], copy=False)
+        return True
+
+    def recv(self, timeout_s: float | None = None) -> Any | None:
+        """The next message, or None on timeout or when the incoming frames were bad."""
+        frames = self._recv_frames(timeout_s)
+        return None if frames is None else self._decode(frames)
+
+    def poll(self, timeout_s: float) -> bool:
+        """True when a message is ready to receive within ``timeout_s``."""
+        return bool(self.raw.poll(int(timeout_s * 1000), zmq.POLLIN))
+
+    def close(self) -> None:
+        """Close the socket, dropping anything unsent (LINGER 0)."""
+        self.raw.close(linger=0)
+
+    def _recv_frames(self, timeout_s: float | None) -> list[Any] | None:
+        if timeout_s is not None and not self.poll(timeout_s):
+            return None
+        return self.raw.recv_multipart(copy=False)
+
+    def _decode(self, frames: list[Any]) -> Any | None:
+        try:
+            return decode(frames, self._limits)
+        except CodecError as err:
+            if self._on_bad_frame is None:
+                raise
+            self._on_bad_frame(err)
+            return None
+
+
+class RouterSocket(MessageSocket):
+    """Server side of request-reply: receives ``(peer_identity, message)`` from many DEALERs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(zmq.ROUTER, **kwargs)
+
+    def recv_from(self, timeout_s: float | None = None) -> tuple[bytes, Any] | None:
+        """The next ``(identity, message)``, or None on timeout or bad frames."""
+        frames = self._recv_frames(timeout_s)
+        if frames is None:
+            return None
+        if len(frames) < 2:
+            self._decode([])  # reports the malformed message through on_bad_frame
+            return None
+        msg = self._decode(frames[1:])
+        return None if msg is None else (frames[0].bytes, msg)
+
+    def send_to(self, identity: bytes, msg: Any) -> bool:
+        """Reply to the peer ``identity``."""
+        return self.send(msg, prefix=[identity])
+
+
+def push(**kwargs: Any) -> MessageSocket:
+    """A PUSH socket (sender side of a queue)."""
+    return MessageSocket(zmq.PUSH, **kwargs)
+
+
+def pull(**kwargs: Any) -> MessageSocket:
+    """A PULL socket (receiver side of a queue)."""
+    return MessageSocket(zmq.PULL, **kwargs)
+
+
+def dealer(**kwargs: Any) -> MessageSocket:
+    """A DEALER socket (client side of request-reply; round-robins over connected servers)."""
+    return MessageSocket(zmq.DEALER, **kwargs)
+
+
+def publisher(**kwargs: Any) -> MessageSocket:
+    """A PUB socket for control broadcasts."""
+    return MessageSocket(zmq.PUB, **kwargs)
+
+
+def subscriber(**kwargs: Any) -> MessageSocket:
+    """A SUB socket subscribed to every message."""
+    sock = MessageSocket(zmq.SUB, **kwargs)
+    sock.raw.setsockopt(zmq.SUBSCRIBE, b"")
+    return sock
