@@ -1,0 +1,163 @@
+"""Roll out scripted experts and record their episodes as a LeRobot dataset.
+
+Each frame ``t`` holds the observation the expert saw (``observation.<key>`` for every key of the
+env's observation dict, e.g. ``observation.image``, ``observation.instruction``,
+``observation.proprio``, or ``observation.state``), the action it took (``action``), and what the
+step returned (``next.reward`` float32[1], ``next.done`` bool[1], true on the last frame).
+
+Command line: ``python -m sft.demos --env-id rlvla3/TableTop-v0 --num-episodes 100 --root DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from sft.lerobot import Feature, LeRobotWriter
+from sim.adapter import SimAdapter, make_env
+from sim.experts import TableTopExpert, TableTopExpertConfig
+from sim.tabletop import CONTROL_HZ
+
+EXPERT_ENVS = ("rlvla3/TableTop-v0", "rlvla3/TableTopEasy-v0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoStats:
+    """Summary of :func:`generate_demos`.
+
+    Attributes:
+        root: dataset directory.
+        num_episodes: episodes written.
+        num_attempts: episodes rolled out (failures are skipped when ``only_success``).
+        num_frames: frames written.
+        success_rate: successes / attempts.
+    """
+
+    root: Path
+    num_episodes: int
+    num_attempts: int
+    num_frames: int
+    success_rate: float
+
+
+def demo_features(env: SimAdapter) -> dict[str, Feature]:
+    """LeRobot features for recording ``env``: one per observation key, action, reward, done."""
+    features = {
+        f"observation.{key}": Feature(dtype=space.dtype.name, shape=tuple(space.shape))
+        for key, space in env.observation_space.spaces.items()
+    }
+    act = env.action_space
+    if isinstance(act, spaces.Discrete):
+        features["action"] = Feature(dtype="int64", shape=(1,))
+    else:
+        features["action"] = Feature(dtype=act.dtype.name, shape=tuple(act.shape))
+    features["next.reward"] = Feature(dtype="float32", shape=(1,))
+    features["next.done"] = Feature(dtype="bool", shape=(1,))
+    return features
+
+
+def rollout_episode(
+    env: SimAdapter, expert: TableTopExpert, seed: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """One expert episode from ``env.reset(seed=seed)``: (frames, success)."""
+    obs, _ = env.reset(seed=seed)
+    frames: list[dict[str, Any]] = []
+    while True:
+        action = expert.act(env.privileged_state())
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+        frame = {f"observation.{k}": v for k, v in obs.items()}
+        frame["action"] = action
+        frame["next.reward"] = np.float32(reward)
+        frame["next.done"] = np.bool_(done)
+        frames.append(frame)
+        obs = next_obs
+        if done:
+            return frames, bool(info.get("success", False))
+
+
+def generate_demos(
+    env_id: str,
+    num_episodes: int,
+    root: str | Path,
+    seed: int,
+    *,
+    only_success: bool = True,
+    expert_noise: float = 0.0,
+    max_attempts: int | None = None,
+    overwrite: bool = False,
+    **env_kwargs: Any,
+) -> DemoStats:
+    """Roll out the scripted expert for ``env_id`` and write ``num_episodes`` episodes to ``root``.
+
+    Attempt ``k`` resets the env with seed ``seed + k``, so datasets are reproducible.
+
+    Args:
+        env_id: an env with a scripted expert (``EXPERT_ENVS``).
+        num_episodes: episodes to write.
+        root: dataset directory (LeRobot layout).
+        seed: seed of the first attempt.
+        only_success: skip episodes the expert failed.
+        expert_noise: std of Gaussian action noise (diversifies the demonstrations).
+        max_attempts: give up after this many rollouts (default ``2 * num_episodes + 10``).
+        overwrite: replace an existing dataset at ``root``.
+        **env_kwargs: passed to :func:`sim.adapter.make_env` (e.g. ``obs_mode="state"``).
+    """
+    if env_id not in EXPERT_ENVS:
+        raise ValueError(f"no scripted expert for {env_id!r}; have {EXPERT_ENVS}")
+    env = make_env(env_id, seed=seed, **env_kwargs)
+    expert = TableTopExpert(TableTopExpertConfig(noise=expert_noise), seed=seed)
+    limit = max_attempts if max_attempts is not None else 2 * num_episodes + 10
+    attempts = successes = frames_written = 0
+    writer = LeRobotWriter(
+        root, demo_features(env), fps=CONTROL_HZ, robot_type="rlvla3-tabletop", overwrite=overwrite
+    )
+    with writer:
+        while len(writer.episodes) < num_episodes:
+            if attempts >= limit:
+                raise RuntimeError(f"only {len(writer.episodes)} episodes after {attempts} tries")
+            frames, success = rollout_episode(env, expert, seed + attempts)
+            attempts += 1
+            successes += success
+            if success or not only_success:
+                writer.add_episode(frames, task=env.instruction or "")
+                frames_written += len(frames)
+    env.close()
+    return DemoStats(
+        root=Path(root),
+        num_episodes=len(writer.episodes),
+        num_attempts=attempts,
+        num_frames=frames_written,
+        success_rate=successes / max(attempts, 1),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env-id", default="rlvla3/TableTop-v0", choices=EXPERT_ENVS)
+    parser.add_argument("--num-episodes", type=int, default=100)
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--obs-mode", default="rgb", choices=("rgb", "state"))
+    parser.add_argument("--expert-noise", type=float, default=0.0)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    stats = generate_demos(
+        args.env_id,
+        args.num_episodes,
+        args.root,
+        args.seed,
+        expert_noise=args.expert_noise,
+        overwrite=args.overwrite,
+        obs_mode=args.obs_mode,
+    )
+    print(stats)
+
+
+if __name__ == "__main__":
+    main()
