@@ -1,0 +1,149 @@
+"""The one attention function the whole project calls (policy, RL trainer, SFT trainer).
+
+Two layouts:
+
+- **padded** (``cu_seqlens is None``): ``q, k, v`` are ``[B, H, L, Dh]``; an optional
+  ``key_padding_mask: bool[B, L]`` (True = real token, keep) hides pad keys. Runs
+  ``F.scaled_dot_product_attention``.
+- **packed / varlen** (``cu_seqlens`` given): ``q, k, v`` are ``[total_tokens, H, Dh]``, the
+  tokens of ``num_docs`` documents laid end to end; ``cu_seqlens: int32[num_docs + 1]`` holds the
+  document boundaries (``0, len0, len0 + len1, ..., total_tokens``). No token attends across
+  documents. On CUDA in fp16/bf16 with flash-attn importable this is ``flash_attn_varlen_func``;
+  everywhere else it is SDPA per document segment (see ``_sdpa_per_segment``).
+
+Why per-segment SDPA on CPU: measured with torch 2.13, training in packed form with per-segment SDPA
+runs ~2.0x faster in real tokens/s than padding, while one dense block-diagonal mask over the whole
+pack gave no speed-up (0.83x: it pays the full ``total_tokens**2`` attention) and FlexAttention has
+no CPU backward. flash-attn is an optional extra (``pip install rlvla3[gpu]``), imported lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _flash_varlen_func() -> Callable[..., Tensor] | None:
+    """``flash_attn.flash_attn_varlen_func`` if flash-attn imports cleanly, else None (cached)."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except (ImportError, OSError):  # not installed, or built against another torch / CUDA
+        return None
+    return flash_attn_varlen_func
+
+
+def _use_flash(q: Tensor) -> bool:
+    return q.is_cuda and q.dtype in _HALF_DTYPES and _flash_varlen_func() is not None
+
+
+def backend_name(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """Name of the packed-attention backend used on ``device``, for logs and benchmark reports.
+
+    Returns ``"flash_attn_varlen"`` when ``device`` is CUDA, flash-attn is importable and
+    ``dtype`` is fp16/bf16 (``dtype=None`` assumes half precision, e.g. under autocast); else
+    ``"sdpa_per_segment"``.
+    """
+    device = torch.device(device)
+    half = dtype is None or dtype in _HALF_DTYPES
+    if device.type == "cuda" and half and _flash_varlen_func() is not None:
+        return "flash_attn_varlen"
+    return "sdpa_per_segment"
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    cu_seqlens: Tensor | None = None,
+    max_seqlen: int | None = None,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """Scaled dot-product attention, padded or packed (softmax scale ``1 / sqrt(Dh)``).
+
+    Args:
+        q, k, v: padded ``[B, H, L, Dh]`` or packed ``[total_tokens, H, Dh]`` (same dtype/device).
+        cu_seqlens: int32[num_docs + 1], cumulative document lengths; selects the packed form.
+        max_seqlen: longest document in the pack; required by flash-attn (computed if None).
+        causal: each query attends only to keys at or before its position (within its document).
+        key_padding_mask: padded form only, bool[B, L], True = real key. A query whose keys are all
+            masked gets an undefined (possibly NaN) output; such rows must not be read.
+
+    Returns:
+        Same layout and shape as ``q``.
+    """
+    if cu_seqlens is None:
+        return _padded(q, k, v, causal=causal, key_padding_mask=key_padding_mask)
+    if key_padding_mask is not None:
+        raise ValueError("key_padding_mask is for the padded form; packed tokens carry no padding")
+    if q.dim() != 3 or k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"packed q/k/v must be [total, H, Dh], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with >= 2 entries, got {tuple(cu_seqlens.shape)}")
+    if _use_flash(q):
+        if max_seqlen is None:
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        flash = _flash_varlen_func()
+        assert flash is not None
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
+    return _sdpa_per_segment(q, k, v, cu_seqlens, causal=causal)
+
+
+def _padded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
+            key_padding_mask: Tensor | None) -> Tensor:
+    """SDPA on ``[B, H, L, Dh]``, with pad keys (and future keys if causal) masked out."""
+    if q.dim() != 4:
+        raise ValueError(f"padded q/k/v must be [B, H, L, Dh], got {tuple(q.shape)}")
+    if key_padding_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if key_padding_mask.shape != (k.shape[0], k.shape[2]) or key_padding_mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask must be bool[B, L]={k.shape[0], k.shape[2]}, got "
+                         f"{key_padding_mask.dtype}{list(key_padding_mask.shape)}")
+    mask = key_padding_mask[:, None, None, :]  # [B, 1, 1, Lk], broadcast over heads and queries
+    if causal:
+        tril = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        mask = mask & tril  # top-left aligned, like SDPA's is_causal
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _sdpa_per_segment(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, *,
+                      causal: bool) -> Tensor:
+    """Packed attention as one SDPA call per document: ``[len, H, Dh]`` slices, concatenated.
+
+    The QKV / MLP linears around it still run once over all packed tokens; only the attention
+    itself is split, so each document pays ``len**2`` rather than ``total**2`` (dense block mask)
+    or ``max_len**2`` (padding). When every document has the same length, one batched call.
+    """
+    bounds = cu_seqlens.tolist()  # host copy; on CPU this is free
+    if bounds[0] != 0 or bounds[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens must run from 0 to total_tokens={q.shape[0]}, "
+                         f"got {bounds[0]}..{bounds[-1]}")
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if min(lengths) < 0:
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {bounds}")
+    if len(set(lengths)) == 1 and lengths[0] > 0:
+        n, length = len(lengths), lengths[0]
+
+        def split(x: Tensor) -> Tensor:  # [n * len, H, Dh] -> [n, H, len, Dh]
+            return x.view(n, length, *x.shape[1:]).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=causal)
+        return out.transpose(1, 2).reshape(q.shape)
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end == start:
+            continue
+        seg = [x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # [1, H, len, Dh]
+        out = F.scaled_dot_product_attention(*seg, is_causal=causal)
+        outs.append(out.squeeze(0).transpose(0, 1))
+    return torch.cat(outs, dim=0) if outs else q.new_empty(q.shape)

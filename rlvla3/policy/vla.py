@@ -1,0 +1,359 @@
+"""A small vision-language-action transformer, built from scratch (no downloads).
+
+One sample becomes one token sequence (a *document*)::
+
+    [CLS] [proprio] [patch_0 ... patch_{N-1}] [instr_0 ... instr_{n-1}]
+
+- ``CLS``: a learned vector; its final hidden state feeds the action and value heads.
+- ``proprio``: ``Linear(proprio_dim, d_model)`` of the proprioceptive state (absent if dim 0).
+- patches: a ``Conv2d`` patch embedding of the uint8 image, scaled to [-1, 1].
+- instruction: byte-token embeddings (``tokenizer.VOCAB_SIZE``) of the *real* tokens only.
+
+Each modality has its own learned position table, which doubles as its type embedding.
+
+**Padding.** Instruction pad tokens (id 0) are dropped, not masked: every sample's real tokens are
+packed end to end and the trunk runs in the variable-length form of ``attention()`` with
+``cu_seqlens``. Reasons: (1) it is exactly the path the SFT trainer uses for packed demonstrations,
+so RL and SFT share one trunk code path and one set of numerics; (2) the linears never compute on
+pad tokens; (3) on GPU it is one ``flash_attn_varlen_func`` call, which has no mask argument anyway;
+(4) an output can never depend on the amount of padding. On CPU it costs one SDPA call per distinct
+sample (one batched call when all instructions have the same length) — negligible at policy sizes.
+The padded form (``trunk_padded`` with a key padding mask) is kept for benchmarks and tests.
+
+Action heads (``VLAConfig.action_head``):
+
+- ``"discrete_bins"``: OpenVLA-style, each of ``action_dim`` dimensions is a categorical over
+  ``num_bins`` uniform bins of ``[action_low, action_high]``; action int64[B, D]; decode with
+  ``bins_to_continuous`` (bin centres).
+- ``"gaussian"``: diagonal Normal, mean from the CLS state, state-independent log-std;
+  action float32[B, D].
+- ``"categorical"``: one categorical over ``num_actions`` for discrete gym envs; action int64[B].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Categorical, Distribution, Normal
+
+from rlvla3.policy.attention import attention
+from rlvla3.policy.base import ActorCritic, ActOutput, EvalOutput, ObsBatch
+from rlvla3.policy.tokenizer import PAD_ID, VOCAB_SIZE
+
+ActionHead = Literal["discrete_bins", "gaussian", "categorical"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VLAConfig:
+    """Architecture of ``VLAPolicy``. Defaults are the tiny CPU test model.
+
+    Attributes:
+        image_size: square image side in pixels (obs["image"] is uint8[B, S, S, channels]).
+        patch_size: side of a square patch in pixels; must divide ``image_size``.
+        channels: image channels.
+        d_model: transformer width.
+        num_layers: transformer blocks.
+        num_heads: attention heads; must divide ``d_model``.
+        mlp_ratio: MLP hidden width / ``d_model``.
+        max_instruction_len: longest instruction in tokens (obs["instruction"] is int32[B, <=this]).
+        proprio_dim: proprioceptive state size (obs["proprio"] is float32[B, P]); 0 = no token.
+        action_head: ``"discrete_bins"``, ``"gaussian"`` or ``"categorical"``.
+        action_dim: continuous action dimensions D (bins and Gaussian heads).
+        num_bins: bins per action dimension (bins head).
+        action_low: lower bound of every action dimension (bins head; Gaussian ``to_env_action``).
+        action_high: upper bound of every action dimension.
+        num_actions: number of discrete actions (categorical head).
+        init_log_std: initial log standard deviation (Gaussian head).
+        dropout: dropout on the residual branches (0 for RL: log-probs must be reproducible).
+    """
+
+    image_size: int = 64
+    patch_size: int = 8
+    channels: int = 3
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    max_instruction_len: int = 32
+    proprio_dim: int = 8
+    action_head: ActionHead = "discrete_bins"
+    action_dim: int = 7
+    num_bins: int = 256
+    action_low: float = -1.0
+    action_high: float = 1.0
+    num_actions: int = 2
+    init_log_std: float = -0.5
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "image_size must be divisible by patch_size": self.image_size % self.patch_size == 0,
+            "d_model must be divisible by num_heads": self.d_model % self.num_heads == 0,
+            "action_head must be discrete_bins, gaussian or categorical":
+                self.action_head in ("discrete_bins", "gaussian", "categorical"),
+            "num_bins must be >= 2": self.num_bins >= 2,
+            "num_actions must be >= 1": self.num_actions >= 1,
+            "action_low must be < action_high": self.action_low < self.action_high,
+            "num_layers, action_dim, max_instruction_len must be >= 1":
+                min(self.num_layers, self.action_dim, self.max_instruction_len) >= 1,
+            "proprio_dim must be >= 0": self.proprio_dim >= 0,
+            "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
+        }
+        failed = [msg for msg, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError(f"invalid VLAConfig: {'; '.join(failed)}")
+
+    @property
+    def num_patches(self) -> int:
+        """Image tokens per sample: ``(image_size / patch_size) ** 2``."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_fixed_tokens(self) -> int:
+        """Tokens every sample has before its instruction: CLS, proprio (if any), patches."""
+        return 1 + (self.proprio_dim > 0) + self.num_patches
+
+
+def bins_to_continuous(bins: Tensor, *, low: float, high: float, num_bins: int) -> Tensor:
+    """Bin indices int64[...] -> float32[...] centres of ``num_bins`` equal bins of [low, high]."""
+    width = (high - low) / num_bins
+    return (low + (bins.to(torch.float32) + 0.5) * width).to(torch.float32)
+
+
+def continuous_to_bins(values: Tensor, *, low: float, high: float, num_bins: int) -> Tensor:
+    """Float values[...] -> int64[...] bin indices; values beyond [low, high] go to the end bins."""
+    width = (high - low) / num_bins
+    idx = torch.floor((values.to(torch.float64) - low) / width)
+    return idx.clamp(0, num_bins - 1).to(torch.int64)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention on packed ``[T, d]`` or padded ``[B, L, d]`` tokens."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                key_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        h, dh = self.num_heads, self.head_dim
+        if cu_seqlens is not None:  # packed: [T, d] -> q, k, v [T, H, Dh]
+            q, k, v = self.qkv(x).view(x.shape[0], 3, h, dh).unbind(1)
+            out = attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, causal=causal)
+            return self.proj(out.reshape(x.shape))
+        b, n, _ = x.shape  # padded: [B, L, d] -> q, k, v [B, H, L, Dh]
+        q, k, v = self.qkv(x).view(b, n, 3, h, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        out = attention(q, k, v, key_padding_mask=key_padding_mask, causal=causal)
+        return self.proj(out.transpose(1, 2).reshape(x.shape))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(self, d_model: int, num_heads: int, mlp_ratio: float, dropout: float) -> None:
+        super().__init__()
+        hidden = int(d_model * mlp_ratio)
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, num_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, **attn_kwargs) -> Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), **attn_kwargs))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class Transformer(nn.Module):
+    """A stack of pre-norm blocks plus a final LayerNorm, in packed or padded form.
+
+    ``forward(x, cu_seqlens=..., max_seqlen=...)`` takes packed float[T, d] tokens;
+    ``forward(x, key_padding_mask=...)`` takes padded float[B, L, d]. Output has ``x``'s shape.
+    """
+
+    def __init__(self, *, d_model: int, num_layers: int, num_heads: int, mlp_ratio: float = 4.0,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.blocks = nn.ModuleList(
+            Block(d_model, num_heads, mlp_ratio, dropout) for _ in range(num_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.apply(_init_weights)
+        for block in self.blocks:  # GPT-2: scale residual outputs by depth
+            for proj in (block.attn.proj, block.mlp[2]):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * num_layers))
+
+    def forward(self, x: Tensor, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                key_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        for block in self.blocks:
+            x = block(x, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                      key_padding_mask=key_padding_mask, causal=causal)
+        return self.ln_f(x)
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Conv2d)):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+
+
+class VLAPolicy(ActorCritic):
+    """Image + instruction + proprio -> action distribution and value (see module docstring).
+
+    Observations: ``{"image": uint8[B, S, S, C], "instruction": int[B, L] (0 = pad, L <=
+    max_instruction_len), "proprio": float32[B, P]}``; tensors may live on any device.
+    """
+
+    def __init__(self, config: VLAConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        d = c.d_model
+        self.patch_embed = nn.Conv2d(c.channels, d, kernel_size=c.patch_size, stride=c.patch_size)
+        self.instr_embed = nn.Embedding(VOCAB_SIZE, d)
+        self.proprio_embed = nn.Linear(c.proprio_dim, d) if c.proprio_dim > 0 else None
+        self.cls_token = nn.Parameter(torch.zeros(d))
+        self.image_pos = nn.Parameter(torch.zeros(c.num_patches, d))
+        self.instr_pos = nn.Parameter(torch.zeros(c.max_instruction_len, d))
+        self.transformer = Transformer(d_model=d, num_layers=c.num_layers, num_heads=c.num_heads,
+                                       mlp_ratio=c.mlp_ratio, dropout=c.dropout)
+        out = {"discrete_bins": c.action_dim * c.num_bins, "gaussian": c.action_dim,
+               "categorical": c.num_actions}[c.action_head]
+        self.action_head = nn.Linear(d, out)
+        self.log_std = (nn.Parameter(torch.full((c.action_dim,), c.init_log_std))
+                        if c.action_head == "gaussian" else None)
+        self.value_head = nn.Linear(d, 1)
+        for module in (self.patch_embed, self.instr_embed, self.proprio_embed, self.value_head):
+            if module is not None:
+                _init_weights(module)
+        for p in (self.cls_token, self.image_pos, self.instr_pos):
+            nn.init.normal_(p, std=0.02)
+        nn.init.normal_(self.action_head.weight, std=0.01)  # near-uniform initial policy
+        nn.init.zeros_(self.action_head.bias)
+
+    # ----------------------------------------------------------------------------- tokens, trunk
+    def embed(self, obs: ObsBatch) -> tuple[Tensor, Tensor, int]:
+        """Observations -> packed tokens with pad tokens dropped.
+
+        Returns:
+            tokens: float[T, d_model], sample ``i``'s tokens at ``cu_seqlens[i]:cu_seqlens[i+1]``,
+                its CLS token first.
+            cu_seqlens: int32[B + 1] on the model's device.
+            max_seqlen: an upper bound on the longest sample (fixed tokens + L; no host sync).
+        """
+        image, instr, proprio = self._check_obs(obs)
+        b, d = image.shape[0], self.config.d_model
+        pixels = image.permute(0, 3, 1, 2).to(self.cls_token.dtype) * (2.0 / 255.0) - 1.0
+        patches = self.patch_embed(pixels).flatten(2).transpose(1, 2) + self.image_pos
+        parts = [self.cls_token.expand(b, 1, d)]
+        if self.proprio_embed is not None:
+            parts.append(self.proprio_embed(proprio)[:, None])
+        parts += [patches, self.instr_embed(instr) + self.instr_pos[: instr.shape[1]]]
+        seq = torch.cat(parts, dim=1)  # [B, F + L, d]
+        fixed = torch.ones(b, seq.shape[1] - instr.shape[1], dtype=torch.bool, device=seq.device)
+        keep = torch.cat([fixed, instr != PAD_ID], dim=1)  # [B, F + L]
+        cu_seqlens = torch.zeros(b + 1, dtype=torch.int32, device=seq.device)
+        cu_seqlens[1:] = keep.sum(1).cumsum(0)
+        return seq[keep], cu_seqlens, seq.shape[1]
+
+    def trunk(self, tokens: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        """Packed float[T, d_model] tokens (documents at ``cu_seqlens``) -> float[T, d_model]."""
+        return self.transformer(tokens, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+    def trunk_padded(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Run padded float[B, L, d_model] tokens (mask bool[B, L], True = real) -> same shape."""
+        return self.transformer(tokens, key_padding_mask=key_padding_mask)
+
+    def features(self, obs: ObsBatch) -> Tensor:
+        """Final CLS hidden state of each sample: float[B, d_model]."""
+        tokens, cu_seqlens, max_seqlen = self.embed(obs)
+        hidden = self.trunk(tokens, cu_seqlens, max_seqlen)
+        return hidden[cu_seqlens[:-1].long()]
+
+    # ----------------------------------------------------------------------------- heads
+    def distribution(self, obs: ObsBatch) -> tuple[Distribution, Tensor]:
+        """Action distribution and value float32[B].
+
+        The distribution's batch shape is [B, D] for the bins and Gaussian heads (sum log-probs
+        over the last dim) and [B] for the categorical head.
+        """
+        feat = self.features(obs)
+        value = self.value_head(feat).squeeze(-1)
+        c = self.config
+        out = self.action_head(feat)
+        if c.action_head == "discrete_bins":
+            dist = Categorical(logits=out.view(-1, c.action_dim, c.num_bins), validate_args=False)
+        elif c.action_head == "gaussian":
+            assert self.log_std is not None
+            dist = Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+        else:
+            dist = Categorical(logits=out, validate_args=False)
+        return dist, value
+
+    def _reduce(self, per_dim: Tensor) -> Tensor:
+        """Sum a per-dimension quantity over action dims (bins/Gaussian) -> float32[B]."""
+        return per_dim if self.config.action_head == "categorical" else per_dim.sum(-1)
+
+    @torch.no_grad()
+    def act(self, obs: ObsBatch, deterministic: bool = False) -> ActOutput:
+        """Sample (or, if ``deterministic``, take the mode of) one action per observation.
+
+        Runs without autograd; re-score with ``evaluate`` for gradients. Action dtype/shape:
+        int64[B, D] (bins), float32[B, D] (Gaussian), int64[B] (categorical).
+        """
+        dist, value = self.distribution(obs)
+        action = dist.mode if deterministic else dist.sample()
+        return ActOutput(action=action, log_prob=self._reduce(dist.log_prob(action)), value=value)
+
+    def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
+        """Log-prob float32[B], entropy float32[B] and value float32[B] of given actions."""
+        dist, value = self.distribution(obs)
+        action = action.to(value.device)
+        expected = tuple(dist.batch_shape)
+        if tuple(action.shape) != expected:
+            raise ValueError(f"action shape {tuple(action.shape)} != expected {expected}")
+        return EvalOutput(log_prob=self._reduce(dist.log_prob(action)),
+                          entropy=self._reduce(dist.entropy()), value=value)
+
+    def to_env_action(self, action: Tensor) -> Tensor:
+        """Policy action -> what the env steps with: bin centres float32[B, D] (bins head),
+        the Gaussian sample clipped to [action_low, action_high], or the int64[B] index."""
+        c = self.config
+        if c.action_head == "discrete_bins":
+            return bins_to_continuous(action, low=c.action_low, high=c.action_high,
+                                      num_bins=c.num_bins)
+        if c.action_head == "gaussian":
+            return action.clamp(c.action_low, c.action_high)
+        return action
+
+    # ----------------------------------------------------------------------------- checks
+    def _check_obs(self, obs: ObsBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Validate and move (image uint8[B,S,S,C], instruction int64[B,L], proprio f[B,P])."""
+        c, device = self.config, self.cls_token.device
+        image = obs["image"].to(device)
+        want = (c.image_size, c.image_size, c.channels)
+        if image.dtype != torch.uint8 or image.dim() != 4 or tuple(image.shape[1:]) != want:
+            raise ValueError(f"obs['image'] must be uint8[B, {want[0]}, {want[1]}, {want[2]}], "
+                             f"got {image.dtype}{list(image.shape)}")
+        b = image.shape[0]
+        instr = obs["instruction"].to(device=device, dtype=torch.int64)
+        if instr.dim() != 2 or instr.shape[0] != b or instr.shape[1] > c.max_instruction_len:
+            raise ValueError(f"obs['instruction'] must be int[{b}, <={c.max_instruction_len}], "
+                             f"got {list(instr.shape)}")
+        if c.proprio_dim == 0:
+            return image, instr, None
+        proprio = obs["proprio"].to(device=device, dtype=self.cls_token.dtype)
+        if tuple(proprio.shape) != (b, c.proprio_dim):
+            raise ValueError(f"obs['proprio'] must be float[{b}, {c.proprio_dim}], "
+                             f"got {list(proprio.shape)}")
+        return image, instr, proprio

@@ -1,0 +1,171 @@
+"""VLAPolicy: head shapes, act/evaluate agreement, instruction conditioning, padding invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlvla3.policy.tokenizer import (
+    VOCAB_SIZE,
+    decode_instruction,
+    encode_instruction,
+    encode_instructions,
+)
+from rlvla3.policy.vla import (
+    VLAConfig,
+    VLAPolicy,
+    bins_to_continuous,
+    continuous_to_bins,
+)
+
+HEADS = ["discrete_bins", "gaussian", "categorical"]
+B = 4
+
+
+def _policy(head: str = "discrete_bins", **overrides) -> VLAPolicy:
+    torch.manual_seed(0)
+    kwargs = {"image_size": 32, "patch_size": 8, "d_model": 32, "num_layers": 2, "num_heads": 4,
+              "max_instruction_len": 32, "proprio_dim": 5, "action_head": head, "action_dim": 3,
+              "num_bins": 11, "num_actions": 4}
+    return VLAPolicy(VLAConfig(**(kwargs | overrides))).eval()
+
+
+def _obs(policy: VLAPolicy, texts: list[str], instr_len: int | None = None, seed: int = 0):
+    c = policy.config
+    g = torch.Generator().manual_seed(seed)
+    n = len(texts)
+    obs = {"image": torch.randint(0, 256, (n, c.image_size, c.image_size, 3), generator=g,
+                                  dtype=torch.uint8),
+           "instruction": torch.from_numpy(
+               encode_instructions(texts, instr_len or c.max_instruction_len))}
+    if c.proprio_dim:
+        obs["proprio"] = torch.randn(n, c.proprio_dim, generator=g)
+    return obs
+
+
+TEXTS = ["pick up the red cube", "open the drawer", "push", "stack the blue block on top"]
+
+
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_act_shapes_and_evaluate_matches(head, deterministic):
+    policy = _policy(head)
+    obs = _obs(policy, TEXTS)
+    out = policy.act(obs, deterministic=deterministic)
+    expected = {"discrete_bins": ((B, 3), torch.int64), "gaussian": ((B, 3), torch.float32),
+                "categorical": ((B,), torch.int64)}[head]
+    assert (tuple(out.action.shape), out.action.dtype) == expected
+    assert out.log_prob.shape == out.value.shape == (B,)
+    assert out.log_prob.dtype == out.value.dtype == torch.float32
+    ev = policy.evaluate(obs, out.action)
+    torch.testing.assert_close(ev.log_prob, out.log_prob, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ev.value, out.value, atol=1e-6, rtol=1e-6)
+    assert ev.entropy.shape == (B,) and bool((ev.entropy > 0).all())
+    env_action = policy.to_env_action(out.action)
+    assert env_action.shape[0] == B
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_evaluate_backpropagates_to_every_input_path(head):
+    policy = _policy(head).train()
+    obs = _obs(policy, TEXTS)
+    action = policy.act(obs).action
+    ev = policy.evaluate(obs, action)
+    (ev.log_prob.sum() + ev.value.sum() + ev.entropy.sum()).backward()
+    for name in ("patch_embed.weight", "instr_embed.weight", "proprio_embed.weight",
+                 "cls_token", "image_pos", "instr_pos", "action_head.weight", "value_head.weight"):
+        grad = policy.get_parameter(name).grad
+        assert grad is not None and grad.abs().sum() > 0, name
+
+
+def test_evaluate_rejects_wrong_action_shape():
+    policy = _policy("discrete_bins")
+    with pytest.raises(ValueError, match="action shape"):
+        policy.evaluate(_obs(policy, TEXTS), torch.zeros(B, dtype=torch.int64))
+
+
+def test_instruction_changes_the_policy():
+    policy = _policy("discrete_bins")
+    obs_a = _obs(policy, ["pick up the red cube"] * 2)
+    obs_b = dict(obs_a, instruction=_obs(policy, ["open the drawer"] * 2)["instruction"])
+    with torch.no_grad():
+        logits_a = policy.distribution(obs_a)[0].logits
+        logits_b = policy.distribution(obs_b)[0].logits
+    assert not torch.allclose(logits_a, logits_b, atol=1e-6)
+
+
+def test_padding_does_not_change_the_output():
+    policy = _policy("gaussian")
+    short = _obs(policy, TEXTS, instr_len=len(TEXTS[-1]))  # the longest text fills the row
+    long = dict(short, instruction=_obs(policy, TEXTS, instr_len=32)["instruction"])
+    assert short["instruction"].shape[1] < long["instruction"].shape[1]
+    with torch.no_grad():
+        torch.testing.assert_close(policy.features(short), policy.features(long),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_packed_trunk_matches_padded_trunk():
+    policy = _policy()
+    with torch.no_grad():
+        tokens, cu, max_len = policy.embed(_obs(policy, TEXTS))
+        packed = policy.trunk(tokens, cu, max_len)
+        lengths = (cu[1:] - cu[:-1]).tolist()
+        docs = list(tokens.split(lengths))
+        padded = torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
+        mask = torch.arange(padded.shape[1])[None] < torch.tensor(lengths)[:, None]
+        out = policy.trunk_padded(padded, mask)
+    torch.testing.assert_close(packed, out[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_bins_round_trip():
+    kw = {"low": -2.0, "high": 3.0, "num_bins": 256}
+    bins = torch.arange(256)
+    centres = bins_to_continuous(bins, **kw)
+    assert centres.dtype == torch.float32
+    assert torch.equal(continuous_to_bins(centres, **kw), bins)
+    x = torch.linspace(-2.0, 3.0, 1001)
+    err = (bins_to_continuous(continuous_to_bins(x, **kw), **kw) - x).abs().max()
+    assert err <= 5.0 / 256 / 2 + 1e-6
+    assert continuous_to_bins(torch.tensor([-9.0, 9.0]), **kw).tolist() == [0, 255]
+
+
+def test_no_proprio_and_wrong_inputs():
+    policy = _policy(proprio_dim=0)
+    obs = _obs(policy, TEXTS)
+    assert "proprio" not in obs
+    assert policy.act(obs).action.shape == (B, 3)
+    policy = _policy()
+    bad_image = dict(_obs(policy, TEXTS), image=torch.zeros(B, 16, 16, 3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="image"):
+        policy.act(bad_image)
+    too_long = dict(_obs(policy, TEXTS), instruction=torch.ones(B, 33, dtype=torch.int32))
+    with pytest.raises(ValueError, match="instruction"):
+        policy.act(too_long)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="patch_size"):
+        VLAConfig(image_size=30, patch_size=8)
+    with pytest.raises(ValueError, match="num_heads"):
+        VLAConfig(d_model=30, num_heads=4)
+    with pytest.raises(ValueError, match="action_head"):
+        VLAConfig(action_head="beta")  # type: ignore[arg-type]
+
+
+def test_tokenizer_round_trip_and_padding():
+    assert VOCAB_SIZE == 257
+    tokens = encode_instruction("grasp the mug", 20)
+    assert tokens.dtype == np.int32 and tokens.shape == (20,)
+    assert tokens[13:].tolist() == [0] * 7 and tokens.min() >= 0 and tokens.max() < VOCAB_SIZE
+    assert decode_instruction(tokens) == "grasp the mug"
+    assert decode_instruction(torch.from_numpy(tokens)) == "grasp the mug"
+    assert decode_instruction(encode_instruction("héllo wörld", 64)) == "héllo wörld"
+
+
+def test_tokenizer_truncates_at_character_boundary():
+    tokens = encode_instruction("aé", 2)  # 'é' is 2 bytes: only 'a' fits
+    assert tokens.tolist() == [ord("a") + 1, 0]
+    assert decode_instruction(encode_instruction("abcdef", 3)) == "abc"
+    with pytest.raises(ValueError):
+        decode_instruction([300])
