@@ -10,6 +10,7 @@ field is checked against the schema in ``rlvla3/messages.py``, and any problem r
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,32 +58,60 @@ class CodecLimits:
 
 
 DEFAULT_LIMITS = CodecLimits()
+_DTYPES = {name: np.dtype(name) for name in _ALLOWED_DTYPES}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_local = threading.local()
+ZERO_COPY_MIN_BYTES = 1 << 16
 
 
 def encode(msg: Any) -> list[Any]:
-    """Frames for ``msg``: ``[header, *array_buffers]``; buffers are zero-copy memoryviews."""
-    name = type(msg).__name__
-    if MESSAGE_TYPES.get(name) is not type(msg):
-        raise TypeError(f"encode: {name} is not a message type of rlvla3.messages")
-    buffers: list[Any] = []
+    """Frames for ``msg``: ``[header, *array_buffers]``.
 
-    def default(obj: Any) -> Any:
-        if isinstance(obj, np.generic):
-            return obj.item()  # numpy scalars travel as plain msgpack numbers
-        arr = _as_array(obj)
-        if arr is None:
-            raise TypeError(f"encode {name}: cannot encode {type(obj).__name__}")
+    Arrays of at least ``ZERO_COPY_MIN_BYTES`` are memoryviews of the caller's data (zero-copy:
+    do not modify them until sent); smaller ones are copied into bytes.
+    """
+    schema = _SCHEMAS.get(type(msg))
+    if schema is None:
+        raise TypeError(f"encode: {type(msg).__name__} is not a message type of rlvla3.messages")
+    buffers: list[Any] = []
+    fields = {}
+    for key in schema.names:
+        value = getattr(msg, key)
+        if isinstance(value, dict):
+            value = {k: _encode_value(v, buffers, schema.name) for k, v in value.items()}
+        else:
+            value = _encode_value(value, buffers, schema.name)
+        fields[key] = value
+    return [_packer().pack([SCHEMA_VERSION, schema.name, fields]), *buffers]
+
+
+def _encode_value(value: Any, buffers: list[Any], name: str) -> Any:
+    if isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()  # numpy scalars travel as plain msgpack numbers
+    arr = _as_array(value)
+    if arr is None:
+        raise TypeError(f"encode {name}: cannot encode {type(value).__name__}")
+    dtype = _DTYPE_NAMES.get(arr.dtype)
+    if dtype is None:
         if arr.dtype.name not in _ALLOWED_DTYPES:
             raise TypeError(f"encode {name}: dtype {arr.dtype} is not supported")
-        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
-        is_tensor = not isinstance(obj, np.ndarray)
-        meta = msgpack.packb([len(buffers) + 1, arr.dtype.name, list(arr.shape), is_tensor])
-        buffers.append(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
-        return msgpack.ExtType(_ARRAY_EXT, meta)
+        arr, dtype = arr.astype(arr.dtype.newbyteorder("=")), arr.dtype.name
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+        arr = arr.copy(order="C")
+    meta = _packer().pack([len(buffers) + 1, dtype, arr.shape, not isinstance(value, np.ndarray)])
+    # Small arrays are cheaper to copy than to share; large ones go zero-copy.
+    buffers.append(arr.tobytes() if arr.nbytes < ZERO_COPY_MIN_BYTES else arr.reshape(-1).data)
+    return msgpack.ExtType(_ARRAY_EXT, meta)
 
-    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
-    header = msgpack.packb([SCHEMA_VERSION, name, fields], default=default, use_bin_type=True)
-    return [header, *buffers]
+
+def _packer() -> msgpack.Packer:
+    # Creating a Packer costs more than packing a small header: keep one per thread.
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer
 
 
 def decode(frames: Sequence[Any], limits: CodecLimits = DEFAULT_LIMITS) -> Any:
@@ -103,8 +132,7 @@ def decode(frames: Sequence[Any], limits: CodecLimits = DEFAULT_LIMITS) -> Any:
     def ext_hook(code: int, data: bytes) -> Any:
         if code != _ARRAY_EXT:
             raise MalformedFrame(f"unknown msgpack extension type {code}")
-        index = _array_index(data, len(bufs), used)
-        return _array_from(data, bufs[index], limits)
+        return _array_from(data, bufs, used, limits)
 
     try:
         version, name, fields = msgpack.unpackb(bufs[0], ext_hook=ext_hook, raw=False)
@@ -120,21 +148,26 @@ def decode(frames: Sequence[Any], limits: CodecLimits = DEFAULT_LIMITS) -> Any:
 def _build(version: Any, name: Any, fields: Any) -> Any:
     if version != SCHEMA_VERSION:
         raise SchemaMismatch(f"schema version {version!r}, this side speaks {SCHEMA_VERSION}")
-    cls = MESSAGE_TYPES.get(name) if isinstance(name, str) else None
-    if cls is None:
+    schema = _SCHEMAS_BY_NAME.get(name) if isinstance(name, str) else None
+    if schema is None:
         raise UnknownMessage(f"unknown message type {name!r}")
     if not isinstance(fields, dict):
         raise MalformedFrame(f"{name}: fields must be a mapping")
-    expected = {f.name: f for f in dataclasses.fields(cls)}
     for key in fields:
-        if key not in expected:
+        if key not in schema.checks:
             raise MalformedFrame(f"{name}.{key}: unknown field")
-    for key, f in expected.items():
-        if key not in fields and f.default is dataclasses.MISSING:
+    for key in schema.required:
+        if key not in fields:
             raise MalformedFrame(f"{name}.{key}: missing field")
-        if key in fields:
-            _check_field(name, key, f.type, fields[key])
-    return cls(**fields)
+    for key, value in fields.items():
+        annotation, check = schema.checks[key]
+        if not check(value):
+            raise MalformedFrame(f"{name}.{key}: expected {annotation}, got {type(value).__name__}")
+    return schema.cls(**fields)
+
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, np.ndarray) or _is_tensor(v)
 
 
 _FIELD_CHECKS: dict[str, Any] = {
@@ -142,44 +175,62 @@ _FIELD_CHECKS: dict[str, Any] = {
     "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
     "bool": lambda v: isinstance(v, bool),
-    "np.ndarray": lambda v: isinstance(v, np.ndarray) or _is_tensor(v),
+    "np.ndarray": _is_array,
     "Obs": lambda v: isinstance(v, dict)
-    and all(isinstance(k, str) and (isinstance(a, np.ndarray) or _is_tensor(a)) for k, a in v.items()),
+    and all(isinstance(k, str) and _is_array(a) for k, a in v.items()),
 }
 
 
-def _check_field(msg: str, key: str, annotation: Any, value: Any) -> None:
-    check = _FIELD_CHECKS[str(annotation)]
-    if not check(value):
-        raise MalformedFrame(f"{msg}.{key}: expected {annotation}, got {type(value).__name__}")
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    """What the codec needs to know of one message class, computed once."""
+
+    cls: type
+    name: str
+    names: tuple[str, ...]
+    required: tuple[str, ...]
+    checks: dict[str, tuple[str, Any]]
 
 
-def _array_index(meta: bytes, num_bufs: int, used: set[int]) -> int:
+def _schema(cls: type) -> _Schema:
+    fields = dataclasses.fields(cls)
+    return _Schema(
+        cls=cls,
+        name=cls.__name__,
+        names=tuple(f.name for f in fields),
+        required=tuple(f.name for f in fields if f.default is dataclasses.MISSING),
+        checks={f.name: (str(f.type), _FIELD_CHECKS[str(f.type)]) for f in fields},
+    )
+
+
+_SCHEMAS = {cls: _schema(cls) for cls in MESSAGE_TYPES.values()}
+_SCHEMAS_BY_NAME = {s.name: s for s in _SCHEMAS.values()}
+
+
+def _array_from(meta: bytes, bufs: list[memoryview], used: set[int], limits: CodecLimits) -> Any:
+    """The array an extension descriptor points to, after checking it against its frame."""
     try:
-        index = msgpack.unpackb(meta)[0]
+        index, dtype, shape, is_tensor = msgpack.unpackb(meta)
     except Exception as err:
         raise MalformedFrame(f"bad array descriptor: {err}") from err
-    if not isinstance(index, int) or not 1 <= index < num_bufs or index in used:
-        raise MalformedFrame(f"array refers to frame {index!r} of {num_bufs}")
+    if type(index) is not int or not 1 <= index < len(bufs) or index in used:
+        raise MalformedFrame(f"array refers to frame {index!r} of {len(bufs)}")
     used.add(index)
-    return index
-
-
-def _array_from(meta: bytes, buf: memoryview, limits: CodecLimits) -> Any:
-    try:
-        _, dtype, shape, is_tensor = msgpack.unpackb(meta)
-    except Exception as err:
-        raise MalformedFrame(f"bad array descriptor: {err}") from err
-    if dtype not in _ALLOWED_DTYPES:
+    dt = _DTYPES.get(dtype)
+    if dt is None:
         raise MalformedFrame(f"array dtype {dtype!r} is not allowed")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise MalformedFrame(f"array shape {shape!r} is not a list of non-negative ints")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if type(shape) is not list:
+        raise MalformedFrame(f"array shape {shape!r} is not a list")
+    count = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise MalformedFrame(f"array shape {shape!r} is not a list of non-negative ints")
+        count *= dim  # Python ints: no overflow on hostile shapes
     if count > limits.max_array_elements:
         raise OversizedFrame(f"array of {count} elements exceeds {limits.max_array_elements}")
+    buf = bufs[index]
     if len(buf) > limits.max_frame_bytes:
         raise OversizedFrame(f"frame of {len(buf)} bytes exceeds {limits.max_frame_bytes}")
-    dt = np.dtype(dtype)
     if count * dt.itemsize != len(buf):
         raise MalformedFrame(f"array {dtype}{shape} needs {count * dt.itemsize} bytes, got {len(buf)}")
     arr = np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
@@ -205,6 +256,7 @@ def _is_tensor(obj: Any) -> bool:
 
 
 def _buffer(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", frame)  # zmq.Frame exposes .buffer
-    view = memoryview(buf)
+    if type(frame) is bytes:
+        return memoryview(frame)
+    view = memoryview(getattr(frame, "buffer", frame))  # zmq.Frame exposes .buffer
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view

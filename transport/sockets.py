@@ -94,7 +94,9 @@ class MessageSocket:
         """
         if timeout_s is not None and not self.raw.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
-        self.raw.send_multipart([*prefix, *encode(msg)], copy=False)
+        frames = encode(msg)
+        zero_copy = any(type(f) is not bytes for f in frames)  # only large arrays are not bytes
+        self.raw.send_multipart([*prefix, *frames], copy=not zero_copy)
         return True
 
     def recv(self, timeout_s: float | None = None) -> Any | None:

@@ -1,0 +1,160 @@
+"""Codec: round trips for every message type and dtype; bad frames raise typed errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from rlvla3 import messages as m
+from transport.codec import (
+    ZERO_COPY_MIN_BYTES,
+    CodecLimits,
+    MalformedFrame,
+    OversizedFrame,
+    SchemaMismatch,
+    UnknownMessage,
+    decode,
+    encode,
+)
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64"]  # fmt: skip
+
+arrays = st.sampled_from(DTYPES).flatmap(
+    lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5))
+)
+ints = st.integers(-(2**62), 2**62)
+floats = st.floats(allow_nan=False, width=64)
+obs = st.dictionaries(st.sampled_from(["state", "image", "instruction", "proprio"]), arrays)
+
+MESSAGES = {
+    m.DemoPing: st.builds(m.DemoPing, seq=ints, sender=st.text(), payload=arrays),
+    m.ObsRequest: st.builds(m.ObsRequest, env_key=st.text(), request_id=ints, obs=obs),
+    m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, log_prob=floats,
+                             value=floats, policy_version=ints),
+    m.TrajectoryChunk: st.builds(
+        m.TrajectoryChunk, worker_index=ints, env_index=ints, chunk_id=ints, obs=obs,
+        actions=arrays, rewards=arrays, terminated=arrays, truncated=arrays, log_probs=arrays,
+        values=arrays, policy_versions=arrays, bootstrap_value=floats),
+    m.WeightsAvailable: st.builds(m.WeightsAvailable, version=ints),
+    m.Control: st.builds(m.Control, command=st.text(), round=ints),
+}  # fmt: skip
+
+
+def assert_same(a: object, b: object) -> None:
+    assert type(a) is type(b)
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k])
+                assert x[k].dtype == y[k].dtype
+        elif isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+            assert x.dtype == y.dtype and x.shape == y.shape
+        else:
+            assert x == y
+
+
+def test_every_message_type_has_a_strategy() -> None:
+    assert set(MESSAGES) == set(m.MESSAGE_TYPES.values())
+
+
+@pytest.mark.parametrize("cls", list(MESSAGES), ids=lambda c: c.__name__)
+def test_round_trip(cls: type) -> None:
+    @settings(max_examples=60, deadline=None)
+    @given(MESSAGES[cls])
+    def check(msg: object) -> None:
+        frames = [bytes(memoryview(f)) for f in encode(msg)]  # as the wire delivers them
+        assert_same(decode(frames), msg)
+
+    check()
+
+
+def test_large_arrays_are_not_copied_on_encode() -> None:
+    arr = np.arange(ZERO_COPY_MIN_BYTES, dtype=np.float32)
+    frames = encode(m.DemoPing(seq=1, sender="a", payload=arr))
+    assert np.shares_memory(np.frombuffer(frames[1], dtype=np.float32), arr)
+    small = np.arange(10, dtype=np.float32)
+    frames = encode(m.DemoPing(seq=1, sender="a", payload=small))
+    assert frames[1] == small.tobytes()
+
+
+def test_cpu_tensors_round_trip_as_tensors() -> None:
+    t = torch.randn(3, 4)
+    back = decode(encode(m.DemoPing(seq=0, sender="x", payload=t)))
+    assert isinstance(back.payload, torch.Tensor) and torch.equal(back.payload, t)
+
+
+def test_non_contiguous_and_big_endian_arrays() -> None:
+    arr = np.arange(24, dtype=">i4").reshape(4, 6)[:, ::2]
+    back = decode(encode(m.DemoPing(seq=0, sender="x", payload=arr)))
+    np.testing.assert_array_equal(back.payload, arr)
+
+
+def test_encode_rejects_unsupported_values() -> None:
+    with pytest.raises(TypeError, match="dtype"):
+        encode(m.DemoPing(seq=0, sender="x", payload=np.array(["a"])))
+    with pytest.raises(TypeError, match="not a message type"):
+        encode({"seq": 1})
+
+
+def _ping_frames() -> list[bytes]:
+    return [bytes(f) for f in encode(m.DemoPing(seq=1, sender="s", payload=np.ones(4, np.float32)))]
+
+
+def _header(version: object, name: object, fields: object) -> bytes:
+    return msgpack.packb([version, name, fields])
+
+
+@pytest.mark.parametrize(
+    ("frames", "error", "text"),
+    [
+        ([], MalformedFrame, "no header"),
+        ([b"\xc1garbage"], MalformedFrame, "not a valid msgpack"),
+        ([b"\x93\x01"], MalformedFrame, "not a valid msgpack"),  # truncated header
+        (_ping_frames()[:1], MalformedFrame, "refers to frame"),  # missing data frame
+        ([_ping_frames()[0], _ping_frames()[1][:7]], MalformedFrame, "needs 16 bytes"),  # truncated
+        ([*_ping_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
+        ([_header(99, "DemoPing", {})], SchemaMismatch, "schema version 99"),
+        ([_header(1, "Evil", {})], UnknownMessage, "'Evil'"),
+        ([_header(1, "Control", {"command": "x", "oops": 1})], MalformedFrame, "Control.oops"),
+        ([_header(1, "Control", {})], MalformedFrame, "Control.command: missing"),
+        ([_header(1, "Control", {"command": 5})], MalformedFrame, "Control.command: expected str"),
+        ([_header(1, "WeightsAvailable", {"version": "1"})], MalformedFrame, "expected int"),
+        ([_header(1, "DemoPing", {"seq": 1, "sender": "s", "payload": msgpack.ExtType(1, msgpack.packb([1, "object", [1], False]))}), b"x"],
+         MalformedFrame, "dtype 'object'"),
+        ([_header(1, "DemoPing", {"seq": 1, "sender": "s", "payload": msgpack.ExtType(7, b"")})],
+         MalformedFrame, "extension type 7"),
+    ],
+)  # fmt: skip
+def test_malformed_frames_raise_typed_errors(frames: list, error: type, text: str) -> None:
+    with pytest.raises(error, match=text):
+        decode(frames)
+
+
+def test_oversized_frames_are_rejected() -> None:
+    frames = encode(m.DemoPing(seq=1, sender="s", payload=np.zeros(1000, np.float64)))
+    with pytest.raises(OversizedFrame, match="elements exceeds"):
+        decode(frames, CodecLimits(max_array_elements=100))
+    with pytest.raises(OversizedFrame, match="bytes exceeds"):
+        decode(frames, CodecLimits(max_frame_bytes=1000))
+    with pytest.raises(OversizedFrame, match="header of"):
+        decode(frames, CodecLimits(max_header_bytes=8))
+    with pytest.raises(OversizedFrame, match="max_frames"):
+        decode([frames[0]] * 10, CodecLimits(max_frames=4))
+
+
+def test_huge_declared_shape_is_rejected_before_allocation() -> None:
+    ext = msgpack.ExtType(1, msgpack.packb([1, "float64", [1 << 40, 1 << 20], False]))
+    header = _header(1, "DemoPing", {"seq": 1, "sender": "s", "payload": ext})
+    with pytest.raises(OversizedFrame):
+        decode([header, b"\x00" * 8])

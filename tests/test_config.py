@@ -1,0 +1,67 @@
+"""Config loading: typed, strict, errors name the key path, overrides, resolved dump."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from rlvla3.config import Config, config_from_dict, dump_config, load_config
+from rlvla3.typed_load import ConfigError
+
+
+def _error(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    return str(info.value)
+
+
+def test_defaults_load_without_a_file() -> None:
+    cfg = load_config(None)
+    assert isinstance(cfg, Config)
+    assert cfg.run.mode == "async" and cfg.nodes[0].name == "local"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"roles": {"demo_sink": {"cuont": 2}}}, "roles.demo_sink.cuont: unknown key"),
+        ({"run": {"mode": "fast"}}, "run.mode: 'fast' is not one of"),
+        ({"run": {"seed": "zero"}}, "run.seed: expected int"),
+        ({"run": {"stop": {"max_env_steps": 1.5}}}, "run.stop.max_env_steps: expected int"),
+        ({"roles": {"nope": {}}}, "roles.nope: unknown role"),
+        ({"roles": {"demo_sink": {"node": "gpu9"}}}, "roles.demo_sink.node: no node named"),
+        ({"roles": {"demo_source": {"settings": {"rate": 1}}}},
+         "roles.demo_source.settings.rate: unknown key"),
+        ({"nodes": [{"host": "a"}]}, "nodes[0].name: missing required key"),
+        ({"bogus": 1}, "bogus: unknown key"),
+    ],
+)
+def test_errors_name_the_key_path(raw: dict, message: str) -> None:
+    assert _error(raw).startswith(message)
+
+
+def test_overrides_are_typed_and_validated(tmp_path) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({"roles": {"demo_sink": {"count": 1}}}))
+    cfg = load_config(path, ["roles.demo_sink.count=3", "run.mode=sync", "run.stop.max_wall_s=2"])
+    assert cfg.roles["demo_sink"].count == 3 and cfg.run.mode == "sync"
+    assert cfg.run.stop.max_wall_s == 2.0
+    with pytest.raises(ConfigError, match="roles.demo_sink.count: expected int"):
+        load_config(path, ["roles.demo_sink.count=many"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(path, ["run.mode"])
+
+
+def test_resolved_dump_round_trips() -> None:
+    cfg = load_config(None, ["roles.demo_source.count=2", "roles.demo_source.node=[local]"])
+    again = config_from_dict(yaml.safe_load(dump_config(cfg)))
+    assert again == cfg
+    assert again.placement("demo_source") == ["local", "local"]
+
+
+def test_placement_spreads_round_robin() -> None:
+    cfg = config_from_dict({
+        "nodes": [{"name": "a"}, {"name": "b"}],
+        "roles": {"demo_source": {"count": 3, "node": ["a", "b"]}},
+    })
+    assert cfg.placement("demo_source") == ["a", "b", "a"]

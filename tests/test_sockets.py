@@ -1,0 +1,135 @@
+"""Sockets on loopback: queues with back-pressure, request-reply, pub-sub, bad-frame handling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from rlvla3.messages import ActionReply, Control, DemoPing, ObsRequest
+from transport import sockets
+from transport.codec import CodecError
+
+
+def ping(seq: int, n: int = 4) -> DemoPing:
+    return DemoPing(seq=seq, sender="t", payload=np.full(n, seq, np.float32))
+
+
+@pytest.fixture
+def pair():
+    made: list[sockets.MessageSocket] = []
+
+    def make(factory, **kwargs):
+        sock = factory(**kwargs)
+        made.append(sock)
+        return sock
+
+    yield make
+    for sock in made:
+        sock.close()
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "ipc"])
+def test_push_pull_round_trip(pair, scheme: str, tmp_path) -> None:
+    receiver = pair(sockets.pull)
+    address = receiver.bind(scheme=scheme, ipc_dir=str(tmp_path))
+    assert address.startswith(f"{scheme}://")
+    sender = pair(sockets.push)
+    sender.connect(address)
+    for i in range(50):
+        assert sender.send(ping(i), timeout_s=5)
+    got = [receiver.recv(timeout_s=5) for _ in range(50)]
+    assert [g.seq for g in got] == list(range(50))
+    np.testing.assert_array_equal(got[7].payload, np.full(4, 7, np.float32))
+
+
+def test_tcp_binds_a_free_port_on_loopback(pair) -> None:
+    a, b = pair(sockets.pull), pair(sockets.pull)
+    addr_a, addr_b = a.bind(), b.bind()
+    assert addr_a.startswith("tcp://127.0.0.1:") and addr_a != addr_b
+
+
+def test_full_queue_applies_back_pressure(pair) -> None:
+    receiver = pair(sockets.pull, hwm=2)
+    receiver.raw.setsockopt(zmq.RCVBUF, 1024)
+    address = receiver.bind()
+    sender = pair(sockets.push, hwm=2)
+    sender.raw.setsockopt(zmq.SNDBUF, 1024)
+    sender.connect(address)
+    big = ping(0, n=1 << 16)
+    sent = 0
+    while sender.send(big, timeout_s=0.2):
+        sent += 1
+        assert sent < 1000, "queue never filled: no back-pressure"
+    assert sent >= 2  # the receiver is not reading: the sender is told the queue is full
+    assert receiver.recv(timeout_s=5) is not None  # draining makes room again
+    assert sender.send(ping(1), timeout_s=5)
+
+
+def test_router_dealer_request_reply_across_two_servers(pair) -> None:
+    servers = [pair(sockets.RouterSocket) for _ in range(2)]
+    client = pair(sockets.dealer)
+    client.connect([s.bind() for s in servers])
+    for i in range(4):
+        client.send(ObsRequest(env_key="0/0", request_id=i, obs={"state": np.zeros(3, np.float32)}))
+    seen = {0: 0, 1: 0}
+    for _ in range(4):
+        for k, server in enumerate(servers):
+            got = server.recv_from(timeout_s=0.01)
+            if got is not None:
+                identity, req = got
+                seen[k] += 1
+                reply = ActionReply(request_id=req.request_id, action=np.array(1), log_prob=-0.1,
+                                    value=0.5, policy_version=3)  # fmt: skip
+                assert server.send_to(identity, reply)
+    assert seen == {0: 2, 1: 2}  # a DEALER spreads requests round-robin over its servers
+    ids = sorted(client.recv(timeout_s=5).request_id for _ in range(4))
+    assert ids == [0, 1, 2, 3]
+
+
+def test_pub_sub_control(pair) -> None:
+    pub = pair(sockets.publisher)
+    sub = pair(sockets.subscriber)
+    sub.connect(pub.bind())
+    # A subscription takes effect asynchronously: publish until the first one arrives.
+    for attempt in range(200):
+        pub.send(Control(command="pause", round=attempt))
+        if sub.poll(0.05):
+            break
+    msg = sub.recv(timeout_s=5)
+    assert msg.command == "pause"
+
+
+def test_bad_frames_go_to_the_handler_and_receiving_carries_on(pair) -> None:
+    errors: list[CodecError] = []
+    receiver = pair(sockets.pull, on_bad_frame=errors.append)
+    address = receiver.bind()
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(address)
+    try:
+        raw.send_multipart([b"\xc1not msgpack"])
+        raw.send_multipart([b"\x93\x01"])
+        assert receiver.recv(timeout_s=5) is None
+        assert receiver.recv(timeout_s=5) is None
+        sender = pair(sockets.push)
+        sender.connect(address)
+        sender.send(ping(5))
+        assert receiver.recv(timeout_s=5).seq == 5
+    finally:
+        raw.close()
+    assert len(errors) == 2 and all(isinstance(e, CodecError) for e in errors)
+
+
+def test_without_a_handler_bad_frames_raise(pair) -> None:
+    receiver = pair(sockets.pull)
+    address = receiver.bind()
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(address)
+    try:
+        raw.send(b"junk")
+        with pytest.raises(CodecError):
+            receiver.recv(timeout_s=5)
+    finally:
+        raw.close()
