@@ -1,0 +1,328 @@
+"""PPO with off-policy corrections, written to read top to bottom like cleanrl's ``ppo.py``.
+
+The trainer receives trajectory *chunks*: up to T consecutive steps of one env, cut at episode
+ends, each step tagged with the behaviour policy's log-prob and value. From a chunk it computes
+advantages and returns (``compute_gae``, or ``vtrace`` for lagged data), flattens many chunks into
+one batch, and calls ``ppo_update``. Rollouts may be one or two policy versions stale, so the
+clipped surrogate is taken against the *behaviour* log-probs, which is exactly the ratio that
+corrects for the lag; ``truncated_importance_weights`` / ``vtrace`` are the optional extras.
+
+Every function here is pure torch and works on CPU tensors; nothing here knows about networking.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlvla3.policy.base import ActorCritic
+
+Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantage estimation for one chunk
+# ---------------------------------------------------------------------------------------------
+
+
+def _next_values_and_masks(
+    values: Tensor, bootstrap_value: float | Tensor, dones: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """float32[T] V(x_{t+1}) (the last one is ``bootstrap_value``) and float32[T] not-done masks."""
+    bootstrap = torch.as_tensor(bootstrap_value, dtype=values.dtype, device=values.device)
+    next_values = torch.cat([values[1:], bootstrap.reshape(1)])
+    if dones is None:
+        not_done = torch.ones_like(values)
+    else:
+        not_done = 1.0 - dones.to(values.dtype)
+    return next_values, not_done
+
+
+@torch.no_grad()
+def compute_gae(
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: float | Tensor,
+    gamma: float,
+    lam: float,
+    dones: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation over one chunk of T steps.
+
+    Args:
+        rewards: float32[T], reward received after step t.
+        values: float32[T], V(x_t) from the behaviour policy (or recomputed).
+        bootstrap_value: scalar, V of the observation after the last step; 0.0 if the episode
+            terminated there, V(final obs) if it was truncated or the chunk was cut by length.
+        gamma: discount factor.
+        lam: GAE lambda (1.0 gives Monte-Carlo returns with bootstrap, 0.0 gives TD(0)).
+        dones: optional bool[T]; ``dones[t]`` means the episode terminated at step t, so step t
+            does not bootstrap from t+1 (not even from ``bootstrap_value`` when t = T-1).
+
+    Returns:
+        ``(advantages, returns)``, both float32[T]; ``returns = advantages + values``.
+    """
+    next_values, not_done = _next_values_and_masks(values, bootstrap_value, dones)
+    deltas = rewards + gamma * next_values * not_done - values
+    advantages = torch.zeros_like(values)
+    last = torch.zeros((), dtype=values.dtype, device=values.device)
+    for t in reversed(range(values.shape[0])):
+        last = deltas[t] + gamma * lam * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+@torch.no_grad()
+def vtrace(
+    behaviour_log_probs: Tensor,
+    target_log_probs: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: float | Tensor,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    dones: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """V-trace targets and policy-gradient advantages (Espeholt et al. 2018) for one chunk.
+
+    With rho_t = min(rho_bar, pi/mu) and c_t = min(c_bar, pi/mu):
+    ``vs_t = V_t + rho_t delta_t + gamma c_t (vs_{t+1} - V_{t+1})``, with
+    ``delta_t = r_t + gamma V_{t+1} - V_t`` and ``vs_T = bootstrap_value``; the policy-gradient
+    advantage is ``rho_t (r_t + gamma vs_{t+1} - V_t)``. On-policy (pi = mu) with rho_bar, c_bar
+    >= 1 this reduces to the discounted n-step return, i.e. ``compute_gae(..., lam=1)``.
+
+    Args:
+        behaviour_log_probs: float32[T], log mu(a_t | x_t) of the policy that acted.
+        target_log_probs: float32[T], log pi(a_t | x_t) of the policy being trained.
+        rewards: float32[T].
+        values: float32[T], V(x_t) under the current critic.
+        bootstrap_value: scalar V(x_T), with the same conventions as ``compute_gae``.
+        gamma: discount factor.
+        rho_bar: truncation of the importance weight in the TD term and the advantage.
+        c_bar: truncation of the trace-cutting coefficients.
+        dones: optional bool[T], as in ``compute_gae``.
+
+    Returns:
+        ``(vs, pg_advantages)``, both float32[T], no grad.
+    """
+    ratios = torch.exp(target_log_probs - behaviour_log_probs)
+    rhos = ratios.clamp(max=rho_bar)
+    cs = ratios.clamp(max=c_bar)
+    next_values, not_done = _next_values_and_masks(values, bootstrap_value, dones)
+    deltas = rhos * (rewards + gamma * next_values * not_done - values)
+    vs_minus_v = torch.zeros_like(values)
+    last = torch.zeros((), dtype=values.dtype, device=values.device)
+    for t in reversed(range(values.shape[0])):
+        last = deltas[t] + gamma * cs[t] * not_done[t] * last
+        vs_minus_v[t] = last
+    vs = vs_minus_v + values
+    next_vs = torch.cat([vs[1:], next_values[-1:]])
+    pg_advantages = rhos * (rewards + gamma * next_vs * not_done - values)
+    return vs, pg_advantages
+
+
+@torch.no_grad()
+def truncated_importance_weights(
+    behaviour_log_probs: Tensor, target_log_probs: Tensor, clip: float = 1.0
+) -> Tensor:
+    """float32[N] truncated importance weights ``min(pi/mu, clip)``, computed without grad."""
+    return torch.exp(target_log_probs - behaviour_log_probs).clamp(max=clip)
+
+
+def normalize_advantages(adv: Tensor, eps: float = 1e-8) -> Tensor:
+    """float32[N] advantages shifted to mean 0 and scaled to std 1 (only centred if N < 2)."""
+    if adv.numel() < 2:
+        return adv - adv.mean()
+    return (adv - adv.mean()) / (adv.std() + eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------------
+
+
+def ppo_loss(
+    new_log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    new_values: Tensor,
+    returns: Tensor,
+    entropy: Tensor,
+    *,
+    clip_coef: float,
+    vf_coef: float,
+    ent_coef: float,
+    old_values: Tensor | None = None,
+    clip_vloss: bool = False,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The PPO-clip objective, as a loss to minimise.
+
+    ``loss = policy_loss + vf_coef * value_loss - ent_coef * mean(entropy)``, where
+    ``policy_loss = mean(w * max(-A r, -A clip(r, 1-eps, 1+eps)))`` with ``r = exp(new - old)``
+    taken against the behaviour log-probs and ``w`` the optional per-sample ``is_weights``
+    (1 if absent), and ``value_loss = 0.5 * mean((V - R)^2)`` (cleanrl's clipped variant when
+    ``clip_vloss``, which needs ``old_values``).
+
+    Args:
+        new_log_probs: float32[N], log pi_theta(a|x), with grad.
+        old_log_probs: float32[N], behaviour log-probs recorded at act time.
+        advantages: float32[N], already normalised if wanted.
+        new_values: float32[N], current critic output, with grad.
+        returns: float32[N], value targets.
+        entropy: float32[N], entropy of pi_theta(.|x), with grad.
+        clip_coef: PPO ratio clip epsilon (also the value clip when ``clip_vloss``).
+        vf_coef: value loss coefficient.
+        ent_coef: entropy bonus coefficient.
+        old_values: float32[N], behaviour values, only for ``clip_vloss``.
+        clip_vloss: clip the value update around ``old_values``.
+        is_weights: float32[N], optional per-sample weights on the policy loss (no grad).
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss with grad, and floats ``loss``, ``policy_loss``,
+        ``value_loss``, ``entropy``, ``approx_kl`` (the k3 estimator), ``clip_frac``.
+    """
+    log_ratio = new_log_probs - old_log_probs
+    ratio = log_ratio.exp()
+    pg_losses = torch.max(
+        -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    )
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights.detach()
+    policy_loss = pg_losses.mean()
+
+    if clip_vloss:
+        if old_values is None:
+            raise ValueError("clip_vloss=True needs old_values")
+        v_clipped = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
+        v_losses = torch.max((new_values - returns) ** 2, (v_clipped - returns) ** 2)
+    else:
+        v_losses = (new_values - returns) ** 2
+    value_loss = 0.5 * v_losses.mean()
+
+    entropy_mean = entropy.mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_frac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    metrics = {
+        "loss": loss.item(),
+        "policy_loss": policy_loss.item(),
+        "value_loss": value_loss.item(),
+        "entropy": entropy_mean.item(),
+        "approx_kl": approx_kl.item(),
+        "clip_frac": clip_frac.item(),
+    }
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# The update
+# ---------------------------------------------------------------------------------------------
+
+
+def _index_batch(batch: dict[str, object], idx: Tensor) -> dict[str, object]:
+    """Rows ``idx`` of every tensor in ``batch`` (recursing into the ``obs`` dict)."""
+    out: dict[str, object] = {}
+    for key, value in batch.items():
+        out[key] = _index_batch(value, idx) if isinstance(value, dict) else value[idx]
+    return out
+
+
+def _minibatch_loss(
+    policy: ActorCritic, mb: dict[str, object], *, norm_adv: bool, **loss_kwargs: object
+) -> tuple[Tensor, dict[str, float]]:
+    """Re-evaluate the policy on one minibatch and return ``ppo_loss`` for it."""
+    out = policy.evaluate(mb["obs"], mb["actions"])
+    advantages = mb["advantages"]
+    if norm_adv:
+        advantages = normalize_advantages(advantages)
+    return ppo_loss(
+        out.log_prob,
+        mb["log_probs"],
+        advantages,
+        out.value,
+        mb["returns"],
+        out.entropy,
+        old_values=mb["values"],
+        is_weights=mb.get("is_weights"),
+        **loss_kwargs,
+    )
+
+
+def explained_variance(values: Tensor, returns: Tensor) -> float:
+    """1 - Var(R - V) / Var(R) for float32[N] tensors (nan when Var(R) = 0)."""
+    var_returns = returns.var()
+    if var_returns.item() == 0.0:
+        return float("nan")
+    return (1.0 - (returns - values).var() / var_returns).item()
+
+
+def ppo_update(
+    policy: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, Tensor | dict[str, Tensor]],
+    *,
+    epochs: int,
+    minibatch_size: int,
+    clip_coef: float,
+    vf_coef: float,
+    ent_coef: float,
+    max_grad_norm: float,
+    norm_adv: bool = True,
+    clip_vloss: bool = False,
+    target_kl: float | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """Run ``epochs`` passes of shuffled minibatch PPO updates over one flat batch.
+
+    Args:
+        policy: the ``ActorCritic`` being trained (put in train mode by the caller if it matters).
+        optimizer: optimizer over ``policy.parameters()``.
+        batch: ``obs`` (dict of tensors [N, ...]), ``actions`` ([N] or [N, D]), ``log_probs``
+            (float32[N], behaviour), ``advantages`` (float32[N]), ``returns`` (float32[N]),
+            ``values`` (float32[N], behaviour), optional ``is_weights`` (float32[N]).
+        epochs: passes over the batch.
+        minibatch_size: samples per gradient step (the last minibatch of a pass may be smaller).
+        clip_coef, vf_coef, ent_coef, clip_vloss: see ``ppo_loss``.
+        max_grad_norm: global gradient-norm clip.
+        norm_adv: normalise advantages per minibatch.
+        target_kl: stop the remaining epochs once a minibatch's approx_kl exceeds this.
+        generator: RNG for the shuffles, for reproducibility.
+
+    Returns:
+        The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
+        ``explained_variance`` (of the behaviour values), ``num_minibatches``, ``num_epochs``.
+    """
+    n = batch["advantages"].shape[0]
+    totals: dict[str, float] = {}
+    num_minibatches, num_epochs, stop = 0, 0, False
+    while num_epochs < epochs and not stop:
+        num_epochs += 1
+        for idx in torch.randperm(n, generator=generator).split(minibatch_size):
+            loss, metrics = _minibatch_loss(
+                policy,
+                _index_batch(batch, idx),
+                norm_adv=norm_adv,
+                clip_coef=clip_coef,
+                vf_coef=vf_coef,
+                ent_coef=ent_coef,
+                clip_vloss=clip_vloss,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+            optimizer.step()
+            metrics["grad_norm"] = grad_norm.item()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+            num_minibatches += 1
+            if target_kl is not None and metrics["approx_kl"] > target_kl:
+                stop = True
+                break
+    result = {key: value / max(num_minibatches, 1) for key, value in totals.items()}
+    result["explained_variance"] = explained_variance(batch["values"], batch["returns"])
+    result["num_minibatches"] = float(num_minibatches)
+    result["num_epochs"] = float(num_epochs)
+    return result
