@@ -32,7 +32,7 @@ from transport.codec import encode  # noqa: E402
 
 def make_message(kind: str, i: int):
     if kind == "small":
-        return ActionReply(request_id=i, action=np.array(1, np.int64), log_prob=-0.69, value=0.5,
+        return ActionReply(request_id=i, action=np.array(1, np.int64), env_action=np.array(1, np.int64), log_prob=-0.69, value=0.5,
                            policy_version=3)  # fmt: skip
     image = np.full((84, 84, 3), i % 255, np.uint8)
     return ObsRequest(env_key="0/0", request_id=i, obs={"image": image})
@@ -104,7 +104,9 @@ def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=100_000, help="small messages per trial")
     parser.add_argument("--obs-messages", type=int, default=20_000, help="obs messages per trial")
     parser.add_argument("--repeats", type=int, default=3, help="trials per case; best is kept")

@@ -22,8 +22,10 @@ def _monitor(args: argparse.Namespace) -> int:
     from rlvla3.registry import Registry
 
     try:
-        info = {"redis_url": args.redis, "run_id": args.run} if args.redis else find_run(
-            args.run, args.runs_root
+        info = (
+            {"redis_url": args.redis, "run_id": args.run}
+            if args.redis
+            else find_run(args.run, args.runs_root)
         )
     except RunNotFound as err:
         print(f"rlvla3 monitor: {err}", file=sys.stderr)
@@ -35,7 +37,9 @@ def _monitor(args: argparse.Namespace) -> int:
             return 0
         return watch(registry, args.interval)
     except (redis.ConnectionError, FileNotFoundError) as err:
-        print(f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?", file=sys.stderr)
+        print(
+            f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?", file=sys.stderr
+        )
         return 1
 
 
@@ -45,13 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="start a run from a launch YAML and supervise it")
-    p.add_argument("config", nargs="?", default=None, help="launch YAML (default: embedded defaults)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set run.mode=sync (repeatable)")
+    p.add_argument(
+        "config", nargs="?", default=None, help="launch YAML (default: embedded defaults)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set run.mode=sync (repeatable)",
+    )
     p.add_argument("--node", default=None, help="start only this node's roles (multi-host runs)")
     p.add_argument("--out", default=None, help="run dir (default: run.output_dir/run.name)")
-    p.add_argument("--resume", action="store_true",
-                   help="reuse an existing run dir and continue from its checkpoints")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse an existing run dir and continue from its checkpoints",
+    )
     p.set_defaults(func=_launch)
 
     p = sub.add_parser("monitor", help="live view of a run (or one --json snapshot)")

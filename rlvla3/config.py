@@ -110,7 +110,12 @@ class PolicyConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlgoConfig:
-    """PPO with off-policy correction for lagging rollouts."""
+    """PPO with off-policy correction for lagging rollouts.
+
+    One update uses ``batch_steps`` env steps (0: one round, i.e. every env's ``chunk_len``
+    steps). Samples more than ``max_staleness`` versions behind the trainer are dropped and
+    counted; ``correction`` reweights the rest.
+    """
 
     lr: float = 2.5e-4
     gamma: float = 0.99
@@ -121,7 +126,7 @@ class AlgoConfig:
     max_grad_norm: float = 0.5
     epochs: int = 4
     minibatch_size: int = 256
-    chunks_per_update: int = 8
+    batch_steps: int = 0
     max_staleness: int = 2
     correction: Literal["none", "truncated_is", "vtrace"] = "truncated_is"
     publish_every: int = 1

@@ -29,6 +29,9 @@ from rlvla3.run_report import progress_line, stop_condition, write_report
 from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
+# Producers stop first, so every queue is drained by its consumer before the consumer stops.
+STOP_ORDER = ("env_worker", "demo_source", "rollout_server", "trainer", "sft_trainer",
+              "demo_sink", "weight_broadcaster")  # fmt: skip
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -192,17 +195,26 @@ class Launcher:
 
     # --- stop ------------------------------------------------------------------------------------
     def _stop_all(self, timeout_s: float) -> None:
-        live = [p.popen for p in self.procs if p.popen is not None and p.popen.poll() is None]
-        for popen in live:
+        """Stop producers before consumers (``STOP_ORDER``) so queued data is drained, not lost."""
+        rank = {role: i for i, role in enumerate(STOP_ORDER)}
+        groups: dict[int, list[subprocess.Popen]] = {}
+        for p in self.procs:
+            if p.popen is not None and p.popen.poll() is None:
+                groups.setdefault(rank.get(p.role, len(STOP_ORDER)), []).append(p.popen)
+        for _, group in sorted(groups.items()):
+            self._stop_group(group, timeout_s)
+
+    def _stop_group(self, group: list[subprocess.Popen], timeout_s: float) -> None:
+        for popen in group:
             with contextlib.suppress(ProcessLookupError):
                 popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for popen in live:
-            remaining = deadline - time.monotonic()
-            while popen.poll() is None and remaining > 0 and not self.kill_requested.is_set():
+        for popen in group:
+            while popen.poll() is None and time.monotonic() < deadline:
+                if self.kill_requested.is_set():
+                    break
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    popen.wait(timeout=min(remaining, _TICK_S))
-                remaining = deadline - time.monotonic()
+                    popen.wait(timeout=_TICK_S)
             if popen.poll() is None:
                 popen.kill()
                 popen.wait()

@@ -56,7 +56,9 @@ class ActionReply:
 
     Attributes:
         request_id: the request's id.
-        action: int64[] (discrete), int64[D] (action bins) or float32[D] (continuous).
+        action: the policy's action, as the trainer re-scores it: int64[] (discrete), int64[D]
+            (action bins) or float32[D] (continuous).
+        env_action: what the env steps with (bin centres for binned actions; else = action).
         log_prob: log-probability of ``action`` under the behaviour policy (nats).
         value: the critic's value estimate of the observation.
         policy_version: version of the weights that produced this reply.
@@ -64,6 +66,7 @@ class ActionReply:
 
     request_id: int
     action: np.ndarray
+    env_action: np.ndarray
     log_prob: float
     value: float
     policy_version: int
@@ -103,6 +106,21 @@ class TrajectoryChunk:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsUpdate:
+    """Trainer → weight broadcaster: a new version of the policy weights.
+
+    Attributes:
+        version: the weight version, increasing from 0.
+        layout: digest of the flat layout (``transport.weights.FlatLayout.digest``).
+        flat: float32[N], every floating-point tensor of the policy's state dict, concatenated.
+    """
+
+    version: int
+    layout: str
+    flat: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WeightsAvailable:
     """Control broadcast: a new weight version is about to be broadcast (or was).
 
@@ -128,5 +146,7 @@ class Control:
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (DemoPing, ObsRequest, ActionReply, TrajectoryChunk, WeightsAvailable, Control)
+    for cls in (
+        DemoPing, ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate, WeightsAvailable, Control
+    )
 }

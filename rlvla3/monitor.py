@@ -89,7 +89,9 @@ def render(snap: dict[str, Any]) -> Group:
 
 
 def _gauges(stats: dict[str, float]) -> str:
-    ordered = [k for k in _KEY_GAUGES if k in stats] + sorted(k for k in stats if k not in _KEY_GAUGES)
+    ordered = [k for k in _KEY_GAUGES if k in stats] + sorted(
+        k for k in stats if k not in _KEY_GAUGES
+    )
     return " ".join(f"{k}={_fmt(stats[k])}" for k in ordered)
 
 

@@ -25,7 +25,54 @@ class DemoSinkSettings:
     queue_hwm: int = 100
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvWorkerSettings:
+    """Env worker: owns ``env.num_envs_per_worker`` simulators, one thread each.
+
+    ``request_timeout_s``: an action request unanswered this long is re-sent (to any live server).
+    """
+
+    request_timeout_s: float = 10.0
+    chunk_queue_hwm: int = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutServerSettings:
+    """Rollout server: dynamic batching of action requests across all env workers.
+
+    In ``sync`` mode a batch waits for every env (or ``sync_max_wait_ms``), not ``max_wait_ms``.
+    """
+
+    max_batch: int = 64
+    max_wait_ms: float = 2.0
+    sync_max_wait_ms: float = 500.0
+    device: str = "cpu"
+    num_threads: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerSettings:
+    """Trainer: consumes trajectory chunks, runs PPO, publishes weights, checkpoints."""
+
+    device: str = "cpu"
+    num_threads: int = 1
+    chunk_queue_hwm: int = 256
+    keep_checkpoints: int = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightBroadcasterSettings:
+    """Weight broadcaster: trainer → every rollout server over torch.distributed."""
+
+    device: str = "cpu"
+    link_timeout_s: float = 60.0
+
+
 ROLE_SETTINGS: dict[str, type] = {
     "demo_source": DemoSourceSettings,
     "demo_sink": DemoSinkSettings,
+    "env_worker": EnvWorkerSettings,
+    "rollout_server": RolloutServerSettings,
+    "trainer": TrainerSettings,
+    "weight_broadcaster": WeightBroadcasterSettings,
 }

@@ -79,7 +79,9 @@ def _convert_union(tp: Any, value: Any, path: str) -> Any:
             return convert(arg, value, path)
         except ConfigError as err:
             errors.append(str(err))
-    raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} matches no allowed type")
+    raise ConfigError(
+        errors[0] if len(errors) == 1 else f"{path}: {value!r} matches no allowed type"
+    )
 
 
 def _convert_scalar(tp: Any, value: Any, path: str) -> Any:

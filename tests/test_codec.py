@@ -37,12 +37,14 @@ obs = st.dictionaries(st.sampled_from(["state", "image", "instruction", "proprio
 MESSAGES = {
     m.DemoPing: st.builds(m.DemoPing, seq=ints, sender=st.text(), payload=arrays),
     m.ObsRequest: st.builds(m.ObsRequest, env_key=st.text(), request_id=ints, obs=obs),
-    m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, log_prob=floats,
+    m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, env_action=arrays,
+                             log_prob=floats,
                              value=floats, policy_version=ints),
     m.TrajectoryChunk: st.builds(
         m.TrajectoryChunk, worker_index=ints, env_index=ints, chunk_id=ints, obs=obs,
         actions=arrays, rewards=arrays, terminated=arrays, truncated=arrays, log_probs=arrays,
         values=arrays, policy_versions=arrays, bootstrap_value=floats),
+    m.WeightsUpdate: st.builds(m.WeightsUpdate, version=ints, layout=st.text(), flat=arrays),
     m.WeightsAvailable: st.builds(m.WeightsAvailable, version=ints),
     m.Control: st.builds(m.Control, command=st.text(), round=ints),
 }  # fmt: skip

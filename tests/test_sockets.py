@@ -79,7 +79,7 @@ def test_router_dealer_request_reply_across_two_servers(pair) -> None:
             if got is not None:
                 identity, req = got
                 seen[k] += 1
-                reply = ActionReply(request_id=req.request_id, action=np.array(1), log_prob=-0.1,
+                reply = ActionReply(request_id=req.request_id, action=np.array(1), env_action=np.array(1), log_prob=-0.1,
                                     value=0.5, policy_version=3)  # fmt: skip
                 assert server.send_to(identity, reply)
     assert seen == {0: 2, 1: 2}  # a DEALER spreads requests round-robin over its servers

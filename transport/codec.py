@@ -176,8 +176,9 @@ _FIELD_CHECKS: dict[str, Any] = {
     "str": lambda v: isinstance(v, str),
     "bool": lambda v: isinstance(v, bool),
     "np.ndarray": _is_array,
-    "Obs": lambda v: isinstance(v, dict)
-    and all(isinstance(k, str) and _is_array(a) for k, a in v.items()),
+    "Obs": lambda v: (
+        isinstance(v, dict) and all(isinstance(k, str) and _is_array(a) for k, a in v.items())
+    ),
 }
 
 
@@ -232,7 +233,9 @@ def _array_from(meta: bytes, bufs: list[memoryview], used: set[int], limits: Cod
     if len(buf) > limits.max_frame_bytes:
         raise OversizedFrame(f"frame of {len(buf)} bytes exceeds {limits.max_frame_bytes}")
     if count * dt.itemsize != len(buf):
-        raise MalformedFrame(f"array {dtype}{shape} needs {count * dt.itemsize} bytes, got {len(buf)}")
+        raise MalformedFrame(
+            f"array {dtype}{shape} needs {count * dt.itemsize} bytes, got {len(buf)}"
+        )
     arr = np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
     if is_tensor:
         import torch

@@ -85,8 +85,10 @@ def attention(
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask is for the padded form; packed tokens carry no padding")
     if q.dim() != 3 or k.shape != q.shape or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"packed q/k/v must be [total, H, Dh], got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"packed q/k/v must be [total, H, Dh], got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with >= 2 entries, got {tuple(cu_seqlens.shape)}")
     if _use_flash(q):
@@ -99,16 +101,19 @@ def attention(
     return _sdpa_per_segment(q, k, v, cu_seqlens, causal=causal)
 
 
-def _padded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
-            key_padding_mask: Tensor | None) -> Tensor:
+def _padded(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_padding_mask: Tensor | None
+) -> Tensor:
     """SDPA on ``[B, H, L, Dh]``, with pad keys (and future keys if causal) masked out."""
     if q.dim() != 4:
         raise ValueError(f"padded q/k/v must be [B, H, L, Dh], got {tuple(q.shape)}")
     if key_padding_mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     if key_padding_mask.shape != (k.shape[0], k.shape[2]) or key_padding_mask.dtype != torch.bool:
-        raise ValueError(f"key_padding_mask must be bool[B, L]={k.shape[0], k.shape[2]}, got "
-                         f"{key_padding_mask.dtype}{list(key_padding_mask.shape)}")
+        raise ValueError(
+            f"key_padding_mask must be bool[B, L]={k.shape[0], k.shape[2]}, got "
+            f"{key_padding_mask.dtype}{list(key_padding_mask.shape)}"
+        )
     mask = key_padding_mask[:, None, None, :]  # [B, 1, 1, Lk], broadcast over heads and queries
     if causal:
         tril = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
@@ -116,8 +121,9 @@ def _padded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _sdpa_per_segment(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, *,
-                      causal: bool) -> Tensor:
+def _sdpa_per_segment(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, *, causal: bool
+) -> Tensor:
     """Packed attention as one SDPA call per document: ``[len, H, Dh]`` slices, concatenated.
 
     The QKV / MLP linears around it still run once over all packed tokens; only the attention
@@ -126,8 +132,10 @@ def _sdpa_per_segment(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, *,
     """
     bounds = cu_seqlens.tolist()  # host copy; on CPU this is free
     if bounds[0] != 0 or bounds[-1] != q.shape[0]:
-        raise ValueError(f"cu_seqlens must run from 0 to total_tokens={q.shape[0]}, "
-                         f"got {bounds[0]}..{bounds[-1]}")
+        raise ValueError(
+            f"cu_seqlens must run from 0 to total_tokens={q.shape[0]}, "
+            f"got {bounds[0]}..{bounds[-1]}"
+        )
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if min(lengths) < 0:
         raise ValueError(f"cu_seqlens must be non-decreasing, got {bounds}")

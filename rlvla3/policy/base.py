@@ -59,3 +59,7 @@ class ActorCritic(nn.Module, abc.ABC):
     @abc.abstractmethod
     def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
         """Log-probability, entropy and value for given observations and actions."""
+
+    def to_env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """What the env steps with, given an action from ``act`` (identity unless overridden)."""
+        return action

@@ -93,13 +93,15 @@ class VLAConfig:
         checks = {
             "image_size must be divisible by patch_size": self.image_size % self.patch_size == 0,
             "d_model must be divisible by num_heads": self.d_model % self.num_heads == 0,
-            "action_head must be discrete_bins, gaussian or categorical":
-                self.action_head in ("discrete_bins", "gaussian", "categorical"),
+            "action_head must be discrete_bins, gaussian or categorical": self.action_head
+            in ("discrete_bins", "gaussian", "categorical"),
             "num_bins must be >= 2": self.num_bins >= 2,
             "num_actions must be >= 1": self.num_actions >= 1,
             "action_low must be < action_high": self.action_low < self.action_high,
-            "num_layers, action_dim, max_instruction_len must be >= 1":
-                min(self.num_layers, self.action_dim, self.max_instruction_len) >= 1,
+            "num_layers, action_dim, max_instruction_len must be >= 1": min(
+                self.num_layers, self.action_dim, self.max_instruction_len
+            )
+            >= 1,
             "proprio_dim must be >= 0": self.proprio_dim >= 0,
             "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
         }
@@ -141,8 +143,15 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
-    def forward(self, x: Tensor, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                key_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        cu_seqlens: Tensor | None = None,
+        max_seqlen: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
         h, dh = self.num_heads, self.head_dim
         if cu_seqlens is not None:  # packed: [T, d] -> q, k, v [T, H, Dh]
             q, k, v = self.qkv(x).view(x.shape[0], 3, h, dh).unbind(1)
@@ -178,24 +187,44 @@ class Transformer(nn.Module):
     ``forward(x, key_padding_mask=...)`` takes padded float[B, L, d]. Output has ``x``'s shape.
     """
 
-    def __init__(self, *, d_model: int, num_layers: int, num_heads: int, mlp_ratio: float = 4.0,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.blocks = nn.ModuleList(
-            Block(d_model, num_heads, mlp_ratio, dropout) for _ in range(num_layers))
+            Block(d_model, num_heads, mlp_ratio, dropout) for _ in range(num_layers)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         self.apply(_init_weights)
         for block in self.blocks:  # GPT-2: scale residual outputs by depth
             for proj in (block.attn.proj, block.mlp[2]):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * num_layers))
 
-    def forward(self, x: Tensor, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                key_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        cu_seqlens: Tensor | None = None,
+        max_seqlen: int | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
         for block in self.blocks:
-            x = block(x, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                      key_padding_mask=key_padding_mask, causal=causal)
+            x = block(
+                x,
+                cu_seqlens=cu_seqlens,
+                max_seqlen=max_seqlen,
+                key_padding_mask=key_padding_mask,
+                causal=causal,
+            )
         return self.ln_f(x)
 
 
@@ -225,13 +254,24 @@ class VLAPolicy(ActorCritic):
         self.cls_token = nn.Parameter(torch.zeros(d))
         self.image_pos = nn.Parameter(torch.zeros(c.num_patches, d))
         self.instr_pos = nn.Parameter(torch.zeros(c.max_instruction_len, d))
-        self.transformer = Transformer(d_model=d, num_layers=c.num_layers, num_heads=c.num_heads,
-                                       mlp_ratio=c.mlp_ratio, dropout=c.dropout)
-        out = {"discrete_bins": c.action_dim * c.num_bins, "gaussian": c.action_dim,
-               "categorical": c.num_actions}[c.action_head]
+        self.transformer = Transformer(
+            d_model=d,
+            num_layers=c.num_layers,
+            num_heads=c.num_heads,
+            mlp_ratio=c.mlp_ratio,
+            dropout=c.dropout,
+        )
+        out = {
+            "discrete_bins": c.action_dim * c.num_bins,
+            "gaussian": c.action_dim,
+            "categorical": c.num_actions,
+        }[c.action_head]
         self.action_head = nn.Linear(d, out)
-        self.log_std = (nn.Parameter(torch.full((c.action_dim,), c.init_log_std))
-                        if c.action_head == "gaussian" else None)
+        self.log_std = (
+            nn.Parameter(torch.full((c.action_dim,), c.init_log_std))
+            if c.action_head == "gaussian"
+            else None
+        )
         self.value_head = nn.Linear(d, 1)
         for module in (self.patch_embed, self.instr_embed, self.proprio_embed, self.value_head):
             if module is not None:
@@ -322,16 +362,20 @@ class VLAPolicy(ActorCritic):
         expected = tuple(dist.batch_shape)
         if tuple(action.shape) != expected:
             raise ValueError(f"action shape {tuple(action.shape)} != expected {expected}")
-        return EvalOutput(log_prob=self._reduce(dist.log_prob(action)),
-                          entropy=self._reduce(dist.entropy()), value=value)
+        return EvalOutput(
+            log_prob=self._reduce(dist.log_prob(action)),
+            entropy=self._reduce(dist.entropy()),
+            value=value,
+        )
 
     def to_env_action(self, action: Tensor) -> Tensor:
         """Policy action -> what the env steps with: bin centres float32[B, D] (bins head),
         the Gaussian sample clipped to [action_low, action_high], or the int64[B] index."""
         c = self.config
         if c.action_head == "discrete_bins":
-            return bins_to_continuous(action, low=c.action_low, high=c.action_high,
-                                      num_bins=c.num_bins)
+            return bins_to_continuous(
+                action, low=c.action_low, high=c.action_high, num_bins=c.num_bins
+            )
         if c.action_head == "gaussian":
             return action.clamp(c.action_low, c.action_high)
         return action
@@ -343,17 +387,22 @@ class VLAPolicy(ActorCritic):
         image = obs["image"].to(device)
         want = (c.image_size, c.image_size, c.channels)
         if image.dtype != torch.uint8 or image.dim() != 4 or tuple(image.shape[1:]) != want:
-            raise ValueError(f"obs['image'] must be uint8[B, {want[0]}, {want[1]}, {want[2]}], "
-                             f"got {image.dtype}{list(image.shape)}")
+            raise ValueError(
+                f"obs['image'] must be uint8[B, {want[0]}, {want[1]}, {want[2]}], "
+                f"got {image.dtype}{list(image.shape)}"
+            )
         b = image.shape[0]
         instr = obs["instruction"].to(device=device, dtype=torch.int64)
         if instr.dim() != 2 or instr.shape[0] != b or instr.shape[1] > c.max_instruction_len:
-            raise ValueError(f"obs['instruction'] must be int[{b}, <={c.max_instruction_len}], "
-                             f"got {list(instr.shape)}")
+            raise ValueError(
+                f"obs['instruction'] must be int[{b}, <={c.max_instruction_len}], "
+                f"got {list(instr.shape)}"
+            )
         if c.proprio_dim == 0:
             return image, instr, None
         proprio = obs["proprio"].to(device=device, dtype=self.cls_token.dtype)
         if tuple(proprio.shape) != (b, c.proprio_dim):
-            raise ValueError(f"obs['proprio'] must be float[{b}, {c.proprio_dim}], "
-                             f"got {list(proprio.shape)}")
+            raise ValueError(
+                f"obs['proprio'] must be float[{b}, {c.proprio_dim}], got {list(proprio.shape)}"
+            )
         return image, instr, proprio

@@ -1,0 +1,69 @@
+"""Turn trajectory chunks into one PPO training batch, with the configured off-policy correction.
+
+- ``none``: GAE on the behaviour values; PPO's ratio clipping is the only correction.
+- ``truncated_is``: GAE advantages, and each sample's loss weighted by min(pi/mu, 1).
+- ``vtrace``: V-trace value targets and advantages from the current policy's values/log-probs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rlvla3.algo.ppo import compute_gae, truncated_importance_weights, vtrace
+from rlvla3.config import AlgoConfig
+from rlvla3.messages import TrajectoryChunk
+from rlvla3.policy.base import ActorCritic
+
+Batch = dict[str, torch.Tensor | dict[str, torch.Tensor]]
+
+
+def chunk_staleness(chunk: TrajectoryChunk, version: int) -> int:
+    """How many versions behind ``version`` the oldest step of ``chunk`` is."""
+    return version - int(chunk.policy_versions.min())
+
+
+def build_batch(
+    chunks: Sequence[TrajectoryChunk], policy: ActorCritic, algo: AlgoConfig, device: torch.device
+) -> Batch:
+    """Flat batch for ``ppo_update``: obs, actions, log_probs, values, advantages, returns[, is_weights]."""
+    obs = {k: _cat([c.obs[k] for c in chunks], device) for k in chunks[0].obs}
+    actions = _cat([c.actions for c in chunks], device)
+    behaviour_log_probs = _cat([c.log_probs for c in chunks], device)
+    behaviour_values = _cat([c.values for c in chunks], device)
+    batch: Batch = {"obs": obs, "actions": actions, "log_probs": behaviour_log_probs,
+                    "values": behaviour_values}  # fmt: skip
+    if algo.correction == "none":
+        target_log_probs, values = None, behaviour_values
+    else:
+        with torch.no_grad():
+            out = policy.evaluate(obs, actions)
+        target_log_probs, values = out.log_prob, out.value
+    advantages, returns = [], []
+    offset = 0
+    for c in chunks:
+        n = len(c.rewards)
+        sl = slice(offset, offset + n)
+        rewards = torch.from_numpy(c.rewards).to(device)
+        dones = torch.from_numpy(c.terminated).to(device)
+        if algo.correction == "vtrace":
+            vs, adv = vtrace(behaviour_log_probs[sl], target_log_probs[sl], rewards, values[sl],
+                             c.bootstrap_value, algo.gamma, dones=dones)  # fmt: skip
+            advantages.append(adv)
+            returns.append(vs)
+        else:
+            adv, ret = compute_gae(rewards, values[sl], c.bootstrap_value, algo.gamma, algo.lam, dones)
+            advantages.append(adv)
+            returns.append(ret)
+        offset += n
+    batch["advantages"] = torch.cat(advantages)
+    batch["returns"] = torch.cat(returns)
+    if algo.correction == "truncated_is":
+        batch["is_weights"] = truncated_importance_weights(behaviour_log_probs, target_log_probs)
+    return batch
+
+
+def _cat(arrays: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(arrays)).to(device)

@@ -1,0 +1,227 @@
+"""Env worker role: N simulators, one thread each, asking rollout servers for actions.
+
+In ``async`` and ``async_rollout`` modes every env sends its own observation request the moment
+its step ends and steps as soon as its own action returns: no env waits for another, so a slow
+simulator step (a straggler) costs only its own time. In ``sync`` mode the envs of a worker step in
+lock-step (a barrier after every step), and after ``chunk_len`` steps each env pauses until the
+trainer has published the next weight version (one round per version).
+
+Each env cuts its steps into ``TrajectoryChunk`` messages of ``chunk_len`` steps (shorter at an
+episode end) and pushes them to the trainer. Requests go round-robin to every live rollout server;
+an unanswered request is re-sent after ``request_timeout_s``, so losing a server loses no env.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from rlvla3.messages import ActionReply, ObsRequest, TrajectoryChunk
+from rlvla3.role import RateMeter, Role, main
+from sim.adapter import SimAdapter, make_env
+from sim.straggler import StragglerConfig
+from transport import sockets
+
+_SERVER_SCAN_PERIOD_S = 1.0
+
+
+class EnvWorker(Role):
+    """Runs ``env.num_envs_per_worker`` envs, one ``EnvRunner`` thread each."""
+
+    name = "env_worker"
+
+    def setup(self) -> None:
+        self.servers = self.wait_for_endpoints("rollout_server", "requests")
+        self.trainer_address = self.wait_for_endpoints("trainer", "chunks")[0]
+        self.step_rate = RateMeter()
+        num_envs = self.cfg.env.num_envs_per_worker
+        sync = self.cfg.run.mode == "sync"
+        self.barrier = threading.Barrier(num_envs) if sync else None
+        self.version_seen = threading.Condition()
+        self.latest_version = self.registry.weight_version()
+        self.runners = [EnvRunner(self, i) for i in range(num_envs)]
+        for runner in self.runners:
+            runner.thread.start()
+        self.next_scan = time.monotonic() + _SERVER_SCAN_PERIOD_S
+
+    def step(self) -> None:
+        sync = self.barrier is not None
+        if self.stop_event.wait(0.01 if sync else 0.2):
+            return
+        if sync:
+            self._watch_version()
+        if time.monotonic() >= self.next_scan:
+            self.servers = self.registry.endpoints("rollout_server", "requests") or self.servers
+            self.next_scan = time.monotonic() + _SERVER_SCAN_PERIOD_S
+        self.gauge("steps_per_s", self.step_rate.rate())
+        for runner in self.runners:
+            if runner.error is not None:
+                raise RuntimeError(f"env {runner.env_index} failed") from runner.error
+
+    def _watch_version(self) -> None:
+        version = self.registry.weight_version()
+        if version > self.latest_version:
+            with self.version_seen:
+                self.latest_version = version
+                self.version_seen.notify_all()
+
+    def wait_for_version_after(self, version: int) -> bool:
+        """Sync mode: block until a weight version newer than ``version`` is published."""
+        with self.version_seen:
+            while self.latest_version <= version:
+                if self.stop_event.is_set():
+                    return False
+                self.version_seen.wait(0.1)
+        return True
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        if self.barrier is not None:
+            self.barrier.abort()
+        for runner in getattr(self, "runners", []):
+            runner.thread.join(timeout=30)
+
+    def record_episode(self, ret: float, length: int, success: bool | None) -> None:
+        """Count a finished episode and append it to the run's learning curve."""
+        point: dict[str, Any] = {"return": ret, "length": length, "worker": self.index,
+                                 "t": time.time(), "env_steps": self.registry.counters().get("env_steps", 0)}  # fmt: skip
+        if success is not None:
+            point["success"] = success
+        self.registry.append("episodes", [point])
+        self.count("episodes")
+
+
+class EnvRunner:
+    """One env and its thread: request, step, record, push — independent of the other envs."""
+
+    def __init__(self, worker: EnvWorker, env_index: int) -> None:
+        self.worker = worker
+        self.env_index = env_index
+        self.cfg = worker.cfg
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"env-{env_index}", daemon=True)
+        self.request_id = 0
+        self.chunk_id = 0
+        self.steps: list[dict[str, Any]] = []
+
+    def _run(self) -> None:
+        w = self.worker
+        seed = self.cfg.run.seed + 10_000 * w.index + self.env_index
+        straggler = self._straggler(seed)
+        env = make_env(self.cfg.env.id, seed=seed, straggler=straggler, **self.cfg.env.kwargs)
+        self.dealer = sockets.dealer(hwm=100, on_bad_frame=w.count_bad_frame)
+        self.chunks = sockets.push(hwm=w.settings.chunk_queue_hwm)
+        self.chunks.raw.setsockopt(sockets.zmq.LINGER, 10_000)  # deliver pushed chunks at exit
+        self.chunks.connect(w.trainer_address)
+        try:
+            self._loop(env)
+        except (InterruptedError, threading.BrokenBarrierError):
+            pass
+        except BaseException as err:  # reported by the worker's main loop, which fails the role
+            w.log.exception("env %d failed", self.env_index)
+            self.error = err
+        finally:
+            env.close()
+            self.dealer.close()
+            self.chunks.raw.close()
+
+    def _straggler(self, seed: int) -> StragglerConfig | None:
+        s = self.cfg.env.straggler
+        if s.distribution == "none":
+            return None
+        return StragglerConfig(distribution=s.distribution, mean_ms=s.mean_ms, sigma=s.sigma, seed=seed)
+
+    def _loop(self, env: SimAdapter) -> None:
+        w = self.worker
+        chunk_len = self.cfg.env.chunk_len
+        obs, _ = env.reset()
+        reply = self._request(obs)
+        round_steps, episode_return, episode_len = 0, 0.0, 0
+        while not w.stop_event.is_set():
+            next_obs, reward, terminated, truncated, info = env.step(reply.env_action)
+            self.steps.append({"obs": obs, "action": reply.action, "reward": reward,
+                               "terminated": terminated, "truncated": truncated,
+                               "log_prob": reply.log_prob, "value": reply.value,
+                               "version": reply.policy_version})  # fmt: skip
+            w.count("env_steps")
+            w.step_rate.add()
+            round_steps += 1
+            episode_return += reward
+            episode_len += 1
+            if w.barrier is not None:
+                w.barrier.wait()  # lock-step: every env of the worker finished this step
+            if terminated or truncated:
+                bootstrap = 0.0 if terminated else self._request(next_obs).value
+                self._push(bootstrap)
+                w.record_episode(episode_return, episode_len, info.get("success"))
+                episode_return, episode_len = 0.0, 0
+                obs, _ = env.reset()
+            else:
+                obs = next_obs
+            reply = self._request(obs)
+            if len(self.steps) >= chunk_len or (w.barrier is not None and round_steps >= chunk_len):
+                self._push(reply.value)
+            if w.barrier is not None and round_steps >= chunk_len:
+                round_steps = 0
+                reply = self._next_round(obs, reply.policy_version)
+
+    def _next_round(self, obs: dict[str, np.ndarray], version: int) -> ActionReply:
+        """Sync mode: wait for the next weight version, then act on ``obs`` with it."""
+        w = self.worker
+        if not w.wait_for_version_after(version):
+            raise InterruptedError
+        reply = self._request(obs)
+        while reply.policy_version < w.latest_version:  # the server swaps in between batches
+            if w.stop_event.wait(0.002):
+                raise InterruptedError
+            reply = self._request(obs)
+        return reply
+
+    def _request(self, obs: dict[str, np.ndarray]) -> ActionReply:
+        """Ask any live server for an action; re-send on timeout until answered or stopped."""
+        w = self.worker
+        timeout = w.settings.request_timeout_s
+        while True:
+            self.dealer.connect(w.servers)
+            self.request_id += 1
+            key = f"{w.index}/{self.env_index}"
+            self.dealer.send(ObsRequest(env_key=key, request_id=self.request_id, obs=obs))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if w.stop_event.is_set():
+                    raise InterruptedError
+                reply = self.dealer.recv(timeout_s=0.2)
+                if isinstance(reply, ActionReply) and reply.request_id == self.request_id:
+                    return reply
+            w.count("request_timeouts")
+            w.log.warning("env %d: no reply in %.1fs; re-sending", self.env_index, timeout)
+
+    def _push(self, bootstrap_value: float) -> None:
+        if not self.steps:
+            return
+        steps, self.steps = self.steps, []
+        keys = steps[0]["obs"].keys()
+        chunk = TrajectoryChunk(
+            worker_index=self.worker.index, env_index=self.env_index, chunk_id=self.chunk_id,
+            obs={k: np.stack([s["obs"][k] for s in steps]) for k in keys},
+            actions=np.stack([s["action"] for s in steps]),
+            rewards=np.array([s["reward"] for s in steps], np.float32),
+            terminated=np.array([s["terminated"] for s in steps], bool),
+            truncated=np.array([s["truncated"] for s in steps], bool),
+            log_probs=np.array([s["log_prob"] for s in steps], np.float32),
+            values=np.array([s["value"] for s in steps], np.float32),
+            policy_versions=np.array([s["version"] for s in steps], np.int64),
+            bootstrap_value=float(bootstrap_value),
+        )  # fmt: skip
+        self.chunk_id += 1
+        while not self.chunks.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
+            if self.worker.stop_event.is_set():
+                return  # never sent: not counted as produced
+        self.worker.count("chunks_produced")
+
+
+if __name__ == "__main__":
+    main(EnvWorker)

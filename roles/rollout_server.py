@@ -1,0 +1,161 @@
+"""Rollout server role: batched policy inference for every env worker.
+
+A ROUTER socket takes ``ObsRequest`` from all env workers; each step batches whatever has arrived
+(up to ``max_batch``, waiting at most ``max_wait_ms`` for more; in ``sync`` mode it waits for every
+env), runs the policy under ``torch.inference_mode`` and replies with action, log-prob, value and
+the ``policy_version`` that produced them.
+
+Weights arrive from the broadcaster on a background thread into a standby copy of the policy
+(double buffering); the serving loop swaps it in between batches, so serving never stops for a
+sync and never sees half-written weights.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvla3.messages import ActionReply, ObsRequest
+from rlvla3.policy.factory import build_policy, env_spaces
+from rlvla3.role import RateMeter, Role, main
+from transport.sockets import RouterSocket
+from transport.weights import FlatLayout, WeightLink
+
+_RECEIVER_TIMEOUT_S = 24 * 3600.0  # a link waits as long as the trainer takes between versions
+
+
+class RolloutServer(Role):
+    """Serves actions from the newest weights it has, swapping versions between batches."""
+
+    name = "rollout_server"
+
+    def setup(self) -> None:
+        torch.set_num_threads(self.settings.num_threads)
+        spaces = env_spaces(self.cfg)
+        self.obs_space = spaces.observation
+        self.device = torch.device(self.settings.device)
+        self.active = build_policy(self.cfg, spaces).to(self.device).eval()
+        self.standby = build_policy(self.cfg, spaces).to(self.device).eval()
+        self.layout = FlatLayout.of(self.active)
+        self.version = -1
+        self.pending_version: int | None = None
+        self.swap_lock = threading.Lock()
+        self.weights_ready = threading.Event()
+        self.requests = RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame)
+        self.bind("requests", self.requests)
+        self.full_batch = self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
+        self.request_rate = RateMeter()
+        self.link_generation = 0
+        threading.Thread(target=self._receive_weights, name="weights", daemon=True).start()
+        while not self.weights_ready.wait(0.1):  # serve nothing before the trainer's weights
+            if self.stop_event.is_set():
+                raise InterruptedError
+
+    def _num_envs(self) -> int:
+        workers = self.cfg.roles["env_worker"].count if "env_worker" in self.cfg.roles else 1
+        return max(1, workers * self.cfg.env.num_envs_per_worker)
+
+    # --- weights (background thread) -------------------------------------------------------------
+    def _receive_weights(self) -> None:
+        store_address = self.wait_for_endpoints("weight_broadcaster", "store")[0]
+        host, port = store_address.rsplit(":", 1)
+        store = torch.distributed.TCPStore(host, int(port), is_master=False)
+        flat = torch.empty(self.layout.numel, dtype=torch.float32, device=self.device)
+        while not self.stop_event.is_set():
+            link_id = f"{self.name}-{self.index}-{os.getpid()}-{self.link_generation}"
+            self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
+            try:
+                link = WeightLink(store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S)
+                while not self.stop_event.is_set():
+                    version = link.recv(flat)
+                    with self.swap_lock:  # the serving loop never swaps a half-written model
+                        self.layout.load(self.standby, flat)
+                        self.pending_version = version
+                    self.weights_ready.set()
+            except Exception as err:
+                self.log.warning("weight link %s broke (%s); relinking", link_id, err)
+                self.link_generation += 1
+
+    def _maybe_swap(self) -> None:
+        if self.pending_version is None or not self.swap_lock.acquire(blocking=False):
+            return
+        try:
+            self.active, self.standby = self.standby, self.active
+            self.version, self.pending_version = self.pending_version, None
+        finally:
+            self.swap_lock.release()
+        self.gauge("policy_version", self.version)
+
+    # --- serving ---------------------------------------------------------------------------------
+    def step(self) -> None:
+        self._maybe_swap()
+        batch, waited_s = self._collect()
+        if not batch:
+            return
+        valid = [(ident, req) for ident, req in batch if self._valid(req)]
+        if valid:
+            self._serve(valid)
+        self.request_rate.add(len(batch))
+        self.count("requests_served", len(valid))
+        self.gauge("requests_per_s", self.request_rate.rate())
+        self.gauge("batch_fill", len(batch) / self.full_batch)
+        self.gauge("queue_wait_ms", waited_s * 1000)
+
+    def _collect(self) -> tuple[list[tuple[bytes, ObsRequest]], float]:
+        first = self.requests.recv_from(timeout_s=0.1)
+        if first is None:
+            return [], 0.0
+        batch = [first]
+        started = time.monotonic()
+        wait_ms = self.settings.sync_max_wait_ms if self.cfg.run.mode == "sync" else self.settings.max_wait_ms
+        deadline = started + wait_ms / 1000
+        while len(batch) < self.full_batch:
+            remaining = deadline - time.monotonic()
+            item = self.requests.recv_from(timeout_s=max(0.0, remaining))
+            if item is not None:
+                batch.append(item)
+            elif remaining <= 0:
+                break
+        return batch, time.monotonic() - started
+
+    def _valid(self, req: Any) -> bool:
+        if not isinstance(req, ObsRequest):
+            self.count("bad_requests")
+            return False
+        spaces = self.obs_space.spaces
+        for key, space in spaces.items():
+            arr = req.obs.get(key)
+            if arr is None or arr.shape != space.shape or arr.dtype != space.dtype:
+                self.count("bad_requests")
+                self.log.warning("request %s: obs[%r] does not match %s", req.env_key, key, space)
+                return False
+        return True
+
+    @torch.inference_mode()
+    def _serve(self, batch: list[tuple[bytes, ObsRequest]]) -> None:
+        obs = {
+            key: torch.from_numpy(np.stack([req.obs[key] for _, req in batch])).to(self.device)
+            for key in self.obs_space.spaces
+        }
+        out = self.active.act(obs)
+        env_actions = self.active.to_env_action(out.action).cpu().numpy()
+        actions, log_probs, values = out.action.cpu().numpy(), out.log_prob.cpu(), out.value.cpu()
+        for i, (identity, req) in enumerate(batch):
+            self.requests.send_to(identity, ActionReply(
+                request_id=req.request_id, action=np.asarray(actions[i]),
+                env_action=np.asarray(env_actions[i]),
+                log_prob=float(log_probs[i]), value=float(values[i]), policy_version=self.version,
+            ))  # fmt: skip
+
+    def shutdown(self) -> None:
+        if hasattr(self, "requests"):
+            self.requests.close()
+
+
+if __name__ == "__main__":
+    main(RolloutServer)

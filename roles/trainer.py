@@ -1,0 +1,181 @@
+"""Trainer role: PPO on streamed trajectory chunks, publishing versioned weights.
+
+Chunks arrive on a PULL socket from every env worker. In ``async`` mode the trainer consumes them
+as they stream in: a chunk more than ``algo.max_staleness`` versions behind is dropped (counted),
+the rest are corrected for lag (``algo.correction``), and an update runs whenever ``batch_steps``
+env steps are buffered — it never waits for a rollout round. In ``sync`` and ``async_rollout``
+modes training is per round: only chunks from the current version are used.
+
+After every ``algo.publish_every`` updates the weights go to the broadcaster as a new version.
+Checkpoints (model, optimizer, version, update count) are written every ``algo.checkpoint_every``
+updates and at exit; a restarted trainer resumes from the newest one, continuing the version
+sequence. Metrics go to ``metrics.jsonl`` and TensorBoard (``tb/``) in the run dir, and to Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from rlvla3.algo.batch import build_batch, chunk_staleness
+from rlvla3.algo.ppo import ppo_update
+from rlvla3.messages import TrajectoryChunk, WeightsUpdate
+from rlvla3.policy.factory import build_policy
+from rlvla3.role import RateMeter, Role, main
+from transport import sockets
+from transport.weights import FlatLayout
+
+
+class Trainer(Role):
+    """Consumes chunks, updates the policy with PPO, publishes weights, checkpoints."""
+
+    name = "trainer"
+
+    def setup(self) -> None:
+        torch.manual_seed(self.cfg.run.seed)
+        torch.set_num_threads(self.settings.num_threads)
+        self.device = torch.device(self.settings.device)
+        self.policy = build_policy(self.cfg).to(self.device)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
+        self.layout = FlatLayout.of(self.policy)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.version, self.updates = -1, 0
+        self._resume()
+        self.chunks = sockets.pull(hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame)
+        self.bind("chunks", self.chunks)
+        self.weights_out = sockets.push(hwm=4)
+        self.weights_out.connect(self.wait_for_endpoints("weight_broadcaster", "updates"))
+        self.buffer: list[TrajectoryChunk] = []
+        self.buffered_steps = 0
+        self.batch_steps = self.cfg.algo.batch_steps or self._round_steps()
+        self.sample_rate = RateMeter(window_s=20.0)
+        self.metrics_file = open(self.run_dir / "metrics.jsonl", "a")
+        self.tb = _tensorboard(self.run_dir / "tb")
+        self._publish()
+
+    def _round_steps(self) -> int:
+        workers = self.cfg.roles["env_worker"].count if "env_worker" in self.cfg.roles else 1
+        return workers * self.cfg.env.num_envs_per_worker * self.cfg.env.chunk_len
+
+    # --- the loop --------------------------------------------------------------------------------
+    def step(self) -> None:
+        chunk = self.chunks.recv(timeout_s=0.2)
+        if chunk is not None:
+            self._accept(chunk)
+        if self.buffered_steps >= self.batch_steps:
+            self._train()
+
+    def _accept(self, chunk: object) -> None:
+        if not isinstance(chunk, TrajectoryChunk):
+            self.count("bad_frames")
+            return
+        staleness = chunk_staleness(chunk, self.version)
+        on_policy_only = self.cfg.run.mode != "async"
+        if staleness > self.cfg.algo.max_staleness or (on_policy_only and staleness > 0):
+            self.count("chunks_dropped")
+            self.count("samples_dropped", len(chunk.rewards))
+            return
+        self.buffer.append(chunk)
+        self.buffered_steps += len(chunk.rewards)
+        self.gauge("staleness", staleness)
+
+    def _train(self) -> None:
+        chunks, self.buffer, self.buffered_steps = self.buffer, [], 0
+        started = time.perf_counter()
+        batch = build_batch(chunks, self.policy, self.cfg.algo, self.device)
+        a = self.cfg.algo
+        metrics = ppo_update(
+            self.policy, self.optimizer, batch, epochs=a.epochs, minibatch_size=a.minibatch_size,
+            clip_coef=a.clip_coef, vf_coef=a.vf_coef, ent_coef=a.ent_coef,
+            max_grad_norm=a.max_grad_norm,
+        )  # fmt: skip
+        self.updates += 1
+        samples = sum(len(c.rewards) for c in chunks)
+        self.sample_rate.add(samples)
+        self.count("chunks_consumed", len(chunks))
+        self.count("samples_consumed", samples)
+        self.count("updates")
+        if self.updates % a.publish_every == 0:
+            self._publish()
+        if self.updates % a.checkpoint_every == 0:
+            self._checkpoint()
+        staleness = [chunk_staleness(c, self.version - 1) for c in chunks]
+        metrics.update(update=self.updates, version=self.version, samples=samples,
+                       mean_staleness=sum(staleness) / len(staleness),
+                       train_s=time.perf_counter() - started, t=time.time())  # fmt: skip
+        self._log_metrics(metrics)
+
+    def _publish(self) -> None:
+        self.version += 1
+        flat = self.layout.flatten(self.policy).detach().cpu().numpy()
+        self.weights_out.send(WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat))
+        self.gauge("policy_version", self.version)
+
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        self.metrics_file.write(json.dumps(metrics) + "\n")
+        self.metrics_file.flush()
+        self.registry.append("metrics", [metrics])
+        if self.tb is not None:
+            for key, value in metrics.items():
+                if key != "t":
+                    self.tb.add_scalar(f"train/{key}", value, self.updates)
+        self.gauge("updates", self.updates)
+        self.gauge("samples_per_s", self.sample_rate.rate())
+        self.gauge("policy_loss", metrics.get("policy_loss", 0.0))
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        path = self.ckpt_dir / f"ckpt_{self.version:08d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "version": self.version, "updates": self.updates}, tmp)  # fmt: skip
+        tmp.rename(path)  # atomic: a crash never leaves a half-written checkpoint
+        for old in sorted(self.ckpt_dir.glob("ckpt_*.pt"))[: -self.settings.keep_checkpoints]:
+            old.unlink()
+
+    def _resume(self) -> None:
+        found = sorted(self.ckpt_dir.glob("ckpt_*.pt"))
+        if not found:
+            return
+        state = torch.load(found[-1], map_location=self.device, weights_only=True)
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        # Versions only grow: continue after whatever was published before the restart.
+        self.version = max(int(state["version"]), self.registry.weight_version())
+        self.log.info("resumed from %s (update %d, version %d)", found[-1].name, self.updates, self.version)
+
+    def shutdown(self) -> None:
+        if not hasattr(self, "chunks"):
+            return
+        self._drain()
+        if self.updates:
+            self._checkpoint()
+        self.metrics_file.close()
+        if self.tb is not None:
+            self.tb.close()
+        self.chunks.close()
+        self.weights_out.close()
+
+    def _drain(self) -> None:
+        """Count chunks still buffered or queued at exit, so produced = consumed + dropped + these."""
+        left = len(self.buffer)
+        while self.chunks.recv(timeout_s=0.5) is not None:
+            left += 1
+        self.count("chunks_in_flight_at_exit", left)
+
+
+def _tensorboard(path: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: JSONL and Redis metrics still work
+        return None
+    return SummaryWriter(str(path))
+
+
+if __name__ == "__main__":
+    main(Trainer)

@@ -1,0 +1,93 @@
+"""Weight broadcaster role: trainer → every rollout server, versioned, over torch.distributed.
+
+Receives ``WeightsUpdate`` messages from the trainer (PULL, only the newest matters), keeps that
+version, and broadcasts it to every live rollout server through a two-rank link per server
+(``transport/weights.py``). Servers that join late get the current version when their link forms.
+The version and its time are recorded in Redis.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlvla3.messages import WeightsUpdate
+from rlvla3.role import Role, main
+from transport import sockets
+from transport.weights import Broadcaster, start_store
+
+_LINK_SCAN_PERIOD_S = 0.5
+
+
+class WeightBroadcaster(Role):
+    """Owns the versioned copy of the latest weights and fans it out to rollout servers."""
+
+    name = "weight_broadcaster"
+
+    def setup(self) -> None:
+        self.updates = sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame)
+        self.bind("updates", self.updates)
+        self.store = start_store(self.node.host, timeout_s=self.settings.link_timeout_s)
+        self.registry.publish_endpoint(
+            self.name, self.index, "store", f"{self.node.host}:{self.store.port}"
+        )
+        self.broadcaster = Broadcaster(self.store, self.settings.device, self.settings.link_timeout_s)
+        self.layout: str | None = None
+        self.next_link_scan = 0.0
+
+    def step(self) -> None:
+        update = self._newest_update(timeout_s=0.1)
+        if update is not None:
+            self._publish(update)
+        if time.monotonic() >= self.next_link_scan:
+            self._sync_links()
+            self.next_link_scan = time.monotonic() + _LINK_SCAN_PERIOD_S
+
+    def _newest_update(self, timeout_s: float) -> WeightsUpdate | None:
+        newest = self.updates.recv(timeout_s=timeout_s)
+        while self.updates.poll(0):  # a backlog: only the newest version is worth sending
+            newer = self.updates.recv(timeout_s=0)
+            newest = newer if newer is not None else newest
+        return newest
+
+    def _publish(self, update: WeightsUpdate) -> None:
+        if self.layout is not None and update.layout != self.layout:
+            self.log.error("weights v%d have layout %s, expected %s: dropped",
+                           update.version, update.layout, self.layout)  # fmt: skip
+            self.count("weights_rejected")
+            return
+        if update.version <= self.broadcaster.version:
+            self.log.warning("weights v%d are not newer than v%d: dropped",
+                             update.version, self.broadcaster.version)  # fmt: skip
+            return
+        self.layout = update.layout
+        flat = torch.from_numpy(update.flat).to(self.settings.device)
+        started = time.perf_counter()
+        failed = self.broadcaster.publish(update.version, flat)
+        self.registry.set_weight_version(update.version)
+        self.gauge("policy_version", update.version)
+        self.gauge("last_sync_ms", (time.perf_counter() - started) * 1000)
+        self.gauge("links", len(self.broadcaster.links))
+        for link_id in failed:
+            self.log.warning("link %s failed during broadcast: dropped", link_id)
+
+    def _sync_links(self) -> None:
+        live = set(self.registry.endpoints("rollout_server", "weights_link"))
+        for link_id in sorted(live - set(self.broadcaster.links)):
+            try:
+                self.broadcaster.add(link_id)
+                self.log.info("linked %s (sent v%d)", link_id, self.broadcaster.version)
+            except Exception as err:  # the server vanished while linking: retry on next scan
+                self.log.warning("could not link %s: %s", link_id, err)
+        for link_id in set(self.broadcaster.links) - live:
+            self.broadcaster.remove(link_id)
+        self.gauge("links", len(self.broadcaster.links))
+
+    def shutdown(self) -> None:
+        if hasattr(self, "updates"):
+            self.updates.close()
+
+
+if __name__ == "__main__":
+    main(WeightBroadcaster)

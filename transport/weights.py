@@ -1,0 +1,180 @@
+"""Versioned weight broadcast: flat bucketed buffers over torch.distributed (gloo / NCCL).
+
+The broadcaster runs a ``TCPStore`` and forms one two-rank process group with each rollout server
+(``WeightLink``). A pair per server, instead of one group of all, means a server that joins late
+or restarts gets its own fresh group and the current version at once, and a server that dies only
+breaks its own link: nobody else's broadcast hangs. The broadcaster drives all links in parallel
+threads, so a sync costs about one broadcast of the flat buffer.
+
+Weights travel as one flat float32 buffer (``FlatLayout`` says which slice is which parameter),
+sent in a few large buckets — not one call per tensor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BUCKET_BYTES = 64 << 20
+_HEADER_LEN = 2  # [version, numel]
+
+
+@dataclass(frozen=True, slots=True)
+class FlatLayout:
+    """Where each tensor of a module's state dict lives in the flat buffer.
+
+    Attributes:
+        names: state-dict keys, in order.
+        shapes: their shapes.
+        numel: total number of elements.
+        digest: short hash of names and shapes; both sides must agree on it.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    numel: int
+    digest: str
+
+    @staticmethod
+    def of(module: nn.Module) -> FlatLayout:
+        """The layout of ``module``'s floating-point state (parameters and float buffers)."""
+        items = [(k, tuple(v.shape)) for k, v in module.state_dict().items() if v.is_floating_point()]
+        text = ";".join(f"{k}:{'x'.join(map(str, s))}" for k, s in items)
+        numel = sum(int(torch.Size(s).numel()) for _, s in items)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return FlatLayout(tuple(k for k, _ in items), tuple(s for _, s in items), numel, digest)
+
+    def flatten(self, module: nn.Module, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy the module's state into one float32 buffer (``out`` reused when given)."""
+        state = module.state_dict()
+        first = state[self.names[0]]
+        flat = out if out is not None else torch.empty(self.numel, dtype=torch.float32, device=first.device)
+        offset = 0
+        for name in self.names:
+            t = state[name]
+            flat[offset : offset + t.numel()].copy_(t.reshape(-1))
+            offset += t.numel()
+        return flat
+
+    def load(self, module: nn.Module, flat: torch.Tensor) -> None:
+        """Copy a flat buffer back into the module's tensors, in place."""
+        if flat.numel() != self.numel:
+            raise ValueError(f"flat weights have {flat.numel()} elements, layout needs {self.numel}")
+        state = module.state_dict()
+        offset = 0
+        with torch.no_grad():
+            for name, shape in zip(self.names, self.shapes, strict=True):
+                t = state[name]
+                t.copy_(flat[offset : offset + t.numel()].view(shape))
+                offset += t.numel()
+
+
+def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:
+    step = max(1, BUCKET_BYTES // flat.element_size())
+    return [flat[i : i + step] for i in range(0, flat.numel(), step)]
+
+
+def start_store(host: str, timeout_s: float = 60.0) -> dist.TCPStore:
+    """A ``TCPStore`` server on a free port of ``host`` (read the port from ``store.port``)."""
+    return dist.TCPStore(
+        host, 0, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )  # fmt: skip
+
+
+class WeightLink:
+    """One two-rank process group: rank 0 the broadcaster, rank 1 one rollout server.
+
+    Args:
+        store: the broadcaster's store (rank 0) or a client of it (rank 1).
+        link_id: unique name of this link (the server's id); both sides use the same.
+        rank: 0 on the broadcaster, 1 on the server.
+        device: ``cpu`` uses gloo; ``cuda`` uses NCCL.
+        timeout_s: how long a broadcast may take before the link counts as broken.
+    """
+
+    def __init__(
+        self, store: dist.Store, link_id: str, rank: int, device: str = "cpu",
+        timeout_s: float = 60.0,
+    ) -> None:  # fmt: skip
+        self.link_id = link_id
+        self.rank = rank
+        self.device = torch.device(device)
+        prefixed = dist.PrefixStore(f"weights/{link_id}", store)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if self.device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
+        else:
+            self.group = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+        self._opts = dist.BroadcastOptions()
+        self._opts.rootRank = 0
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast([tensor], self._opts).wait()
+
+    def send(self, version: int, flat: torch.Tensor) -> None:
+        """Rank 0: send ``flat`` as weight ``version``."""
+        header = torch.tensor([version, flat.numel()], dtype=torch.int64, device=self.device)
+        self._broadcast(header)
+        for bucket in _buckets(flat):
+            self._broadcast(bucket)
+
+    def recv(self, out: torch.Tensor) -> int:
+        """Rank 1: receive the next version into ``out``; returns its version number."""
+        header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
+        self._broadcast(header)
+        version, numel = (int(x) for x in header.tolist())
+        if numel != out.numel():
+            raise ValueError(f"weights version {version} has {numel} elements, expected {out.numel()}")
+        for bucket in _buckets(out):
+            self._broadcast(bucket)
+        return version
+
+
+class Broadcaster:
+    """Rank 0 of every link: keeps the newest weights and sends them to all linked servers."""
+
+    def __init__(self, store: dist.Store, device: str = "cpu", timeout_s: float = 60.0) -> None:
+        self.store = store
+        self.device = device
+        self.timeout_s = timeout_s
+        self.links: dict[str, WeightLink] = {}
+        self.version = -1
+        self.flat: torch.Tensor | None = None
+
+    def add(self, link_id: str) -> None:
+        """Form the link with a server (blocks until it connects) and send it the current weights."""
+        link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s)
+        if self.flat is not None:
+            link.send(self.version, self.flat)
+        self.links[link_id] = link
+
+    def remove(self, link_id: str) -> None:
+        """Forget a server's link (it went away)."""
+        self.links.pop(link_id, None)
+
+    def publish(self, version: int, flat: torch.Tensor) -> list[str]:
+        """Send ``flat`` as ``version`` to every link in parallel; returns the links that failed."""
+        self.version, self.flat = version, flat
+        failed: list[str] = []
+
+        def send(link: WeightLink) -> None:
+            try:
+                link.send(version, flat)
+            except Exception:  # a dead peer: drop its link, the others go on
+                failed.append(link.link_id)
+
+        threads = [threading.Thread(target=send, args=(link,)) for link in self.links.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for link_id in failed:
+            self.remove(link_id)
+        return failed
