@@ -32,7 +32,9 @@ def registry(redis_url: str) -> Iterator[Registry]:
     reg.close()
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     tick = threading.Event()

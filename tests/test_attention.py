@@ -27,8 +27,9 @@ def _cu(lengths: list[int]) -> torch.Tensor:
 def _samples(lengths: list[int], seed: int) -> list[list[torch.Tensor]]:
     """Per-sample leaves [(q, k, v)], each [len, H, Dh], float32, requires_grad."""
     g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(n, H, DH, generator=g).requires_grad_() for _ in range(3)]
-            for n in lengths]
+    return [
+        [torch.randn(n, H, DH, generator=g).requires_grad_() for _ in range(3)] for n in lengths
+    ]
 
 
 def _packed_run(samples, causal: bool, weight: torch.Tensor):
@@ -44,8 +45,9 @@ def _reference_run(samples, causal: bool, weight: torch.Tensor):
     """Unpacked: SDPA on each sample alone in [1, H, len, Dh]. -> (out, grads)."""
     outs = []
     for q, k, v in samples:
-        o = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)),
-                                           is_causal=causal)
+        o = F.scaled_dot_product_attention(
+            *(x.transpose(0, 1)[None] for x in (q, k, v)), is_causal=causal
+        )
         outs.append(o[0].transpose(0, 1))
     out = torch.cat(outs)
     (out * weight).sum().backward()
@@ -63,8 +65,11 @@ def _check_against_reference(lengths: list[int], causal: bool, seed: int) -> Non
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(lengths=st.lists(st.integers(1, 48), min_size=1, max_size=6), causal=st.booleans(),
-       seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(st.integers(1, 48), min_size=1, max_size=6),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_packed_matches_per_sample_sdpa(lengths, causal, seed):
     _check_against_reference(lengths, causal, seed)
 
@@ -145,7 +150,7 @@ def test_padded_form_without_mask_is_sdpa():
 
 def test_backend_name(monkeypatch):
     assert backend_name("cpu") == "sdpa_per_segment"
-    monkeypatch.setattr(attn_mod, "_flash_varlen_func", lambda: (lambda *a, **kw: None))
+    monkeypatch.setattr(attn_mod, "_flash_varlen_func", lambda: lambda *a, **kw: None)
     assert backend_name("cuda") == "flash_attn_varlen"
     assert backend_name("cuda", torch.bfloat16) == "flash_attn_varlen"
     assert backend_name("cuda", torch.float32) == "sdpa_per_segment"

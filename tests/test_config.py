@@ -30,8 +30,10 @@ def test_defaults_load_without_a_file() -> None:
         ({"run": {"stop": {"max_env_steps": 1.5}}}, "run.stop.max_env_steps: expected int"),
         ({"roles": {"nope": {}}}, "roles.nope: unknown role"),
         ({"roles": {"demo_sink": {"node": "gpu9"}}}, "roles.demo_sink.node: no node named"),
-        ({"roles": {"demo_source": {"settings": {"rate": 1}}}},
-         "roles.demo_source.settings.rate: unknown key"),
+        (
+            {"roles": {"demo_source": {"settings": {"rate": 1}}}},
+            "roles.demo_source.settings.rate: unknown key",
+        ),
         ({"nodes": [{"host": "a"}]}, "nodes[0].name: missing required key"),
         ({"bogus": 1}, "bogus: unknown key"),
     ],
@@ -60,8 +62,10 @@ def test_resolved_dump_round_trips() -> None:
 
 
 def test_placement_spreads_round_robin() -> None:
-    cfg = config_from_dict({
-        "nodes": [{"name": "a"}, {"name": "b"}],
-        "roles": {"demo_source": {"count": 3, "node": ["a", "b"]}},
-    })
+    cfg = config_from_dict(
+        {
+            "nodes": [{"name": "a"}, {"name": "b"}],
+            "roles": {"demo_source": {"count": 3, "node": ["a", "b"]}},
+        }
+    )
     assert cfg.placement("demo_source") == ["a", "b", "a"]

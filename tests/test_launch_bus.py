@@ -68,11 +68,16 @@ def test_launch_flow_restart_monitor_and_clean_stop(tmp_path, redis_url) -> None
         registry = Registry(redis_url, "bus1")
         recs = wait_until(lambda: running(registry, 3), 60, "3 roles running")
         wait_until(lambda: registry.counters().get("demo_received", 0) > 20, 30, "data flow")
-        assert (run_dir / "config.yaml").is_file() and (run_dir / "logs" / "demo_sink-0.log").is_file()
+        assert (run_dir / "config.yaml").is_file() and (
+            run_dir / "logs" / "demo_sink-0.log"
+        ).is_file()
 
         snap = monitor_json(run_dir)
         assert {(r["role"], r["index"]) for r in snap["roles"]} == {
-            ("demo_sink", 0), ("demo_source", 0), ("demo_source", 1)}
+            ("demo_sink", 0),
+            ("demo_source", 0),
+            ("demo_source", 1),
+        }
         assert snap["counters"]["demo_received"] > 0
 
         # Garbage sent to the sink's queue is counted as bad frames; the sink carries on.
@@ -92,7 +97,12 @@ def test_launch_flow_restart_monitor_and_clean_stop(tmp_path, redis_url) -> None
 
         def restarted():
             rec = next(r for r in registry.roles() if (r.role, r.index) == ("demo_source", 0))
-            return rec.restarts == 1 and rec.pid != victim.pid and rec.alive and rec.status == "running"
+            return (
+                rec.restarts == 1
+                and rec.pid != victim.pid
+                and rec.alive
+                and rec.status == "running"
+            )
 
         wait_until(restarted, 60, "demo_source/0 to be restarted")
         snap = monitor_json(run_dir)

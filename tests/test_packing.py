@@ -110,8 +110,9 @@ def test_packed_loss_equals_per_sample_losses():
     def token_loss(out, tgt):  # float[T]
         return ((out - tgt) ** 2).mean(-1)
 
-    per_sample = torch.stack([token_loss(model(x[None])[0], t).mean()
-                              for x, t in zip(inputs, targets, strict=True)])
+    per_sample = torch.stack(
+        [token_loss(model(x[None])[0], t).mean() for x, t in zip(inputs, targets, strict=True)]
+    )
     ref_grads = torch.autograd.grad(per_sample.mean(), list(model.parameters()))
 
     batch = collate_packed(inputs, range(len(lengths)), budget=64)
@@ -120,8 +121,12 @@ def test_packed_loss_equals_per_sample_losses():
     losses = token_loss(out, tgt)
     per_doc = per_document_mean(losses, batch.cu_seqlens)
     torch.testing.assert_close(per_doc, per_sample, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(losses.mean(), (per_sample * torch.tensor(lengths)).sum()
-                               / sum(lengths), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        losses.mean(),
+        (per_sample * torch.tensor(lengths)).sum() / sum(lengths),
+        atol=1e-6,
+        rtol=1e-5,
+    )
     grads = torch.autograd.grad(per_doc.mean(), list(model.parameters()))
     for g, rg in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, rg, atol=1e-5, rtol=1e-4)

@@ -32,7 +32,13 @@ def test_register_heartbeat_and_expiry(registry) -> None:
     registry.register("demo_sink", 0, node="local", host="127.0.0.1", pid=123)
     registry.heartbeat("demo_sink", 0, ttl_s=0.3, stats={"queue_depth": 4})
     rec = registry.roles()[0]
-    assert (rec.role, rec.index, rec.pid, rec.status, rec.alive) == ("demo_sink", 0, 123, "starting", True)
+    assert (rec.role, rec.index, rec.pid, rec.status, rec.alive) == (
+        "demo_sink",
+        0,
+        123,
+        "starting",
+        True,
+    )
     assert rec.stats == {"queue_depth": 4.0}
     wait_until(lambda: not registry.roles()[0].alive, 10, "heartbeat TTL to expire")
 
@@ -44,7 +50,10 @@ def test_endpoints_are_found_only_for_live_roles(registry) -> None:
     assert registry.endpoints("demo_sink", "queue") == []
     registry.heartbeat("demo_sink", 1, ttl_s=30, stats={})
     registry.heartbeat("demo_sink", 0, ttl_s=30, stats={})
-    assert registry.endpoints("demo_sink", "queue") == ["tcp://127.0.0.1:5000", "tcp://127.0.0.1:5001"]
+    assert registry.endpoints("demo_sink", "queue") == [
+        "tcp://127.0.0.1:5000",
+        "tcp://127.0.0.1:5001",
+    ]
     registry.mark_dead("demo_sink", 0)
     assert registry.endpoints("demo_sink", "queue") == ["tcp://127.0.0.1:5001"]
 
@@ -82,4 +91,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    return (
+        Path(f"/proc/{pid}").exists()
+        and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )

@@ -25,9 +25,19 @@ B = 4
 
 def _policy(head: str = "discrete_bins", **overrides) -> VLAPolicy:
     torch.manual_seed(0)
-    kwargs = {"image_size": 32, "patch_size": 8, "d_model": 32, "num_layers": 2, "num_heads": 4,
-              "max_instruction_len": 32, "proprio_dim": 5, "action_head": head, "action_dim": 3,
-              "num_bins": 11, "num_actions": 4}
+    kwargs = {
+        "image_size": 32,
+        "patch_size": 8,
+        "d_model": 32,
+        "num_layers": 2,
+        "num_heads": 4,
+        "max_instruction_len": 32,
+        "proprio_dim": 5,
+        "action_head": head,
+        "action_dim": 3,
+        "num_bins": 11,
+        "num_actions": 4,
+    }
     return VLAPolicy(VLAConfig(**(kwargs | overrides))).eval()
 
 
@@ -35,10 +45,14 @@ def _obs(policy: VLAPolicy, texts: list[str], instr_len: int | None = None, seed
     c = policy.config
     g = torch.Generator().manual_seed(seed)
     n = len(texts)
-    obs = {"image": torch.randint(0, 256, (n, c.image_size, c.image_size, 3), generator=g,
-                                  dtype=torch.uint8),
-           "instruction": torch.from_numpy(
-               encode_instructions(texts, instr_len or c.max_instruction_len))}
+    obs = {
+        "image": torch.randint(
+            0, 256, (n, c.image_size, c.image_size, 3), generator=g, dtype=torch.uint8
+        ),
+        "instruction": torch.from_numpy(
+            encode_instructions(texts, instr_len or c.max_instruction_len)
+        ),
+    }
     if c.proprio_dim:
         obs["proprio"] = torch.randn(n, c.proprio_dim, generator=g)
     return obs
@@ -53,8 +67,11 @@ def test_act_shapes_and_evaluate_matches(head, deterministic):
     policy = _policy(head)
     obs = _obs(policy, TEXTS)
     out = policy.act(obs, deterministic=deterministic)
-    expected = {"discrete_bins": ((B, 3), torch.int64), "gaussian": ((B, 3), torch.float32),
-                "categorical": ((B,), torch.int64)}[head]
+    expected = {
+        "discrete_bins": ((B, 3), torch.int64),
+        "gaussian": ((B, 3), torch.float32),
+        "categorical": ((B,), torch.int64),
+    }[head]
     assert (tuple(out.action.shape), out.action.dtype) == expected
     assert out.log_prob.shape == out.value.shape == (B,)
     assert out.log_prob.dtype == out.value.dtype == torch.float32
@@ -73,8 +90,16 @@ def test_evaluate_backpropagates_to_every_input_path(head):
     action = policy.act(obs).action
     ev = policy.evaluate(obs, action)
     (ev.log_prob.sum() + ev.value.sum() + ev.entropy.sum()).backward()
-    for name in ("patch_embed.weight", "instr_embed.weight", "proprio_embed.weight",
-                 "cls_token", "image_pos", "instr_pos", "action_head.weight", "value_head.weight"):
+    for name in (
+        "patch_embed.weight",
+        "instr_embed.weight",
+        "proprio_embed.weight",
+        "cls_token",
+        "image_pos",
+        "instr_pos",
+        "action_head.weight",
+        "value_head.weight",
+    ):
         grad = policy.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
 
@@ -101,8 +126,9 @@ def test_padding_does_not_change_the_output():
     long = dict(short, instruction=_obs(policy, TEXTS, instr_len=32)["instruction"])
     assert short["instruction"].shape[1] < long["instruction"].shape[1]
     with torch.no_grad():
-        torch.testing.assert_close(policy.features(short), policy.features(long),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            policy.features(short), policy.features(long), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_packed_trunk_matches_padded_trunk():
