@@ -30,8 +30,7 @@ from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
 # Producers stop first, so every queue is drained by its consumer before the consumer stops.
-STOP_ORDER = ("env_worker", "demo_source", "rollout_server", "trainer", "sft_trainer",
-              "demo_sink", "weight_broadcaster")  # fmt: skip
+STOP_ORDER = ("env_worker", "rollout_server", "trainer", "sft_trainer", "weight_broadcaster")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 

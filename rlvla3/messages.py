@@ -21,21 +21,6 @@ Obs = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DemoPing:
-    """Bus demo payload (removed once the RL roles carry real data).
-
-    Attributes:
-        seq: sender's sequence number, from 0.
-        sender: role id of the sender, e.g. ``demo_source/0``.
-        payload: float32[N] arbitrary data.
-    """
-
-    seq: int
-    sender: str
-    payload: np.ndarray
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ObsRequest:
     """An env asks a rollout server for its next action.
 
@@ -146,7 +131,5 @@ class Control:
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (
-        DemoPing, ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate, WeightsAvailable, Control
-    )
+    for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate, WeightsAvailable, Control)
 }

@@ -135,6 +135,7 @@ class Role(abc.ABC):
         self.registry.register(
             self.name, self.index, node=self.node.name, host=self.node.host, pid=os.getpid()
         )
+        self.registry.heartbeat(self.name, self.index, self.cfg.run.heartbeat_ttl_s, {})
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         heartbeat.start()
         code = 0
@@ -155,30 +156,45 @@ class Role(abc.ABC):
         return code
 
     def _finish(self, code: int) -> int:
-        self.registry.set_status(self.name, self.index, "stopping")
+        self._set_status("stopping")
         try:
             self.shutdown()
         except Exception:
             self.log.exception("shutdown failed")
             code = 1
         self._flush_counters()
-        self.registry.set_status(self.name, self.index, "error" if code else "done")
+        self._set_status("error" if code else "done")
         self.log.info("stopped (%s)", "error" if code else "done")
         return code
 
+    def _set_status(self, status: str) -> None:
+        try:
+            self.registry.set_status(self.name, self.index, status)
+        except Exception as err:  # Redis gone at exit: the exit code still tells the launcher
+            self.log.warning("could not record status %s: %s", status, err)
+
     def _heartbeat_loop(self) -> None:
         ttl = self.cfg.run.heartbeat_ttl_s
-        last_beat = 0.0
-        while True:
+        last_beat = last_success = time.monotonic()
+        parent = os.getppid()
+        while not self._heartbeat_stop.wait(_FLUSH_PERIOD_S):
+            if os.getppid() != parent:  # the launcher died without stopping us: do not linger
+                self.log.error("launcher (pid %d) is gone: stopping", parent)
+                self.stop_event.set()
             self._flush_counters()
-            if time.monotonic() - last_beat >= min(ttl / 3, 1.0):
-                try:
-                    self.registry.heartbeat(self.name, self.index, ttl, self.stats())
-                    last_beat = time.monotonic()
-                except Exception as err:  # Redis hiccup: try again next period
-                    self.log.warning("heartbeat failed: %s", err)
-            if self._heartbeat_stop.wait(_FLUSH_PERIOD_S):
-                return
+            if time.monotonic() - last_beat < min(ttl / 3, 1.0):
+                continue
+            last_beat = time.monotonic()
+            try:
+                self.registry.heartbeat(self.name, self.index, ttl, self.stats())
+                last_success = last_beat
+            except Exception as err:  # Redis hiccup: try again next period
+                self.log.warning("heartbeat failed: %s", err)
+                if last_beat - last_success > 3 * ttl:
+                    self.log.error(
+                        "Redis unreachable for %.0fs: stopping", last_beat - last_success
+                    )
+                    self.stop_event.set()
 
     def _flush_counters(self) -> None:
         with self._pending_lock:

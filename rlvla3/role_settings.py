@@ -10,22 +10,6 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DemoSourceSettings:
-    """Bus demo: pushes small messages at a fixed rate until stopped."""
-
-    rate_hz: float = 200.0
-    payload_elements: int = 16
-    queue_hwm: int = 100
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DemoSinkSettings:
-    """Bus demo: pulls the source's messages and counts them."""
-
-    queue_hwm: int = 100
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class EnvWorkerSettings:
     """Env worker: owns ``env.num_envs_per_worker`` simulators, one thread each.
 
@@ -69,8 +53,6 @@ class WeightBroadcasterSettings:
 
 
 ROLE_SETTINGS: dict[str, type] = {
-    "demo_source": DemoSourceSettings,
-    "demo_sink": DemoSinkSettings,
     "env_worker": EnvWorkerSettings,
     "rollout_server": RolloutServerSettings,
     "trainer": TrainerSettings,

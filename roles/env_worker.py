@@ -25,7 +25,7 @@ from sim.adapter import SimAdapter, make_env
 from sim.straggler import StragglerConfig
 from transport import sockets
 
-_SERVER_SCAN_PERIOD_S = 1.0
+_PEER_SCAN_PERIOD_S = 1.0
 
 
 class EnvWorker(Role):
@@ -35,7 +35,7 @@ class EnvWorker(Role):
 
     def setup(self) -> None:
         self.servers = self.wait_for_endpoints("rollout_server", "requests")
-        self.trainer_address = self.wait_for_endpoints("trainer", "chunks")[0]
+        self.trainers = self.wait_for_endpoints("trainer", "chunks")
         self.step_rate = RateMeter()
         num_envs = self.cfg.env.num_envs_per_worker
         sync = self.cfg.run.mode == "sync"
@@ -45,7 +45,7 @@ class EnvWorker(Role):
         self.runners = [EnvRunner(self, i) for i in range(num_envs)]
         for runner in self.runners:
             runner.thread.start()
-        self.next_scan = time.monotonic() + _SERVER_SCAN_PERIOD_S
+        self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
 
     def step(self) -> None:
         sync = self.barrier is not None
@@ -53,9 +53,10 @@ class EnvWorker(Role):
             return
         if sync:
             self._watch_version()
-        if time.monotonic() >= self.next_scan:
+        if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
             self.servers = self.registry.endpoints("rollout_server", "requests") or self.servers
-            self.next_scan = time.monotonic() + _SERVER_SCAN_PERIOD_S
+            self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
+            self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
         self.gauge("steps_per_s", self.step_rate.rate())
         for runner in self.runners:
             if runner.error is not None:
@@ -115,7 +116,7 @@ class EnvRunner:
         self.dealer = sockets.dealer(hwm=100, on_bad_frame=w.count_bad_frame)
         self.chunks = sockets.push(hwm=w.settings.chunk_queue_hwm)
         self.chunks.raw.setsockopt(sockets.zmq.LINGER, 10_000)  # deliver pushed chunks at exit
-        self.chunks.connect(w.trainer_address)
+        self.chunks.connect(w.trainers)
         try:
             self._loop(env)
         except (InterruptedError, threading.BrokenBarrierError):
@@ -132,7 +133,9 @@ class EnvRunner:
         s = self.cfg.env.straggler
         if s.distribution == "none":
             return None
-        return StragglerConfig(distribution=s.distribution, mean_ms=s.mean_ms, sigma=s.sigma, seed=seed)
+        return StragglerConfig(
+            distribution=s.distribution, mean_ms=s.mean_ms, sigma=s.sigma, seed=seed
+        )
 
     def _loop(self, env: SimAdapter) -> None:
         w = self.worker
@@ -185,7 +188,7 @@ class EnvRunner:
         w = self.worker
         timeout = w.settings.request_timeout_s
         while True:
-            self.dealer.connect(w.servers)
+            self.dealer.sync_peers(w.servers)
             self.request_id += 1
             key = f"{w.index}/{self.env_index}"
             self.dealer.send(ObsRequest(env_key=key, request_id=self.request_id, obs=obs))
@@ -217,9 +220,11 @@ class EnvRunner:
             bootstrap_value=float(bootstrap_value),
         )  # fmt: skip
         self.chunk_id += 1
+        self.chunks.sync_peers(self.worker.trainers)
         while not self.chunks.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
             if self.worker.stop_event.is_set():
                 return  # never sent: not counted as produced
+            self.chunks.sync_peers(self.worker.trainers)
         self.worker.count("chunks_produced")
 
 

@@ -48,7 +48,9 @@ class RolloutServer(Role):
         self.weights_ready = threading.Event()
         self.requests = RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame)
         self.bind("requests", self.requests)
-        self.full_batch = self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
+        self.full_batch = (
+            self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
+        )
         self.request_rate = RateMeter()
         self.link_generation = 0
         threading.Thread(target=self._receive_weights, name="weights", daemon=True).start()
@@ -112,7 +114,11 @@ class RolloutServer(Role):
             return [], 0.0
         batch = [first]
         started = time.monotonic()
-        wait_ms = self.settings.sync_max_wait_ms if self.cfg.run.mode == "sync" else self.settings.max_wait_ms
+        wait_ms = (
+            self.settings.sync_max_wait_ms
+            if self.cfg.run.mode == "sync"
+            else self.settings.max_wait_ms
+        )
         deadline = started + wait_ms / 1000
         while len(batch) < self.full_batch:
             remaining = deadline - time.monotonic()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rlvla3.algo.batch import build_batch, chunk_staleness
+from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.ppo import ppo_update
 from rlvla3.messages import TrajectoryChunk, WeightsUpdate
 from rlvla3.policy.factory import build_policy
@@ -45,7 +45,9 @@ class Trainer(Role):
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.version, self.updates = -1, 0
         self._resume()
-        self.chunks = sockets.pull(hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame)
+        self.chunks = sockets.pull(
+            hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame
+        )
         self.bind("chunks", self.chunks)
         self.weights_out = sockets.push(hwm=4)
         self.weights_out.connect(self.wait_for_endpoints("weight_broadcaster", "updates"))
@@ -75,7 +77,11 @@ class Trainer(Role):
             return
         staleness = chunk_staleness(chunk, self.version)
         on_policy_only = self.cfg.run.mode != "async"
-        if staleness > self.cfg.algo.max_staleness or (on_policy_only and staleness > 0):
+        if not keep_chunk(staleness, max_staleness=self.cfg.algo.max_staleness,
+                          on_policy_only=on_policy_only):  # fmt: skip
+            if staleness < 0:
+                self.log.error("chunk from version %d is newer than the trainer's %d",
+                               int(chunk.policy_versions.max()), self.version)  # fmt: skip
             self.count("chunks_dropped")
             self.count("samples_dropped", len(chunk.rewards))
             return
@@ -112,7 +118,9 @@ class Trainer(Role):
     def _publish(self) -> None:
         self.version += 1
         flat = self.layout.flatten(self.policy).detach().cpu().numpy()
-        self.weights_out.send(WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat))
+        self.weights_out.send(
+            WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
+        )
         self.gauge("policy_version", self.version)
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
@@ -147,7 +155,9 @@ class Trainer(Role):
         self.updates = int(state["updates"])
         # Versions only grow: continue after whatever was published before the restart.
         self.version = max(int(state["version"]), self.registry.weight_version())
-        self.log.info("resumed from %s (update %d, version %d)", found[-1].name, self.updates, self.version)
+        self.log.info(
+            "resumed from %s (update %d, version %d)", found[-1].name, self.updates, self.version
+        )
 
     def shutdown(self) -> None:
         if not hasattr(self, "chunks"):

@@ -32,7 +32,9 @@ class WeightBroadcaster(Role):
         self.registry.publish_endpoint(
             self.name, self.index, "store", f"{self.node.host}:{self.store.port}"
         )
-        self.broadcaster = Broadcaster(self.store, self.settings.device, self.settings.link_timeout_s)
+        self.broadcaster = Broadcaster(
+            self.store, self.settings.device, self.settings.link_timeout_s
+        )
         self.layout: str | None = None
         self.next_link_scan = 0.0
 

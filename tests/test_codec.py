@@ -35,7 +35,7 @@ floats = st.floats(allow_nan=False, width=64)
 obs = st.dictionaries(st.sampled_from(["state", "image", "instruction", "proprio"]), arrays)
 
 MESSAGES = {
-    m.DemoPing: st.builds(m.DemoPing, seq=ints, sender=st.text(), payload=arrays),
+    
     m.ObsRequest: st.builds(m.ObsRequest, env_key=st.text(), request_id=ints, obs=obs),
     m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, env_action=arrays,
                              log_prob=floats,
@@ -83,34 +83,37 @@ def test_round_trip(cls: type) -> None:
 
 def test_large_arrays_are_not_copied_on_encode() -> None:
     arr = np.arange(ZERO_COPY_MIN_BYTES, dtype=np.float32)
-    frames = encode(m.DemoPing(seq=1, sender="a", payload=arr))
+    frames = encode(m.WeightsUpdate(version=1, layout="a", flat=arr))
     assert np.shares_memory(np.frombuffer(frames[1], dtype=np.float32), arr)
     small = np.arange(10, dtype=np.float32)
-    frames = encode(m.DemoPing(seq=1, sender="a", payload=small))
+    frames = encode(m.WeightsUpdate(version=1, layout="a", flat=small))
     assert frames[1] == small.tobytes()
 
 
 def test_cpu_tensors_round_trip_as_tensors() -> None:
     t = torch.randn(3, 4)
-    back = decode(encode(m.DemoPing(seq=0, sender="x", payload=t)))
-    assert isinstance(back.payload, torch.Tensor) and torch.equal(back.payload, t)
+    back = decode(encode(m.WeightsUpdate(version=0, layout="x", flat=t)))
+    assert isinstance(back.flat, torch.Tensor) and torch.equal(back.flat, t)
 
 
 def test_non_contiguous_and_big_endian_arrays() -> None:
     arr = np.arange(24, dtype=">i4").reshape(4, 6)[:, ::2]
-    back = decode(encode(m.DemoPing(seq=0, sender="x", payload=arr)))
-    np.testing.assert_array_equal(back.payload, arr)
+    back = decode(encode(m.WeightsUpdate(version=0, layout="x", flat=arr)))
+    np.testing.assert_array_equal(back.flat, arr)
 
 
 def test_encode_rejects_unsupported_values() -> None:
     with pytest.raises(TypeError, match="dtype"):
-        encode(m.DemoPing(seq=0, sender="x", payload=np.array(["a"])))
+        encode(m.WeightsUpdate(version=0, layout="x", flat=np.array(["a"])))
     with pytest.raises(TypeError, match="not a message type"):
         encode({"seq": 1})
 
 
 def _ping_frames() -> list[bytes]:
-    return [bytes(f) for f in encode(m.DemoPing(seq=1, sender="s", payload=np.ones(4, np.float32)))]
+    return [
+        bytes(f)
+        for f in encode(m.WeightsUpdate(version=1, layout="s", flat=np.ones(4, np.float32)))
+    ]
 
 
 def _header(version: object, name: object, fields: object) -> bytes:
@@ -126,15 +129,15 @@ def _header(version: object, name: object, fields: object) -> bytes:
         (_ping_frames()[:1], MalformedFrame, "refers to frame"),  # missing data frame
         ([_ping_frames()[0], _ping_frames()[1][:7]], MalformedFrame, "needs 16 bytes"),  # truncated
         ([*_ping_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
-        ([_header(99, "DemoPing", {})], SchemaMismatch, "schema version 99"),
+        ([_header(99, "WeightsUpdate", {})], SchemaMismatch, "schema version 99"),
         ([_header(1, "Evil", {})], UnknownMessage, "'Evil'"),
         ([_header(1, "Control", {"command": "x", "oops": 1})], MalformedFrame, "Control.oops"),
         ([_header(1, "Control", {})], MalformedFrame, "Control.command: missing"),
         ([_header(1, "Control", {"command": 5})], MalformedFrame, "Control.command: expected str"),
         ([_header(1, "WeightsAvailable", {"version": "1"})], MalformedFrame, "expected int"),
-        ([_header(1, "DemoPing", {"seq": 1, "sender": "s", "payload": msgpack.ExtType(1, msgpack.packb([1, "object", [1], False]))}), b"x"],
+        ([_header(1, "WeightsUpdate", {"version": 1, "layout": "s", "flat": msgpack.ExtType(1, msgpack.packb([1, "object", [1], False]))}), b"x"],
          MalformedFrame, "dtype 'object'"),
-        ([_header(1, "DemoPing", {"seq": 1, "sender": "s", "payload": msgpack.ExtType(7, b"")})],
+        ([_header(1, "WeightsUpdate", {"version": 1, "layout": "s", "flat": msgpack.ExtType(7, b"")})],
          MalformedFrame, "extension type 7"),
     ],
 )  # fmt: skip
@@ -144,7 +147,7 @@ def test_malformed_frames_raise_typed_errors(frames: list, error: type, text: st
 
 
 def test_oversized_frames_are_rejected() -> None:
-    frames = encode(m.DemoPing(seq=1, sender="s", payload=np.zeros(1000, np.float64)))
+    frames = encode(m.WeightsUpdate(version=1, layout="s", flat=np.zeros(1000, np.float64)))
     with pytest.raises(OversizedFrame, match="elements exceeds"):
         decode(frames, CodecLimits(max_array_elements=100))
     with pytest.raises(OversizedFrame, match="bytes exceeds"):
@@ -157,6 +160,6 @@ def test_oversized_frames_are_rejected() -> None:
 
 def test_huge_declared_shape_is_rejected_before_allocation() -> None:
     ext = msgpack.ExtType(1, msgpack.packb([1, "float64", [1 << 40, 1 << 20], False]))
-    header = _header(1, "DemoPing", {"seq": 1, "sender": "s", "payload": ext})
+    header = _header(1, "WeightsUpdate", {"version": 1, "layout": "s", "flat": ext})
     with pytest.raises(OversizedFrame):
         decode([header, b"\x00" * 8])

@@ -24,15 +24,15 @@ def test_defaults_load_without_a_file() -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"roles": {"demo_sink": {"cuont": 2}}}, "roles.demo_sink.cuont: unknown key"),
+        ({"roles": {"trainer": {"cuont": 2}}}, "roles.trainer.cuont: unknown key"),
         ({"run": {"mode": "fast"}}, "run.mode: 'fast' is not one of"),
         ({"run": {"seed": "zero"}}, "run.seed: expected int"),
         ({"run": {"stop": {"max_env_steps": 1.5}}}, "run.stop.max_env_steps: expected int"),
         ({"roles": {"nope": {}}}, "roles.nope: unknown role"),
-        ({"roles": {"demo_sink": {"node": "gpu9"}}}, "roles.demo_sink.node: no node named"),
+        ({"roles": {"trainer": {"node": "gpu9"}}}, "roles.trainer.node: no node named"),
         (
-            {"roles": {"demo_source": {"settings": {"rate": 1}}}},
-            "roles.demo_source.settings.rate: unknown key",
+            {"roles": {"env_worker": {"settings": {"rate": 1}}}},
+            "roles.env_worker.settings.rate: unknown key",
         ),
         ({"nodes": [{"host": "a"}]}, "nodes[0].name: missing required key"),
         ({"bogus": 1}, "bogus: unknown key"),
@@ -44,28 +44,28 @@ def test_errors_name_the_key_path(raw: dict, message: str) -> None:
 
 def test_overrides_are_typed_and_validated(tmp_path) -> None:
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump({"roles": {"demo_sink": {"count": 1}}}))
-    cfg = load_config(path, ["roles.demo_sink.count=3", "run.mode=sync", "run.stop.max_wall_s=2"])
-    assert cfg.roles["demo_sink"].count == 3 and cfg.run.mode == "sync"
+    path.write_text(yaml.safe_dump({"roles": {"trainer": {"count": 1}}}))
+    cfg = load_config(path, ["roles.trainer.count=3", "run.mode=sync", "run.stop.max_wall_s=2"])
+    assert cfg.roles["trainer"].count == 3 and cfg.run.mode == "sync"
     assert cfg.run.stop.max_wall_s == 2.0
-    with pytest.raises(ConfigError, match="roles.demo_sink.count: expected int"):
-        load_config(path, ["roles.demo_sink.count=many"])
+    with pytest.raises(ConfigError, match="roles.trainer.count: expected int"):
+        load_config(path, ["roles.trainer.count=many"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(path, ["run.mode"])
 
 
 def test_resolved_dump_round_trips() -> None:
-    cfg = load_config(None, ["roles.demo_source.count=2", "roles.demo_source.node=[local]"])
+    cfg = load_config(None, ["roles.env_worker.count=2", "roles.env_worker.node=[local]"])
     again = config_from_dict(yaml.safe_load(dump_config(cfg)))
     assert again == cfg
-    assert again.placement("demo_source") == ["local", "local"]
+    assert again.placement("env_worker") == ["local", "local"]
 
 
 def test_placement_spreads_round_robin() -> None:
     cfg = config_from_dict(
         {
             "nodes": [{"name": "a"}, {"name": "b"}],
-            "roles": {"demo_source": {"count": 3, "node": ["a", "b"]}},
+            "roles": {"env_worker": {"count": 3, "node": ["a", "b"]}},
         }
     )
-    assert cfg.placement("demo_source") == ["a", "b", "a"]
+    assert cfg.placement("env_worker") == ["a", "b", "a"]

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import zmq
 
-from rlvla3.messages import ActionReply, Control, DemoPing, ObsRequest
+from rlvla3.messages import ActionReply, Control, ObsRequest, WeightsUpdate
 from transport import sockets
 from transport.codec import CodecError
 
 
-def ping(seq: int, n: int = 4) -> DemoPing:
-    return DemoPing(seq=seq, sender="t", payload=np.full(n, seq, np.float32))
+def ping(seq: int, n: int = 4) -> WeightsUpdate:
+    return WeightsUpdate(version=seq, layout="t", flat=np.full(n, seq, np.float32))
 
 
 @pytest.fixture
@@ -39,8 +39,8 @@ def test_push_pull_round_trip(pair, scheme: str, tmp_path) -> None:
     for i in range(50):
         assert sender.send(ping(i), timeout_s=5)
     got = [receiver.recv(timeout_s=5) for _ in range(50)]
-    assert [g.seq for g in got] == list(range(50))
-    np.testing.assert_array_equal(got[7].payload, np.full(4, 7, np.float32))
+    assert [g.version for g in got] == list(range(50))
+    np.testing.assert_array_equal(got[7].flat, np.full(4, 7, np.float32))
 
 
 def test_tcp_binds_a_free_port_on_loopback(pair) -> None:
@@ -115,7 +115,7 @@ def test_bad_frames_go_to_the_handler_and_receiving_carries_on(pair) -> None:
         sender = pair(sockets.push)
         sender.connect(address)
         sender.send(ping(5))
-        assert receiver.recv(timeout_s=5).seq == 5
+        assert receiver.recv(timeout_s=5).version == 5
     finally:
         raw.close()
     assert len(errors) == 2 and all(isinstance(e, CodecError) for e in errors)

@@ -81,6 +81,13 @@ class MessageSocket:
                 self.raw.connect(address)
                 self.addresses.append(address)
 
+    def sync_peers(self, addresses: list[str]) -> None:
+        """Be connected to exactly ``addresses`` (peers that went away are disconnected, so no
+        message is queued for a dead peer)."""
+        for address in [a for a in self.addresses if a not in addresses]:
+            self.disconnect(address)
+        self.connect(addresses)
+
     def disconnect(self, address: str) -> None:
         """Drop a peer (e.g. a server that went away)."""
         if address in self.addresses:

@@ -44,7 +44,9 @@ class FlatLayout:
     @staticmethod
     def of(module: nn.Module) -> FlatLayout:
         """The layout of ``module``'s floating-point state (parameters and float buffers)."""
-        items = [(k, tuple(v.shape)) for k, v in module.state_dict().items() if v.is_floating_point()]
+        items = [
+            (k, tuple(v.shape)) for k, v in module.state_dict().items() if v.is_floating_point()
+        ]
         text = ";".join(f"{k}:{'x'.join(map(str, s))}" for k, s in items)
         numel = sum(int(torch.Size(s).numel()) for _, s in items)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -54,7 +56,11 @@ class FlatLayout:
         """Copy the module's state into one float32 buffer (``out`` reused when given)."""
         state = module.state_dict()
         first = state[self.names[0]]
-        flat = out if out is not None else torch.empty(self.numel, dtype=torch.float32, device=first.device)
+        flat = (
+            out
+            if out is not None
+            else torch.empty(self.numel, dtype=torch.float32, device=first.device)
+        )
         offset = 0
         for name in self.names:
             t = state[name]
@@ -65,7 +71,9 @@ class FlatLayout:
     def load(self, module: nn.Module, flat: torch.Tensor) -> None:
         """Copy a flat buffer back into the module's tensors, in place."""
         if flat.numel() != self.numel:
-            raise ValueError(f"flat weights have {flat.numel()} elements, layout needs {self.numel}")
+            raise ValueError(
+                f"flat weights have {flat.numel()} elements, layout needs {self.numel}"
+            )
         state = module.state_dict()
         offset = 0
         with torch.no_grad():
@@ -131,7 +139,9 @@ class WeightLink:
         self._broadcast(header)
         version, numel = (int(x) for x in header.tolist())
         if numel != out.numel():
-            raise ValueError(f"weights version {version} has {numel} elements, expected {out.numel()}")
+            raise ValueError(
+                f"weights version {version} has {numel} elements, expected {out.numel()}"
+            )
         for bucket in _buckets(out):
             self._broadcast(bucket)
         return version

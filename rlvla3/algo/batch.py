@@ -25,6 +25,18 @@ def chunk_staleness(chunk: TrajectoryChunk, version: int) -> int:
     return version - int(chunk.policy_versions.min())
 
 
+def keep_chunk(staleness: int, *, max_staleness: int, on_policy_only: bool) -> bool:
+    """Whether a chunk this many versions old is trained on.
+
+    ``on_policy_only`` (``sync`` and ``async_rollout`` modes: training per round) keeps only
+    chunks of the current version; otherwise up to ``max_staleness`` versions of lag are kept.
+    A chunk from the future (negative staleness) is a bookkeeping bug and is never kept.
+    """
+    if staleness < 0:
+        return False
+    return staleness == 0 if on_policy_only else staleness <= max_staleness
+
+
 def build_batch(
     chunks: Sequence[TrajectoryChunk], policy: ActorCritic, algo: AlgoConfig, device: torch.device
 ) -> Batch:
@@ -54,7 +66,9 @@ def build_batch(
             advantages.append(adv)
             returns.append(vs)
         else:
-            adv, ret = compute_gae(rewards, values[sl], c.bootstrap_value, algo.gamma, algo.lam, dones)
+            adv, ret = compute_gae(
+                rewards, values[sl], c.bootstrap_value, algo.gamma, algo.lam, dones
+            )
             advantages.append(adv)
             returns.append(ret)
         offset += n

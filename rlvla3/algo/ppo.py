@@ -142,6 +142,29 @@ def normalize_advantages(adv: Tensor, eps: float = 1e-8) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_coef: float, is_weights: Tensor | None
+) -> Tensor:
+    """Scalar ``mean(w * max(-A r, -A clip(r, 1 - eps, 1 + eps)))`` over float32[N] inputs."""
+    pg_losses = torch.max(
+        -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    )
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights.detach()
+    return pg_losses.mean()
+
+
+def _value_loss(
+    new_values: Tensor, returns: Tensor, old_values: Tensor | None, clip_coef: float
+) -> Tensor:
+    """Scalar ``0.5 * mean((V - R)^2)``; cleanrl's clipped variant when ``old_values`` is given."""
+    v_losses = (new_values - returns) ** 2
+    if old_values is not None:
+        v_clipped = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
+        v_losses = torch.max(v_losses, (v_clipped - returns) ** 2)
+    return 0.5 * v_losses.mean()
+
+
 def ppo_loss(
     new_log_probs: Tensor,
     old_log_probs: Tensor,
@@ -183,24 +206,12 @@ def ppo_loss(
         ``(loss, metrics)``: the scalar loss with grad, and floats ``loss``, ``policy_loss``,
         ``value_loss``, ``entropy``, ``approx_kl`` (the k3 estimator), ``clip_frac``.
     """
+    if clip_vloss and old_values is None:
+        raise ValueError("clip_vloss=True needs old_values")
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
-    pg_losses = torch.max(
-        -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
-    )
-    if is_weights is not None:
-        pg_losses = pg_losses * is_weights.detach()
-    policy_loss = pg_losses.mean()
-
-    if clip_vloss:
-        if old_values is None:
-            raise ValueError("clip_vloss=True needs old_values")
-        v_clipped = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
-        v_losses = torch.max((new_values - returns) ** 2, (v_clipped - returns) ** 2)
-    else:
-        v_losses = (new_values - returns) ** 2
-    value_loss = 0.5 * v_losses.mean()
-
+    policy_loss = _clipped_surrogate(ratio, advantages, clip_coef, is_weights)
+    value_loss = _value_loss(new_values, returns, old_values if clip_vloss else None, clip_coef)
     entropy_mean = entropy.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
     with torch.no_grad():
