@@ -28,7 +28,7 @@ class RolloutServerSettings:
     """
 
     max_batch: int = 64
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.5
     sync_max_wait_ms: float = 500.0
     device: str = "cpu"
     num_threads: int = 1

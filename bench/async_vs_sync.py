@@ -1,0 +1,137 @@
+"""Asynchrony benchmark: the real launcher and roles in ``sync``, ``async_rollout`` and ``async``.
+
+One workload for all three modes: ``--num-envs`` envs (over ``--num-workers`` env workers) whose
+every step takes an extra heavy-tailed latency (``sim/straggler.py``: lognormal with the given
+mean and sigma), PPO training as usual. Each mode runs for ``--duration-s`` seconds of steady
+state (after ``--warmup-s``); env steps/s is read from the run's Redis counters. The no-wait bound
+is what the envs could do if no env ever waited for anything: num_envs / mean step latency.
+
+    python bench/async_vs_sync.py [--num-envs 16] [--latency-mean-ms 20] [--latency-sigma 1.0]
+                                  [--duration-s 30] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
+from rlvla3.registry import Registry  # noqa: E402
+
+MODES = ("sync", "async_rollout", "async")
+
+
+def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
+    per_worker = args.num_envs // args.num_workers
+    return {
+        "run": {"name": f"bench_{mode}", "mode": mode, "redis_url": redis_url,
+                "progress_interval_s": 3600, "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120}},
+        "roles": {
+            "env_worker": {"count": args.num_workers},
+            "rollout_server": {"count": 1, "settings": {"max_batch": args.num_envs, "max_wait_ms": 1.0}},
+            "trainer": {"count": 1},
+            "weight_broadcaster": {"count": 1},
+        },
+        "env": {"id": args.env, "num_envs_per_worker": per_worker, "chunk_len": args.chunk_len,
+                "straggler": {"distribution": "lognormal", "mean_ms": args.latency_mean_ms,
+                              "sigma": args.latency_sigma}},
+        "algo": {"epochs": 2, "minibatch_size": 256},
+    }  # fmt: skip
+
+
+def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: Path) -> dict:
+    """Launch one mode, wait for steady state, measure env steps/s over the window, stop it."""
+    cfg_path = workdir / f"{mode}.yaml"
+    cfg_path.write_text(yaml.safe_dump(run_config(args, mode, redis_url)))
+    log = open(workdir / f"{mode}-launcher.log", "wb")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "rlvla3.cli", "launch", str(cfg_path), "--out", str(workdir / mode)],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+    )  # fmt: skip
+    registry = Registry(redis_url, f"bench_{mode}")
+    tick = threading.Event()
+    try:
+        deadline = time.monotonic() + 300
+        while registry.counters().get("env_steps", 0) == 0:  # roles start, weights arrive
+            if launcher.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{mode}: run did not start; see {log.name}")
+            tick.wait(0.2)
+        tick.wait(args.warmup_s)
+        start_steps, start_samples = _counts(registry)
+        started = time.monotonic()
+        tick.wait(args.duration_s)
+        end_steps, end_samples = _counts(registry)
+        elapsed = time.monotonic() - started
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=120)
+    return {
+        "env_steps_per_s": (end_steps - start_steps) / elapsed,
+        "trained_samples_per_s": (end_samples - start_samples) / elapsed,
+    }
+
+
+def _counts(registry: Registry) -> tuple[int, int]:
+    c = registry.counters()
+    return c.get("env_steps", 0), c.get("samples_consumed", 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--latency-mean-ms", type=float, default=20.0)
+    parser.add_argument("--latency-sigma", type=float, default=1.0)
+    parser.add_argument("--duration-s", type=float, default=30.0)
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--chunk-len", type=int, default=32)
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.num_envs % args.num_workers:
+        parser.error("--num-envs must be a multiple of --num-workers")
+    bound = args.num_envs / (args.latency_mean_ms / 1000)
+    results: dict[str, dict] = {}
+    with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-bench-") as tmp:
+        for mode in args.modes:
+            results[mode] = measure_mode(args, mode, redis.url, Path(tmp))
+            print(f"{mode:14s} {results[mode]['env_steps_per_s']:8.1f} env steps/s", flush=True)
+    rates = {m: r["env_steps_per_s"] for m, r in results.items()}
+    report = {
+        "workload": {"env": args.env, "num_envs": args.num_envs, "num_workers": args.num_workers,
+                     "latency_mean_ms": args.latency_mean_ms, "latency_sigma": args.latency_sigma,
+                     "duration_s": args.duration_s},
+        "env_steps_per_s": rates,
+        "trained_samples_per_s": {m: r["trained_samples_per_s"] for m, r in results.items()},
+        "bound_env_steps_per_s": bound,
+        "ratio_vs_sync": {m: rates[m] / rates["sync"] for m in rates} if "sync" in rates else {},
+        "speedup_async_vs_sync": rates["async"] / rates["sync"] if {"async", "sync"} <= set(rates) else None,
+        "efficiency_async": rates["async"] / bound if "async" in rates else None,
+    }  # fmt: skip
+    print(f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}")
+    for mode, rate in rates.items():
+        vs = f"{rate / rates['sync']:.2f}x" if "sync" in rates else "-"
+        print(f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%}")
+    print(f"{'no-wait bound':14s} {bound:12.1f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
