@@ -112,12 +112,14 @@ class PolicyConfig:
 class AlgoConfig:
     """PPO with off-policy correction for lagging rollouts.
 
+    ``lr`` decays linearly to zero over ``lr_anneal_samples`` trained samples (0: constant).
     One update uses ``batch_steps`` env steps (0: one round, i.e. every env's ``chunk_len``
     steps). Samples more than ``max_staleness`` versions behind the trainer are dropped and
     counted; ``correction`` reweights the rest.
     """
 
     lr: float = 2.5e-4
+    lr_anneal_samples: int = 0
     gamma: float = 0.99
     lam: float = 0.95
     clip_coef: float = 0.2

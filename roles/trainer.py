@@ -43,7 +43,7 @@ class Trainer(Role):
         self.layout = FlatLayout.of(self.policy)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        self.version, self.updates = -1, 0
+        self.version, self.updates, self.samples_trained = -1, 0, 0
         self._resume()
         self.chunks = sockets.pull(
             hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame
@@ -94,6 +94,9 @@ class Trainer(Role):
         started = time.perf_counter()
         batch = build_batch(chunks, self.policy, self.cfg.algo, self.device)
         a = self.cfg.algo
+        lr = self._learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         metrics = ppo_update(
             self.policy, self.optimizer, batch, epochs=a.epochs, minibatch_size=a.minibatch_size,
             clip_coef=a.clip_coef, vf_coef=a.vf_coef, ent_coef=a.ent_coef,
@@ -101,6 +104,7 @@ class Trainer(Role):
         )  # fmt: skip
         self.updates += 1
         samples = sum(len(c.rewards) for c in chunks)
+        self.samples_trained += samples
         self.sample_rate.add(samples)
         self.count("chunks_consumed", len(chunks))
         self.count("samples_consumed", samples)
@@ -110,10 +114,16 @@ class Trainer(Role):
         if self.updates % a.checkpoint_every == 0:
             self._checkpoint()
         staleness = [chunk_staleness(c, self.version - 1) for c in chunks]
-        metrics.update(update=self.updates, version=self.version, samples=samples,
+        metrics.update(update=self.updates, version=self.version, samples=samples, lr=lr,
                        mean_staleness=sum(staleness) / len(staleness),
                        train_s=time.perf_counter() - started, t=time.time())  # fmt: skip
         self._log_metrics(metrics)
+
+    def _learning_rate(self) -> float:
+        a = self.cfg.algo
+        if not a.lr_anneal_samples:
+            return a.lr
+        return a.lr * max(0.0, 1.0 - self.samples_trained / a.lr_anneal_samples)
 
     def _publish(self) -> None:
         self.version += 1
@@ -140,7 +150,8 @@ class Trainer(Role):
         path = self.ckpt_dir / f"ckpt_{self.version:08d}.pt"
         tmp = path.with_suffix(".tmp")
         torch.save({"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "updates": self.updates}, tmp)  # fmt: skip
+                    "version": self.version, "updates": self.updates,
+                    "samples_trained": self.samples_trained}, tmp)  # fmt: skip
         tmp.rename(path)  # atomic: a crash never leaves a half-written checkpoint
         for old in sorted(self.ckpt_dir.glob("ckpt_*.pt"))[: -self.settings.keep_checkpoints]:
             old.unlink()
@@ -153,6 +164,7 @@ class Trainer(Role):
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+        self.samples_trained = int(state.get("samples_trained", 0))
         # Versions only grow: continue after whatever was published before the restart.
         self.version = max(int(state["version"]), self.registry.weight_version())
         self.log.info(
