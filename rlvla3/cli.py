@@ -1,4 +1,4 @@
-"""The ``rlvla3`` command: ``launch`` a run, ``monitor`` it."""
+"""The ``rlvla3`` command: ``launch`` a run, ``monitor`` it, write ``demos``."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def _monitor(args: argparse.Namespace) -> int:
         return 1
 
 
+def _demos(args: argparse.Namespace) -> int:
+    from sft.demos import generate_demos
+
+    stats = generate_demos(args.env, args.episodes, args.out, args.seed,
+                           expert_noise=args.expert_noise, overwrite=args.overwrite,
+                           obs_mode=args.obs_mode)  # fmt: skip
+    print(stats)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``rlvla3`` command."""
     parser = argparse.ArgumentParser(prog="rlvla3", description=__doc__)
@@ -75,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
     p.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
     p.set_defaults(func=_monitor)
+
+    p = sub.add_parser("demos", help="write scripted-expert demonstrations (LeRobot layout)")
+    p.add_argument("--env", default="rlvla3/TableTop-v0", help="env id with a scripted expert")
+    p.add_argument("--episodes", type=int, default=200, help="successful episodes to write")
+    p.add_argument("--out", required=True, help="dataset directory")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    p.add_argument("--obs-mode", default="rgb", choices=("rgb", "state"))
+    p.add_argument("--expert-noise", type=float, default=0.0, help="action noise std")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    p.set_defaults(func=_demos)
     return parser  # fmt: skip
 
 

@@ -20,12 +20,20 @@ Mode = Literal["sync", "async_rollout", "async"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StopConfig:
-    """When the launcher ends a run. Zero or null disables a condition."""
+    """When the launcher ends a run. Zero or null disables a condition.
+
+    With ``eval_episodes`` > 0, a run that meets a stop condition first freezes training and
+    measures the final weights on that many fresh episodes (at most ``eval_timeout_s``); their
+    success rate and mean return go to ``summary.json``.
+    """
 
     max_env_steps: int = 0
     max_wall_s: float = 0.0
     target_mean_return: float | None = None
+    target_success_rate: float | None = None
     return_window: int = 20
+    eval_episodes: int = 0
+    eval_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,11 +109,16 @@ class EnvConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyConfig:
-    """Which policy network. ``vla`` holds the VLA model's fields (see rlvla3/policy/vla.py)."""
+    """Which policy network. ``vla`` holds the VLA model's fields (see rlvla3/policy/vla.py).
+
+    ``init_checkpoint``: a trainer checkpoint (e.g. from an SFT run) whose model weights a trainer
+    starts from when it has no checkpoint of its own.
+    """
 
     kind: Literal["mlp", "vla"] = "mlp"
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     vla: dict[str, Any] = field(default_factory=dict)
+    init_checkpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,12 +150,23 @@ class AlgoConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SftConfig:
-    """Packed-sequence supervised pretraining on demonstrations."""
+    """Packed-sequence supervised pretraining on demonstrations (LeRobot layout).
 
-    dataset: str = ""
+    When ``dataset`` does not exist yet, ``generate_demos`` episodes of the env's scripted expert
+    are written there first (``rlvla3 demos`` does the same by hand). Each step trains on as many
+    samples as fit ``token_budget`` tokens, packed without padding.
+    """
+
+    dataset: str = "data/demos"
+    generate_demos: int = 0
+    demo_seed: int = 12345
     token_budget: int = 2048
     lr: float = 3e-4
+    weight_decay: float = 0.01
     max_steps: int = 1000
+    publish_every: int = 50
+    checkpoint_every: int = 200
+    fp8: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

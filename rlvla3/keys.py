@@ -61,6 +61,11 @@ def stop_request(run_id: str) -> str:
     return f"{run_prefix(run_id)}:stop"
 
 
+def evaluation(run_id: str) -> str:
+    """Hash: ``version`` (int) the end-of-run evaluation measures, and ``started_at``."""
+    return f"{run_prefix(run_id)}:eval"
+
+
 def metrics(run_id: str) -> str:
     """List of JSON learning-curve points pushed by the trainer (bounded)."""
     return f"{run_prefix(run_id)}:metrics"

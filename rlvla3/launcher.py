@@ -25,7 +25,7 @@ from pathlib import Path
 from rlvla3.config import Config, dump_config, load_config
 from rlvla3.redis_server import EmbeddedRedis
 from rlvla3.registry import Registry
-from rlvla3.run_report import progress_line, stop_condition, write_report
+from rlvla3.run_report import evaluation_episodes, progress_line, stop_condition, write_report
 from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
@@ -161,10 +161,31 @@ class Launcher:
                 return "all roles finished"
             reason = stop_condition(self.registry, cfg, now - started)
             if reason:
-                return reason
+                return self._evaluate(cfg, reason)
             if now >= next_progress:
                 self.echo(progress_line(self.registry, cfg, now - started, self._restarts()))
                 next_progress = now + cfg.run.progress_interval_s
+        return "stopped by signal"
+
+    def _evaluate(self, cfg: Config, reason: str) -> str:
+        """Freeze training and wait for ``eval_episodes`` fresh episodes of the final weights."""
+        wanted = cfg.run.stop.eval_episodes
+        if not wanted or not any(p.role == "env_worker" for p in self.procs):
+            return reason
+        version = self.registry.weight_version()
+        self.registry.start_evaluation(version)
+        self.echo(f"{reason}; evaluating weights v{version} on {wanted} fresh episodes")
+        deadline = time.monotonic() + cfg.run.stop.eval_timeout_s
+        while not self.stop_requested.wait(_TICK_S):
+            for proc in self.procs:
+                failure = self._check_process(proc, cfg, time.monotonic())
+                if failure:
+                    return failure
+            done = len(evaluation_episodes(self.registry, version))
+            if done >= wanted:
+                return f"{reason}; evaluated on {done} episodes"
+            if time.monotonic() > deadline:
+                return f"{reason}; evaluation timed out after {done} episodes"
         return "stopped by signal"
 
     def _check_process(self, proc: RoleProcess, cfg: Config, now: float) -> str | None:

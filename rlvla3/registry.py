@@ -173,6 +173,17 @@ class Registry:
         """Why a stop was requested, or None."""
         return self.redis.get(keys.stop_request(self.run_id))
 
+    def start_evaluation(self, version: int) -> None:
+        """Freeze training: from now on, episodes acted on only by ``version`` are the evaluation."""
+        self.redis.hset(
+            keys.evaluation(self.run_id), mapping={"version": version, "started_at": time.time()}
+        )
+
+    def evaluation_version(self) -> int | None:
+        """The weight version under evaluation, or None while training goes on."""
+        value = self.redis.hget(keys.evaluation(self.run_id), "version")
+        return None if value is None else int(value)
+
     def append(self, series: str, points: Iterable[dict[str, Any]]) -> None:
         """Append JSON points to ``metrics`` or ``episodes`` (kept to the newest 10,000)."""
         key = {"metrics": keys.metrics, "episodes": keys.episodes}[series](self.run_id)

@@ -52,7 +52,17 @@ class WeightBroadcasterSettings:
     link_timeout_s: float = 60.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SftTrainerSettings:
+    """SFT trainer: packed-sequence supervised training (the run's ``sft`` section)."""
+
+    device: str = "cpu"
+    num_threads: int = 1
+    keep_checkpoints: int = 2
+
+
 ROLE_SETTINGS: dict[str, type] = {
+    "sft_trainer": SftTrainerSettings,
     "env_worker": EnvWorkerSettings,
     "rollout_server": RolloutServerSettings,
     "trainer": TrainerSettings,

@@ -40,7 +40,32 @@ def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | N
         mean = mean_recent(registry, "return", stop.return_window)
         if mean is not None and mean >= stop.target_mean_return:
             return f"solved: mean return {mean:.1f} over {stop.return_window} episodes"
+    if stop.target_success_rate is not None:
+        rate = mean_recent(registry, "success", stop.return_window)
+        if rate is not None and rate >= stop.target_success_rate:
+            return f"solved: success rate {rate:.2f} over {stop.return_window} episodes"
     return None
+
+
+def evaluation_episodes(registry: Registry, version: int) -> list[dict[str, Any]]:
+    """Episodes acted on entirely by weights of ``version`` or newer (fresh since evaluation)."""
+    return [
+        e for e in registry.series("episodes", last=5000) if e.get("min_version", -1) >= version
+    ]
+
+
+def evaluation_summary(registry: Registry) -> dict[str, Any] | None:
+    """Success rate and mean return of the end-of-run evaluation, if one ran."""
+    version = registry.evaluation_version()
+    if version is None:
+        return None
+    episodes = evaluation_episodes(registry, version)
+    result: dict[str, Any] = {"version": version, "episodes": len(episodes)}
+    if episodes:
+        result["mean_return"] = sum(e["return"] for e in episodes) / len(episodes)
+        if "success" in episodes[0]:
+            result["success_rate"] = sum(bool(e.get("success")) for e in episodes) / len(episodes)
+    return result
 
 
 def progress_line(registry: Registry, cfg: Config, elapsed_s: float, restarts: int) -> str:
@@ -90,6 +115,14 @@ def write_report(
     }  # fmt: skip
     if episodes and "success" in episodes[-1]:
         summary["success_rate"] = sum(bool(e.get("success")) for e in recent) / len(recent)
+    evaluation = evaluation_summary(registry)
+    if evaluation is not None:
+        summary["evaluation"] = evaluation
+        if "success_rate" in evaluation:  # measured on fresh episodes of the final weights
+            summary["success_rate"] = evaluation["success_rate"]
+    last = registry.series("metrics", last=1)
+    if last and "loss" in last[-1]:
+        summary["final_loss"] = last[-1]["loss"]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if episodes:
         plot_learning_curve(episodes, run_dir / "learning_curve.png", window)

@@ -35,7 +35,9 @@ class EnvWorker(Role):
 
     def setup(self) -> None:
         self.servers = self.wait_for_endpoints("rollout_server", "requests")
-        self.trainers = self.wait_for_endpoints("trainer", "chunks")
+        # Without an RL trainer (e.g. evaluating an SFT policy) envs only act and record episodes.
+        self.trains = "trainer" in self.cfg.roles and self.cfg.roles["trainer"].count > 0
+        self.trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
         self.step_rate = RateMeter()
         num_envs = self.cfg.env.num_envs_per_worker
         sync = self.cfg.run.mode == "sync"
@@ -55,7 +57,8 @@ class EnvWorker(Role):
             self._watch_version()
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
             self.servers = self.registry.endpoints("rollout_server", "requests") or self.servers
-            self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
+            if self.trains:
+                self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
             self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
         self.gauge("steps_per_s", self.step_rate.rate())
         for runner in self.runners:
@@ -85,10 +88,19 @@ class EnvWorker(Role):
         for runner in getattr(self, "runners", []):
             runner.thread.join(timeout=30)
 
-    def record_episode(self, ret: float, length: int, success: bool | None) -> None:
-        """Count a finished episode and append it to the run's learning curve."""
-        point: dict[str, Any] = {"return": ret, "length": length, "worker": self.index,
-                                 "t": time.time(), "env_steps": self.registry.counters().get("env_steps", 0)}  # fmt: skip
+    def record_episode(
+        self, ret: float, length: int, success: bool | None, versions: tuple[int, int]
+    ) -> None:
+        """Count a finished episode and append it to the run's learning curve.
+
+        ``versions``: the oldest and newest weight version that chose its actions; the end-of-run
+        evaluation counts only episodes acted on entirely by the evaluated version.
+        """
+        point: dict[str, Any] = {
+            "return": ret, "length": length, "worker": self.index, "t": time.time(),
+            "env_steps": self.registry.counters().get("env_steps", 0),
+            "min_version": versions[0], "max_version": versions[1],
+        }  # fmt: skip
         if success is not None:
             point["success"] = success
         self.registry.append("episodes", [point])
@@ -143,6 +155,7 @@ class EnvRunner:
         obs, _ = env.reset()
         reply = self._request(obs)
         round_steps, episode_return, episode_len = 0, 0.0, 0
+        versions = (reply.policy_version, reply.policy_version)
         while not w.stop_event.is_set():
             next_obs, reward, terminated, truncated, info = env.step(reply.env_action)
             self.steps.append({"obs": obs, "action": reply.action, "reward": reward,
@@ -154,17 +167,23 @@ class EnvRunner:
             round_steps += 1
             episode_return += reward
             episode_len += 1
+            versions = (
+                min(versions[0], reply.policy_version),
+                max(versions[1], reply.policy_version),
+            )
             if w.barrier is not None:
                 w.barrier.wait()  # lock-step: every env of the worker finished this step
             if terminated or truncated:
                 bootstrap = 0.0 if terminated else self._request(next_obs).value
                 self._push(bootstrap)
-                w.record_episode(episode_return, episode_len, info.get("success"))
+                w.record_episode(episode_return, episode_len, info.get("success"), versions)
                 episode_return, episode_len = 0.0, 0
                 obs, _ = env.reset()
             else:
                 obs = next_obs
             reply = self._request(obs)
+            if episode_len == 0:
+                versions = (reply.policy_version, reply.policy_version)
             if len(self.steps) >= chunk_len or (w.barrier is not None and round_steps >= chunk_len):
                 self._push(reply.value)
             if w.barrier is not None and round_steps >= chunk_len:
@@ -203,6 +222,9 @@ class EnvRunner:
             w.log.warning("env %d: no reply in %.1fs; re-sending", self.env_index, timeout)
 
     def _push(self, bootstrap_value: float) -> None:
+        if not self.worker.trains:
+            self.steps = []
+            return
         if not self.steps:
             return
         steps, self.steps = self.steps, []

@@ -52,6 +52,7 @@ class RolloutServer(Role):
             self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
         )
         self.request_rate = RateMeter()
+        self.greedy, self.next_eval_check = False, 0.0
         self.link_generation = 0
         threading.Thread(target=self._receive_weights, name="weights", daemon=True).start()
         while not self.weights_ready.wait(0.1):  # serve nothing before the trainer's weights
@@ -96,6 +97,10 @@ class RolloutServer(Role):
     # --- serving ---------------------------------------------------------------------------------
     def step(self) -> None:
         self._maybe_swap()
+        if not self.greedy and time.monotonic() >= self.next_eval_check:
+            # The end-of-run evaluation measures the policy's best actions, not its exploration.
+            self.greedy = self.registry.evaluation_version() is not None
+            self.next_eval_check = time.monotonic() + 1.0
         batch, waited_s = self._collect()
         if not batch:
             return
@@ -148,7 +153,7 @@ class RolloutServer(Role):
             key: torch.from_numpy(np.stack([req.obs[key] for _, req in batch])).to(self.device)
             for key in self.obs_space.spaces
         }
-        out = self.active.act(obs)
+        out = self.active.act(obs, deterministic=self.greedy)
         env_actions = self.active.to_env_action(out.action).cpu().numpy()
         actions, log_probs, values = out.action.cpu().numpy(), out.log_prob.cpu(), out.value.cpu()
         for i, (identity, req) in enumerate(batch):

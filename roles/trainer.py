@@ -14,19 +14,19 @@ sequence. Metrics go to ``metrics.jsonl`` and TensorBoard (``tb/``) in the run d
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import torch
 
 from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.ppo import ppo_update
-from rlvla3.messages import TrajectoryChunk, WeightsUpdate
+from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlvla3.messages import TrajectoryChunk
+from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
 from rlvla3.role import RateMeter, Role, main
 from transport import sockets
-from transport.weights import FlatLayout
+from transport.weights import WeightPublisher
 
 
 class Trainer(Role):
@@ -40,23 +40,21 @@ class Trainer(Role):
         self.device = torch.device(self.settings.device)
         self.policy = build_policy(self.cfg).to(self.device)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
-        self.layout = FlatLayout.of(self.policy)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.version, self.updates, self.samples_trained = -1, 0, 0
         self._resume()
         self.chunks = sockets.pull(
             hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame
         )
         self.bind("chunks", self.chunks)
-        self.weights_out = sockets.push(hwm=4)
-        self.weights_out.connect(self.wait_for_endpoints("weight_broadcaster", "updates"))
+        broadcaster = self.wait_for_endpoints("weight_broadcaster", "updates")[0]
+        self.publisher = WeightPublisher(self.policy, broadcaster, self.version)
         self.buffer: list[TrajectoryChunk] = []
         self.buffered_steps = 0
         self.batch_steps = self.cfg.algo.batch_steps or self._round_steps()
         self.sample_rate = RateMeter(window_s=20.0)
-        self.metrics_file = open(self.run_dir / "metrics.jsonl", "a")
-        self.tb = _tensorboard(self.run_dir / "tb")
+        self.metrics = MetricsLog(self.run_dir, self.registry, "train")
+        self.frozen, self.next_freeze_check = False, 0.0
         self._publish()
 
     def _round_steps(self) -> int:
@@ -68,8 +66,16 @@ class Trainer(Role):
         chunk = self.chunks.recv(timeout_s=0.2)
         if chunk is not None:
             self._accept(chunk)
-        if self.buffered_steps >= self.batch_steps:
+        if self.buffered_steps >= self.batch_steps and not self._frozen():
             self._train()
+
+    def _frozen(self) -> bool:
+        """True once the launcher started the end-of-run evaluation (checked at most 1/s)."""
+        now = time.monotonic()
+        if not self.frozen and now >= self.next_freeze_check:
+            self.frozen = self.registry.evaluation_version() is not None
+            self.next_freeze_check = now + 1.0
+        return self.frozen
 
     def _accept(self, chunk: object) -> None:
         if not isinstance(chunk, TrajectoryChunk):
@@ -126,41 +132,31 @@ class Trainer(Role):
         return a.lr * max(0.0, 1.0 - self.samples_trained / a.lr_anneal_samples)
 
     def _publish(self) -> None:
-        self.version += 1
-        flat = self.layout.flatten(self.policy).detach().cpu().numpy()
-        self.weights_out.send(
-            WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
-        )
+        self.version = self.publisher.publish(self.policy)
         self.gauge("policy_version", self.version)
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
-        self.metrics_file.write(json.dumps(metrics) + "\n")
-        self.metrics_file.flush()
-        self.registry.append("metrics", [metrics])
-        if self.tb is not None:
-            for key, value in metrics.items():
-                if key != "t":
-                    self.tb.add_scalar(f"train/{key}", value, self.updates)
+        self.metrics.log(self.updates, metrics)
         self.gauge("updates", self.updates)
         self.gauge("samples_per_s", self.sample_rate.rate())
         self.gauge("policy_loss", metrics.get("policy_loss", 0.0))
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        path = self.ckpt_dir / f"ckpt_{self.version:08d}.pt"
-        tmp = path.with_suffix(".tmp")
-        torch.save({"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "updates": self.updates,
-                    "samples_trained": self.samples_trained}, tmp)  # fmt: skip
-        tmp.rename(path)  # atomic: a crash never leaves a half-written checkpoint
-        for old in sorted(self.ckpt_dir.glob("ckpt_*.pt"))[: -self.settings.keep_checkpoints]:
-            old.unlink()
+        state = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "version": self.version, "updates": self.updates,
+                 "samples_trained": self.samples_trained}  # fmt: skip
+        save_checkpoint(self.ckpt_dir, self.version, state, self.settings.keep_checkpoints)
 
     def _resume(self) -> None:
-        found = sorted(self.ckpt_dir.glob("ckpt_*.pt"))
-        if not found:
+        path = latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            if self.cfg.policy.init_checkpoint:  # e.g. RL continuing from an SFT run
+                init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)
+                self.policy.load_state_dict(init["model"])
+                self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
             return
-        state = torch.load(found[-1], map_location=self.device, weights_only=True)
+        state = load_checkpoint(path, self.device)
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
@@ -168,7 +164,7 @@ class Trainer(Role):
         # Versions only grow: continue after whatever was published before the restart.
         self.version = max(int(state["version"]), self.registry.weight_version())
         self.log.info(
-            "resumed from %s (update %d, version %d)", found[-1].name, self.updates, self.version
+            "resumed from %s (update %d, version %d)", path.name, self.updates, self.version
         )
 
     def shutdown(self) -> None:
@@ -177,11 +173,9 @@ class Trainer(Role):
         self._drain()
         if self.updates:
             self._checkpoint()
-        self.metrics_file.close()
-        if self.tb is not None:
-            self.tb.close()
+        self.metrics.close()
         self.chunks.close()
-        self.weights_out.close()
+        self.publisher.close()
 
     def _drain(self) -> None:
         """Count chunks still buffered or queued at exit, so produced = consumed + dropped + these."""
@@ -189,14 +183,6 @@ class Trainer(Role):
         while self.chunks.recv(timeout_s=0.5) is not None:
             left += 1
         self.count("chunks_in_flight_at_exit", left)
-
-
-def _tensorboard(path: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard not installed: JSONL and Redis metrics still work
-        return None
-    return SummaryWriter(str(path))
 
 
 if __name__ == "__main__":

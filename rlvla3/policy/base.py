@@ -63,3 +63,8 @@ class ActorCritic(nn.Module, abc.ABC):
     def to_env_action(self, action: torch.Tensor) -> torch.Tensor:
         """What the env steps with, given an action from ``act`` (identity unless overridden)."""
         return action
+
+    def from_env_action(self, env_action: torch.Tensor) -> torch.Tensor:
+        """The policy's own action for an env action, e.g. a demonstration's (inverse of
+        ``to_env_action`` up to discretisation; identity unless overridden)."""
+        return env_action

@@ -380,6 +380,17 @@ class VLAPolicy(ActorCritic):
             return action.clamp(c.action_low, c.action_high)
         return action
 
+    def from_env_action(self, env_action: Tensor) -> Tensor:
+        """Env action -> policy action: bin indices int64[B, D] (bins head), else unchanged."""
+        c = self.config
+        if c.action_head == "discrete_bins":
+            return continuous_to_bins(
+                env_action, low=c.action_low, high=c.action_high, num_bins=c.num_bins
+            )
+        if c.action_head == "categorical":
+            return env_action.long()
+        return env_action.float()
+
     # ----------------------------------------------------------------------------- checks
     def _check_obs(self, obs: ObsBatch) -> tuple[Tensor, Tensor, Tensor | None]:
         """Validate and move (image uint8[B,S,S,C], instruction int64[B,L], proprio f[B,P])."""

@@ -1,0 +1,31 @@
+"""Trainer checkpoints: atomic writes, newest-first lookup, safe loading (``weights_only``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
+    """Write ``state`` as ``ckpt_<version>.pt`` atomically and keep only the newest ``keep``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"ckpt_{version:08d}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.rename(path)  # atomic: a crash never leaves a half-written checkpoint behind
+    for old in sorted(directory.glob("ckpt_*.pt"))[:-keep]:
+        old.unlink()
+    return path
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest checkpoint in ``directory``, or None."""
+    found = sorted(directory.glob("ckpt_*.pt")) if directory.is_dir() else []
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, Any]:
+    """Load a checkpoint written by ``save_checkpoint`` (tensors and plain data only)."""
+    return torch.load(path, map_location=device, weights_only=True)

@@ -1,0 +1,151 @@
+"""SFT trainer role: packed-sequence supervised training of the policy on demonstrations.
+
+Reads a LeRobot-layout dataset (generating it from the env's scripted expert first when
+``sft.generate_demos`` > 0 and it does not exist), and trains the same policy the RL roles use:
+each step takes as many samples as fit ``sft.token_budget`` tokens, packed without padding, and
+minimises the negative log-likelihood of the demonstrated actions. Attention inside the policy is
+per sample (variable-length: flash-attn varlen on GPU, SDPA per segment on CPU); bf16 autocast on
+GPU and FP8 through Transformer Engine where available.
+
+Weights go to the broadcaster every ``sft.publish_every`` steps, so rollout servers serve — and
+env workers evaluate — the pretrained policy while it trains. After ``sft.max_steps`` it publishes
+the final weights, checkpoints, and asks the launcher to end the run (which then evaluates the
+final weights on fresh episodes when ``run.stop.eval_episodes`` is set).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlvla3.metrics_log import MetricsLog
+from rlvla3.policy.factory import build_policy
+from rlvla3.role import RateMeter, Role, main
+from sft.data import DemoSet
+from sft.precision import autocast_context, enable_fp8, fp8_available
+from transport.weights import WeightPublisher
+
+
+class SftTrainer(Role):
+    """Supervised (behaviour-cloning) training with packed batches; publishes weight versions."""
+
+    name = "sft_trainer"
+
+    def setup(self) -> None:
+        torch.manual_seed(self.cfg.run.seed)
+        torch.set_num_threads(self.settings.num_threads)
+        self.device = torch.device(self.settings.device)
+        self.policy = build_policy(self.cfg).to(self.device).train()
+        self.data = DemoSet(self._dataset(), fixed_tokens=_fixed_tokens(self.policy))
+        self.log.info("%d demo frames from %d episodes", len(self.data), self.data.num_episodes)
+        s = self.cfg.sft
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay
+        )
+        self.precision = autocast_context(self.device)
+        if s.fp8 and fp8_available(self.device):
+            self.precision = enable_fp8(self.policy)
+            self.log.info("training in FP8 (Transformer Engine, block-wise scaling)")
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.steps, self.version = 0, -1
+        self._resume()
+        broadcaster = self.wait_for_endpoints("weight_broadcaster", "updates")[0]
+        self.publisher = WeightPublisher(self.policy, broadcaster, self.version)
+        self.metrics = MetricsLog(self.run_dir, self.registry, "sft")
+        self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
+        self.token_rate = RateMeter(window_s=20.0)
+        self.finished = False
+        self._publish()
+
+    def _dataset(self) -> Path:
+        root = Path(self.cfg.sft.dataset)
+        if not (root / "meta" / "info.json").exists():
+            if not self.cfg.sft.generate_demos:
+                raise FileNotFoundError(f"sft.dataset: no LeRobot dataset at {root} "
+                                        "(run `rlvla3 demos` or set sft.generate_demos)")  # fmt: skip
+            from sft.demos import generate_demos
+
+            self.log.info("generating %d demonstrations into %s", self.cfg.sft.generate_demos, root)
+            generate_demos(self.cfg.env.id, self.cfg.sft.generate_demos, root,
+                           self.cfg.sft.demo_seed, **self.cfg.env.kwargs)  # fmt: skip
+        return root
+
+    def step(self) -> None:
+        if self.finished:
+            self.stop_event.wait(0.5)  # the launcher evaluates and stops the run
+            return
+        metrics = self._train_step()
+        self.steps += 1
+        s = self.cfg.sft
+        if self.steps % s.publish_every == 0 or self.steps >= s.max_steps:
+            self._publish()
+        if self.steps % s.checkpoint_every == 0 or self.steps >= s.max_steps:
+            self._checkpoint()
+        self.metrics.log(self.steps, {**metrics, "step": self.steps, "version": self.version})
+        self.gauge("steps", self.steps)
+        self.gauge("loss", metrics["loss"])
+        self.gauge("tokens_per_s", self.token_rate.rate())
+        if self.steps >= s.max_steps:
+            self.finished = True
+            self.registry.request_stop(
+                f"sft finished {self.steps} steps (loss {metrics['loss']:.3f})"
+            )
+
+    def _train_step(self) -> dict[str, float]:
+        started = time.perf_counter()
+        batch = self.data.packed_batch(self.cfg.sft.token_budget, self.rng)
+        obs = {
+            k: torch.from_numpy(v[batch.indices]).to(self.device) for k, v in self.data.obs.items()
+        }
+        actions = self.policy.from_env_action(torch.from_numpy(self.data.actions[batch.indices]))
+        with self.precision():
+            loss = -self.policy.evaluate(obs, actions.to(self.device)).log_prob.mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+        self.optimizer.step()
+        self.token_rate.add(batch.num_tokens)
+        self.count("sft_samples", len(batch.indices))
+        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "samples": len(batch.indices),
+                "tokens": batch.num_tokens, "packing_efficiency": batch.efficiency,
+                "step_s": time.perf_counter() - started, "t": time.time()}  # fmt: skip
+
+    def _publish(self) -> None:
+        self.version = self.publisher.publish(self.policy)
+        self.gauge("policy_version", self.version)
+
+    def _checkpoint(self) -> None:
+        state = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "version": self.version, "updates": self.steps}  # fmt: skip
+        save_checkpoint(self.ckpt_dir, self.version, state, self.settings.keep_checkpoints)
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            return
+        state = load_checkpoint(path, self.device)
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["updates"])
+        self.version = max(int(state["version"]), self.registry.weight_version())
+        self.log.info("resumed from %s (step %d)", path.name, self.steps)
+
+    def shutdown(self) -> None:
+        if hasattr(self, "metrics"):
+            self.metrics.close()
+            self.publisher.close()
+
+
+def _fixed_tokens(policy: torch.nn.Module) -> int:
+    config = getattr(policy, "config", None)
+    if config is None or not hasattr(config, "num_fixed_tokens"):
+        raise ValueError("policy.kind: SFT trains the VLA policy (policy.kind: vla)")
+    return int(config.num_fixed_tokens)
+
+
+if __name__ == "__main__":
+    main(SftTrainer)

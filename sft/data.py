@@ -1,0 +1,60 @@
+"""Demonstrations in memory, cut into packed batches of at most ``token_budget`` tokens.
+
+A sample's length is the number of tokens the VLA policy gives it: the fixed tokens (readout,
+proprio, image patches) plus its instruction's real (non-pad) tokens. Each batch is the fullest
+best-fit-decreasing bin over a random pool of samples, so no token is padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sft.lerobot import LeRobotDataset
+from sft.packing import pack
+
+
+@dataclass(frozen=True, slots=True)
+class PackedIndices:
+    """One batch: which samples, how many real tokens, and how full the budget is."""
+
+    indices: np.ndarray
+    num_tokens: int
+    efficiency: float
+
+
+class DemoSet:
+    """Every frame of a LeRobot dataset as arrays: ``obs[key]`` [N, ...] and ``actions`` [N, D].
+
+    Args:
+        root: dataset directory.
+        fixed_tokens: tokens every sample has besides its instruction (``VLAConfig``'s
+            ``num_fixed_tokens``).
+    """
+
+    def __init__(self, root: str | Path, fixed_tokens: int) -> None:
+        dataset = LeRobotDataset(root)
+        episodes = [dataset.episode(e.episode_index) for e in dataset.episodes]
+        prefix = "observation."
+        keys = [k for k in episodes[0] if k.startswith(prefix)]
+        self.obs = {k[len(prefix) :]: np.concatenate([ep[k] for ep in episodes]) for k in keys}
+        self.actions = np.concatenate([ep["action"] for ep in episodes]).astype(np.float32)
+        instr = self.obs.get("instruction")
+        real = (instr != 0).sum(axis=1) if instr is not None else np.zeros(len(self.actions), int)
+        self.lengths = (fixed_tokens + real).astype(np.int64)
+        self.num_episodes = len(episodes)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def packed_batch(self, budget: int, rng: np.random.Generator) -> PackedIndices:
+        """The fullest packed bin over a random pool of about four budgets' worth of samples."""
+        pool_size = min(len(self), max(1, 4 * budget // int(self.lengths.mean())))
+        pool = rng.choice(len(self), size=pool_size, replace=False)
+        bins = pack(self.lengths[pool].tolist(), budget)
+        best = max(bins, key=lambda b: int(self.lengths[pool[b]].sum()))
+        indices = pool[np.asarray(best)]
+        tokens = int(self.lengths[indices].sum())
+        return PackedIndices(indices=indices, num_tokens=tokens, efficiency=tokens / budget)
