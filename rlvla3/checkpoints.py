@@ -27,5 +27,14 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, Any]:
-    """Load a checkpoint written by ``save_checkpoint`` (tensors and plain data only)."""
+    """Load a checkpoint written by ``save_checkpoint`` (tensors and plain data only).
+
+    ``path`` may be a checkpoint file, a checkpoints directory or a run dir (newest one inside).
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"no ckpt_*.pt in {path} or {path / 'checkpoints'}")
+        path = found
     return torch.load(path, map_location=device, weights_only=True)
