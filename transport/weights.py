@@ -83,6 +83,31 @@ class FlatLayout:
                 offset += t.numel()
 
 
+class WeightPublisher:
+    """Trainer side: flattens the model and pushes it to the broadcaster as the next version."""
+
+    def __init__(self, module: nn.Module, broadcaster_address: str, version: int = -1) -> None:
+        from transport import sockets  # the trainer side needs zmq; receivers do not
+
+        self.layout = FlatLayout.of(module)
+        self.version = version
+        self.socket = sockets.push(hwm=4)
+        self.socket.connect(broadcaster_address)
+
+    def publish(self, module: nn.Module) -> int:
+        """Send the module's current weights as a new version; returns that version."""
+        from rlvla3.messages import WeightsUpdate
+
+        self.version += 1
+        flat = self.layout.flatten(module).detach().cpu().numpy()
+        self.socket.send(WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat))
+        return self.version
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.socket.close()
+
+
 def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:
     step = max(1, BUCKET_BYTES // flat.element_size())
     return [flat[i : i + step] for i in range(0, flat.numel(), step)]
