@@ -89,8 +89,9 @@ def packed_step(model: Transformer, data: StepData, budget: int) -> torch.Tensor
     return loss_sum
 
 
-def timed(fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
-          device: torch.device) -> float:
+def timed(
+    fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device
+) -> float:
     """Seconds for one training step: ``fn`` (forward + backward), then the optimizer step."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -107,20 +108,26 @@ def timed(fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
 def run(steps: int, seed: int, device: torch.device, budget: int, warmup: int = 1) -> dict:
     """Alternate padded and packed training steps on the same data; return the figures."""
     torch.manual_seed(seed)
-    padded_model = Transformer(d_model=D_MODEL, num_layers=NUM_LAYERS,
-                               num_heads=NUM_HEADS).to(device)
+    padded_model = Transformer(d_model=D_MODEL, num_layers=NUM_LAYERS, num_heads=NUM_HEADS).to(
+        device
+    )
     packed_model = copy.deepcopy(padded_model)
-    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4)
-            for name, m in (("padded", padded_model), ("packed", packed_model))}
-    fns = {"padded": lambda d: padded_step(padded_model, d),
-           "packed": lambda d: packed_step(packed_model, d, budget)}
+    opts = {
+        name: torch.optim.AdamW(m.parameters(), lr=1e-4)
+        for name, m in (("padded", padded_model), ("packed", packed_model))
+    }
+    fns = {
+        "padded": lambda d: padded_step(padded_model, d),
+        "packed": lambda d: packed_step(packed_model, d, budget),
+    }
     all_steps = make_steps(warmup + steps, seed, device)
     seconds = {"padded": 0.0, "packed": 0.0}
     real = slots = 0
     for i, data in enumerate(all_steps):
         order = ("padded", "packed") if i % 2 == 0 else ("packed", "padded")
-        times = {name: timed(lambda n=name, d=data: fns[n](d), opts[name], device)
-                 for name in order}
+        times = {
+            name: timed(lambda n=name, d=data: fns[n](d), opts[name], device) for name in order
+        }
         if i < warmup:
             continue
         for name, t in times.items():
@@ -129,27 +136,40 @@ def run(steps: int, seed: int, device: torch.device, budget: int, warmup: int = 
         slots += BATCH * max(data.lengths)
     padded_tps, packed_tps = real / seconds["padded"], real / seconds["packed"]
     bound = slots / real
-    return {"padded_tokens_per_s": padded_tps, "packed_tokens_per_s": packed_tps,
-            "speedup": packed_tps / padded_tps, "padding_bound": bound,
-            "speedup_over_bound": packed_tps / padded_tps / bound, "device": str(device),
-            "backend": backend_name(device, None if device.type == "cuda" else torch.float32),
-            "steps": steps, "seed": seed, "budget": budget, "real_tokens": real,
-            "padded_slots": slots, "threads": torch.get_num_threads(),
-            "model": f"{NUM_LAYERS} layers, d={D_MODEL}, {NUM_HEADS} heads",
-            "torch": torch.__version__}
+    return {
+        "padded_tokens_per_s": padded_tps,
+        "packed_tokens_per_s": packed_tps,
+        "speedup": packed_tps / padded_tps,
+        "padding_bound": bound,
+        "speedup_over_bound": packed_tps / padded_tps / bound,
+        "device": str(device),
+        "backend": backend_name(device, None if device.type == "cuda" else torch.float32),
+        "steps": steps,
+        "seed": seed,
+        "budget": budget,
+        "real_tokens": real,
+        "padded_slots": slots,
+        "threads": torch.get_num_threads(),
+        "model": f"{NUM_LAYERS} layers, d={D_MODEL}, {NUM_HEADS} heads",
+        "torch": torch.__version__,
+    }
 
 
 def print_table(r: dict) -> None:
     """Human-readable summary of ``run``'s result."""
     per_step = r["real_tokens"] / r["steps"]
-    print(f"packing bench: {r['model']}, {BATCH} samples/step of {MIN_LEN}..{MAX_LEN} tokens, "
-          f"{r['steps']} steps, device {r['device']} ({r['backend']}), {r['threads']} threads")
+    print(
+        f"packing bench: {r['model']}, {BATCH} samples/step of {MIN_LEN}..{MAX_LEN} tokens, "
+        f"{r['steps']} steps, device {r['device']} ({r['backend']}), {r['threads']} threads"
+    )
     print(f"{'mode':<8} {'real tok/s':>12} {'ms/step':>10}")
     for mode in ("padded", "packed"):
         tps = r[f"{mode}_tokens_per_s"]
         print(f"{mode:<8} {tps:>12.0f} {1e3 * per_step / tps:>10.1f}")
-    print(f"speed-up {r['speedup']:.2f}x   padding bound (max_len/mean_len) "
-          f"{r['padding_bound']:.2f}x   speed-up / bound {100 * r['speedup_over_bound']:.0f}%")
+    print(
+        f"speed-up {r['speedup']:.2f}x   padding bound (max_len/mean_len) "
+        f"{r['padding_bound']:.2f}x   speed-up / bound {100 * r['speedup_over_bound']:.0f}%"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--budget", type=int, default=BATCH * MAX_LEN,
-                        help="packing token budget (default: one bin per step)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=BATCH * MAX_LEN,
+        help="packing token budget (default: one bin per step)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

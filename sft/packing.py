@@ -69,8 +69,10 @@ def _check(lengths: Sequence[int], budget: int) -> list[int]:
         if n != lengths[i] or n < 1:
             raise ValueError(f"sample {i} has invalid length {lengths[i]!r} (need an integer >= 1)")
         if n > budget:
-            raise ValueError(f"sample {i} has length {n} > budget {budget}; it cannot be packed "
-                             "without splitting it (raise the budget or truncate the sample)")
+            raise ValueError(
+                f"sample {i} has length {n} > budget {budget}; it cannot be packed "
+                "without splitting it (raise the budget or truncate the sample)"
+            )
     return out
 
 
@@ -166,9 +168,15 @@ def collate_packed(samples: Sequence[Tensor], bin: Sequence[int], *, budget: int
     cu_seqlens[1:] = len_t.cumsum(0)
     starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.int64), len_t)
     position_ids = torch.arange(total, dtype=torch.int64, device=device) - starts
-    return PackedBatch(tokens=torch.cat(parts, dim=0), cu_seqlens=cu_seqlens,
-                       position_ids=position_ids, max_seqlen=max(lengths), num_real_tokens=total,
-                       budget=int(budget), sample_indices=tuple(int(i) for i in bin))
+    return PackedBatch(
+        tokens=torch.cat(parts, dim=0),
+        cu_seqlens=cu_seqlens,
+        position_ids=position_ids,
+        max_seqlen=max(lengths),
+        num_real_tokens=total,
+        budget=int(budget),
+        sample_indices=tuple(int(i) for i in bin),
+    )
 
 
 def collate_padded(samples: Sequence[Tensor], bin: Sequence[int]) -> tuple[Tensor, Tensor]:
