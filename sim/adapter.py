@@ -196,6 +196,10 @@ def make_env(
         if env_id not in _REGISTRY:
             raise KeyError(f"unknown built-in env {env_id!r}; known: {registered_envs()}")
         env = _REGISTRY[env_id](seed=seed, **kwargs)
+    elif env_id.startswith("libero/") and importlib.util.find_spec("libero") is not None:
+        from sim.libero import make_libero_env  # kwargs: sim.libero.LiberoConfig fields
+
+        env = make_libero_env(env_id, seed=seed, **kwargs)
     else:
         _reserved(env_id)
         env = GymAdapter(env_id, seed=seed, **kwargs)
