@@ -56,6 +56,11 @@ def config(run_id: str) -> str:
     return f"{run_prefix(run_id)}:config"
 
 
+def launch(run_id: str) -> str:
+    """String: unix time at which the head launcher (re)started the run."""
+    return f"{run_prefix(run_id)}:launch"
+
+
 def stop_request(run_id: str) -> str:
     """String: set (with a reason) by any role that wants the whole run to end."""
     return f"{run_prefix(run_id)}:stop"

@@ -29,6 +29,7 @@ from rlvla3.run_report import evaluation_episodes, progress_line, stop_condition
 from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
+_HEAD_GRACE_S = 300.0  # a head launch mark younger than this counts as this run's
 # Producers stop first, so every queue is drained by its consumer before the consumer stops.
 STOP_ORDER = ("env_worker", "rollout_server", "trainer", "sft_trainer", "weight_broadcaster")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -89,9 +90,7 @@ class Launcher:
             cfg = _with_redis_url(self.cfg, url)
             config_path = self._write_run_files(cfg, url)
             self.registry = Registry(url, cfg.run.name)
-            if self.node is None or self.cfg.run.redis_url is None:
-                self.registry.clear_run()
-            self.registry.save_config(dump_config(cfg))
+            self._join_run(cfg)
             started = time.monotonic()
             try:
                 self._start_all(cfg, config_path)
@@ -113,6 +112,22 @@ class Launcher:
         with EmbeddedRedis() as server:
             self.echo(f"started embedded redis-server at {server.url}")
             yield server.url
+
+    def _join_run(self, cfg: Config) -> None:
+        """The head node (the first in ``nodes``, or a single launcher) starts the run afresh:
+        clears the run's old keys and marks the launch; other nodes wait for that mark, so none
+        of their registrations is wiped by a late head."""
+        if self.node is None or self.node == cfg.nodes[0].name:
+            self.registry.clear_run()
+            self.registry.save_config(dump_config(cfg))
+            self.registry.mark_launch()
+            return
+        self.echo(f"waiting for head node {cfg.nodes[0].name!r} to start run {cfg.run.name!r}")
+        since = time.time() - _HEAD_GRACE_S
+        while not self.stop_requested.wait(_TICK_S):
+            if self.registry.launched_since(since):
+                return
+        raise KeyboardInterrupt  # stopped by a signal before the head started
 
     def _write_run_files(self, cfg: Config, url: str) -> Path:
         config_path = self.run_dir / "config.yaml"

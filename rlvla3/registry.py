@@ -165,6 +165,15 @@ class Registry:
         """Store the resolved config YAML."""
         self.redis.set(keys.config(self.run_id), text)
 
+    def mark_launch(self) -> None:
+        """The head launcher started the run now (other nodes wait for this)."""
+        self.redis.set(keys.launch(self.run_id), time.time())
+
+    def launched_since(self, since: float) -> bool:
+        """Whether the head launcher marked a launch at or after unix time ``since``."""
+        value = self.redis.get(keys.launch(self.run_id))
+        return value is not None and float(value) >= since
+
     def request_stop(self, reason: str) -> None:
         """Ask the launcher to end the run (first reason wins)."""
         self.redis.set(keys.stop_request(self.run_id), reason, nx=True)

@@ -66,7 +66,7 @@ class WeightBroadcaster(Role):
         self.layout = update.layout
         flat = torch.from_numpy(update.flat).to(self.settings.device)
         started = time.perf_counter()
-        failed = self.broadcaster.publish(update.version, flat)
+        failed = self.broadcaster.publish(update.version, flat, self.stop_event.is_set)
         self.registry.set_weight_version(update.version)
         self.gauge("policy_version", update.version)
         self.gauge("last_sync_ms", (time.perf_counter() - started) * 1000)

@@ -14,6 +14,7 @@ that fails to decode is handed to ``on_bad_frame`` and dropped, and receiving ca
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -99,7 +100,7 @@ class MessageSocket:
 
         Returns False if the queue stayed full for the whole timeout (the message is not sent).
         """
-        if timeout_s is not None and not self.raw.poll(int(timeout_s * 1000), zmq.POLLOUT):
+        if timeout_s is not None and not self.raw.poll(_ms(timeout_s), zmq.POLLOUT):
             return False
         frames = encode(msg)
         zero_copy = any(type(f) is not bytes for f in frames)  # only large arrays are not bytes
@@ -113,7 +114,7 @@ class MessageSocket:
 
     def poll(self, timeout_s: float) -> bool:
         """True when a message is ready to receive within ``timeout_s``."""
-        return bool(self.raw.poll(int(timeout_s * 1000), zmq.POLLIN))
+        return bool(self.raw.poll(_ms(timeout_s), zmq.POLLIN))
 
     def close(self) -> None:
         """Close the socket, dropping anything unsent (LINGER 0)."""
@@ -132,6 +133,11 @@ class MessageSocket:
                 raise
             self._on_bad_frame(err)
             return None
+
+
+def _ms(timeout_s: float) -> int:
+    """zmq poll timeout in whole ms, rounded up: a wait of 0.4 ms must sleep, not spin."""
+    return max(0, math.ceil(timeout_s * 1000))
 
 
 class RouterSocket(MessageSocket):

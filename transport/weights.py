@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -194,8 +195,14 @@ class Broadcaster:
         """Forget a server's link (it went away)."""
         self.links.pop(link_id, None)
 
-    def publish(self, version: int, flat: torch.Tensor) -> list[str]:
-        """Send ``flat`` as ``version`` to every link in parallel; returns the links that failed."""
+    def publish(
+        self, version: int, flat: torch.Tensor, should_stop: Callable[[], bool] = lambda: False
+    ) -> list[str]:
+        """Send ``flat`` as ``version`` to every link in parallel; returns the links that failed.
+
+        A send to a dead peer blocks until the link's timeout; ``should_stop`` lets the caller
+        give up waiting (a stopping broadcaster abandons the sends; the threads are daemons).
+        """
         self.version, self.flat = version, flat
         failed: list[str] = []
 
@@ -205,11 +212,13 @@ class Broadcaster:
             except Exception:  # a dead peer: drop its link, the others go on
                 failed.append(link.link_id)
 
-        threads = [threading.Thread(target=send, args=(link,)) for link in self.links.values()]
+        threads = [threading.Thread(target=send, args=(link,), daemon=True)
+                   for link in self.links.values()]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive() and not should_stop():
+                t.join(timeout=0.1)
         for link_id in failed:
             self.remove(link_id)
         return failed
