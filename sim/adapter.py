@@ -200,6 +200,10 @@ def make_env(
         from sim.libero import make_libero_env  # kwargs: sim.libero.LiberoConfig fields
 
         env = make_libero_env(env_id, seed=seed, **kwargs)
+    elif env_id.startswith("maniskill/") and importlib.util.find_spec("mani_skill") is not None:
+        from sim.maniskill import make_maniskill  # kwargs: sim.maniskill.ManiSkillConfig fields
+
+        env = make_maniskill(env_id, seed=seed, **kwargs)
     else:
         _reserved(env_id)
         env = GymAdapter(env_id, seed=seed, **kwargs)

@@ -1,0 +1,152 @@
+"""Simulator throughput: env steps per second of one adapter instance in one process.
+
+Random actions (``action_space.sample()``, seeded), episodes reset when they end (the reset time
+counts, as in an env worker). Setup (construction, first reset, and ``--warmup`` steps: for
+ManiSkill rgb that includes SAPIEN's one-off first-frame cost on lavapipe) is timed separately and
+not in steps/s. Each case stops after ``--steps`` steps or ``--max-seconds``, whichever first.
+
+Cases: ``CartPole-v1`` (state), ``rlvla3/TableTop-v0`` (state, rgb), ``maniskill/PickCube-v1``
+(state, rgb; pd_ee_delta_pose, physx_cpu + lavapipe) when mani_skill imports and a Vulkan
+driver works, else skipped with the reason.
+
+Usage: ``python -m bench.sim_throughput [--steps 2000] [--max-seconds 30] [--warmup 5]
+[--only SUBSTR] [--json PATH]``; the JSON maps case name -> steps/s (skipped cases left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.adapter import SimAdapter, make_env  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """One benchmark case: ``make_env(env_id, seed=0, **kwargs)``, reported as ``name``."""
+
+    name: str
+    env_id: str
+    kwargs: dict[str, Any]
+    needs: str | None = None  # an importable module the case needs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """Measured figures of one case: steps and seconds of the timed loop, setup seconds."""
+
+    name: str
+    steps: int
+    episodes: int
+    elapsed_s: float
+    setup_s: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.elapsed_s if self.elapsed_s > 0 else float("nan")
+
+
+CASES = (
+    Case(name="CartPole-v1:state", env_id="CartPole-v1", kwargs={}),
+    Case(
+        name="rlvla3/TableTop-v0:state", env_id="rlvla3/TableTop-v0", kwargs={"obs_mode": "state"}
+    ),
+    Case(name="rlvla3/TableTop-v0:rgb", env_id="rlvla3/TableTop-v0", kwargs={"obs_mode": "rgb"}),
+    Case(
+        name="maniskill/PickCube-v1:state",
+        env_id="maniskill/PickCube-v1",
+        kwargs={"obs_mode": "state"},
+        needs="mani_skill",
+    ),
+    Case(
+        name="maniskill/PickCube-v1:rgb",
+        env_id="maniskill/PickCube-v1",
+        kwargs={"obs_mode": "rgb", "image_size": 64},
+        needs="mani_skill",
+    ),
+)
+
+
+def _timed_loop(env: SimAdapter, max_steps: int, max_seconds: float) -> tuple[int, int, float]:
+    """Step with random actions; returns (steps, finished episodes, seconds)."""
+    steps = episodes = 0
+    start = time.perf_counter()
+    deadline = start + max_seconds
+    while steps < max_steps:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        steps += 1
+        if terminated or truncated:
+            episodes += 1
+            env.reset()
+        if steps % 10 == 0 and time.perf_counter() > deadline:
+            break
+    return steps, episodes, time.perf_counter() - start
+
+
+def run_case(case: Case, *, steps: int, max_seconds: float, warmup: int) -> Result:
+    """Build the env, reset, take ``warmup`` steps (setup), then time the stepping loop."""
+    t0 = time.perf_counter()
+    env = make_env(case.env_id, seed=0, **case.kwargs)
+    env.action_space.seed(0)
+    env.reset()
+    for _ in range(warmup):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    setup_s = time.perf_counter() - t0
+    try:
+        n, episodes, elapsed = _timed_loop(env, steps, max_seconds)
+    finally:
+        env.close()
+    return Result(name=case.name, steps=n, episodes=episodes, elapsed_s=elapsed, setup_s=setup_s)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=2000, help="max timed steps per case")
+    p.add_argument("--max-seconds", type=float, default=30.0, help="max timed seconds per case")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first reset")
+    p.add_argument("--only", default="", help="run only cases whose name contains this")
+    p.add_argument("--json", type=Path, default=None, help="write {case: steps_per_s} here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"{'case':32s} {'steps/s':>10s} {'steps':>7s} {'episodes':>8s} {'setup s':>8s}")
+    figures: dict[str, float] = {}
+    for case in CASES:
+        if args.only not in case.name:
+            continue
+        if case.needs is not None and importlib.util.find_spec(case.needs) is None:
+            print(f"{case.name:32s} skipped: {case.needs} is not installed", flush=True)
+            continue
+        try:
+            r = run_case(case, steps=args.steps, max_seconds=args.max_seconds, warmup=args.warmup)
+        except (ImportError, RuntimeError) as exc:  # no Vulkan driver: RuntimeError from SAPIEN
+            print(f"{case.name:32s} skipped: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        figures[case.name] = r.steps_per_s
+        print(
+            f"{r.name:32s} {r.steps_per_s:10.1f} {r.steps:7d} {r.episodes:8d} {r.setup_s:8.1f}",
+            flush=True,
+        )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
