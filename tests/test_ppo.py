@@ -97,6 +97,12 @@ def test_vtrace_on_policy_equals_n_step_returns():
     adv, ret = compute_gae(rewards, values, 0.7, 0.95, lam=1.0)
     torch.testing.assert_close(vs, ret)
     torch.testing.assert_close(pg_adv, adv)
+    # The same holds with a done mid-chunk (no bootstrap across it).
+    dones = torch.tensor([False, False, True, False, False, False])
+    vs, pg_adv = vtrace(log_probs, log_probs, rewards, values, 0.7, 0.95, dones=dones)
+    adv, ret = compute_gae(rewards, values, 0.7, 0.95, lam=1.0, dones=dones)
+    torch.testing.assert_close(vs, ret)
+    torch.testing.assert_close(pg_adv, adv)
 
 
 def test_vtrace_hand_computed_with_truncation():
