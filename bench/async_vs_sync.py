@@ -45,6 +45,7 @@ def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
             "weight_broadcaster": {"count": 1},
         },
         "env": {"id": args.env, "num_envs_per_worker": per_worker, "chunk_len": args.chunk_len,
+                "kwargs": json.loads(args.env_kwargs),
                 "straggler": {"distribution": "lognormal", "mean_ms": args.latency_mean_ms,
                               "sigma": args.latency_sigma}},
         "algo": {"epochs": 2, "minibatch_size": 256},
@@ -99,7 +100,8 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--chunk-len", type=int, default=32)
-    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--env", default="CartPole-v1", help="any env id make_env accepts")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON, e.g. \'{"obs_mode": "state"}\'')
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
