@@ -40,7 +40,7 @@ def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
                 "progress_interval_s": 3600, "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120}},
         "roles": {
             "env_worker": {"count": args.num_workers},
-            "rollout_server": {"count": 1, "settings": {"max_batch": args.num_envs, "max_wait_ms": 1.0}},
+            "rollout_server": {"count": 1, "settings": {"max_batch": args.num_envs, "max_wait_ms": 0.0}},
             "trainer": {"count": 1},
             "weight_broadcaster": {"count": 1},
         },

@@ -24,11 +24,13 @@ class EnvWorkerSettings:
 class RolloutServerSettings:
     """Rollout server: dynamic batching of action requests across all env workers.
 
-    In ``sync`` mode a batch waits for every env (or ``sync_max_wait_ms``), not ``max_wait_ms``.
+    A batch is every request already waiting (up to ``max_batch``), plus those arriving within
+    ``max_wait_ms`` (0: never wait — requests that arrive during a batch form the next one). In
+    ``sync`` mode a batch waits for every env (or ``sync_max_wait_ms``).
     """
 
     max_batch: int = 64
-    max_wait_ms: float = 0.5
+    max_wait_ms: float = 0.0
     sync_max_wait_ms: float = 500.0
     device: str = "cpu"
     num_threads: int = 1
