@@ -1,0 +1,107 @@
+"""VLA policy cost on this machine: inference (``act``) and training (``evaluate`` + backward).
+
+Builds the VLA for the table-top task's spaces at a few sizes and times, per batch size, the
+median of several repeats. Prints a table; ``--json PATH`` writes ``{config: {batch: {...}}}``.
+
+    python bench/vla_step.py [--threads 1] [--repeats 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlvla3.config import load_config  # noqa: E402
+from rlvla3.policy.factory import env_spaces  # noqa: E402
+
+SIZES = {
+    "tiny (d64 L2)": {"d_model": 64, "num_layers": 2, "num_heads": 4},
+    "small (d128 L4)": {"d_model": 128, "num_layers": 4, "num_heads": 4},
+    "base (d256 L6)": {"d_model": 256, "num_layers": 6, "num_heads": 8},
+}
+
+
+def batch_of(spaces, n: int) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(s.sample()).unsqueeze(0).expand(n, *s.shape).clone()
+            for k, s in spaces.observation.spaces.items()}  # fmt: skip
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def measure(vla: dict, batches: list[int], repeats: int) -> dict[int, dict[str, float]]:
+    spaces = _spaces()
+    policy = _policy(vla, spaces)
+    optim = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    out = {}
+    for n in batches:
+        obs = batch_of(spaces, n)
+        actions = policy.act(obs).action
+
+        def train_step() -> None:
+            loss = -policy.evaluate(obs, actions).log_prob.mean()
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+
+        with torch.inference_mode():
+            act_ms = median_ms(lambda: policy.act(obs), repeats)
+        out[n] = {"act_ms": act_ms, "train_step_ms": median_ms(train_step, repeats)}
+    return out
+
+
+def _spaces():
+    return env_spaces(load_config(None, ["env.id=rlvla3/TableTop-v0", "policy.kind=vla"]))
+
+
+def _policy(vla: dict, spaces):
+    from rlvla3.policy.factory import _vla_fields_from_spaces
+    from rlvla3.policy.vla import VLAConfig, VLAPolicy
+    from rlvla3.typed_load import from_dict
+
+    fields = _vla_fields_from_spaces(spaces)
+    fields.update(vla)
+    return VLAPolicy(from_dict(VLAConfig, fields, "policy.vla"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = {}
+    print(f"{'model':16s} {'params':>8s} {'batch':>6s} {'act ms':>8s} {'train step ms':>14s}")
+    for name, vla in SIZES.items():
+        params = sum(p.numel() for p in _policy(vla, _spaces()).parameters())
+        results[name] = {"params": params, "batches": measure(vla, args.batches, args.repeats)}
+        for n, r in results[name]["batches"].items():
+            print(
+                f"{name:16s} {params / 1e6:7.2f}M {n:6d} {r['act_ms']:8.1f} {r['train_step_ms']:14.1f}"
+            )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
