@@ -53,14 +53,14 @@ def measure(vla: dict, batches: list[int], repeats: int) -> dict[int, dict[str, 
         obs = batch_of(spaces, n)
         actions = policy.act(obs).action
 
-        def train_step() -> None:
+        def train_step(obs=obs, actions=actions) -> None:
             loss = -policy.evaluate(obs, actions).log_prob.mean()
             optim.zero_grad()
             loss.backward()
             optim.step()
 
         with torch.inference_mode():
-            act_ms = median_ms(lambda: policy.act(obs), repeats)
+            act_ms = median_ms(lambda obs=obs: policy.act(obs), repeats)
         out[n] = {"act_ms": act_ms, "train_step_ms": median_ms(train_step, repeats)}
     return out
 
