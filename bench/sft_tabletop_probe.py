@@ -1,0 +1,288 @@
+"""SFT probe: behaviour-clone the VLA on table-top expert demos in one process, eval as it trains.
+
+Same data path, loss and batching as ``roles/sft_trainer.py`` (``DemoSet.packed_batch``,
+``policy.from_env_action``, ``-policy.evaluate(obs, actions).log_prob.mean()``, AdamW, grad-norm
+clip 1.0, constant lr), without the launcher. Every ``--eval-every`` steps the greedy policy
+(``act(obs, deterministic=True)`` -> ``to_env_action``) runs ``--eval-episodes`` fresh seeded
+episodes (seeds ``--eval-seed + i``, disjoint from the demo seeds), batched across episodes.
+Training wall time excludes evaluation; both are printed.
+
+Demos are generated once per (env, count, noise, seed) under ``--demo-dir`` and reused.
+
+Usage::
+
+    python bench/sft_tabletop_probe.py --env-id rlvla3/TableTop-v0 --num-demos 300 \
+        --expert-noise 0.3 --d-model 64 --num-layers 2 --num-bins 32 --lr 1e-3 \
+        --token-budget 4096 --max-steps 800 --eval-every 200 --eval-episodes 50 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlvla3.config import config_from_dict  # noqa: E402
+from rlvla3.policy.factory import build_policy  # noqa: E402
+from sft.data import DemoSet  # noqa: E402
+from sft.demos import demo_features, generate_demos  # noqa: E402
+from sft.lerobot import LeRobotWriter  # noqa: E402
+from sim.adapter import make_env  # noqa: E402
+from sim.experts import TableTopExpert  # noqa: E402
+from sim.tabletop import CONTROL_HZ  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env-id", default="rlvla3/TableTop-v0")
+    p.add_argument("--num-demos", type=int, default=300)
+    p.add_argument("--expert-noise", type=float, default=0.0)
+    p.add_argument("--clean-labels", action="store_true",
+                   help="DART proper: execute expert + noise, record the clean expert action "
+                        "(sft.demos records the noisy action)")  # fmt: skip
+    p.add_argument("--demo-seed", type=int, default=12345)
+    p.add_argument("--demo-dir", default="/tmp/rlvla3_sft_probe")
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--patch-size", type=int, default=8)
+    p.add_argument("--action-head", default="discrete_bins", choices=("discrete_bins", "gaussian"))
+    p.add_argument("--num-bins", type=int, default=32)
+    p.add_argument("--vla", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other policy.vla field (YAML value), repeatable")  # fmt: skip
+    p.add_argument("--image-pos-std", type=float, default=0.0,
+                   help="what-if: re-initialise VLAPolicy.image_pos with this std (0: as built)")  # fmt: skip
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--token-budget", type=int, default=4096)
+    p.add_argument("--max-steps", type=int, default=800)
+    p.add_argument("--max-train-s", type=float, default=0.0, help="stop training after (0: off)")
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--eval-seed", type=int, default=1_000_000)
+    p.add_argument("--drop-velocity", action="store_true",
+                   help="diagnostic: zero proprio[2:4] (pusher velocity) in training and eval")  # fmt: skip
+    p.add_argument("--grouped-attention", action="store_true",
+                   help="what-if: patch attention._sdpa_per_segment with a bit-identical version "
+                        "(torch.split + one SDPA per distinct length) to time a fix")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
+    p.add_argument("--json", default=None, help="write the results here")
+    return p.parse_args(argv)
+
+
+def demo_root(args: argparse.Namespace) -> Path:
+    """Generate the demos once per (env, count, noise, seed); reuse them afterwards."""
+    name = args.env_id.split("/")[-1]
+    clean = "_clean" if args.clean_labels and args.expert_noise > 0 else ""
+    root = Path(args.demo_dir) / (
+        f"{name}_n{args.num_demos}_noise{args.expert_noise:g}{clean}_seed{args.demo_seed}"
+    )
+    if (root / "meta" / "info.json").exists():
+        return root
+    started = time.perf_counter()
+    if clean:
+        frames = generate_clean_label_demos(
+            args.env_id, args.num_demos, root, args.demo_seed, args.expert_noise
+        )
+        print(f"generated {args.num_demos} clean-label demos ({frames} frames)", end="")
+    else:
+        stats = generate_demos(args.env_id, args.num_demos, root, args.demo_seed,
+                               expert_noise=args.expert_noise, overwrite=True)  # fmt: skip
+        print(f"generated {stats.num_episodes} demos ({stats.num_frames} frames, expert success "
+              f"{stats.success_rate:.2f})", end="")  # fmt: skip
+    print(f" in {time.perf_counter() - started:.1f}s", flush=True)
+    return root
+
+
+def generate_clean_label_demos(env_id: str, num: int, root: Path, seed: int, noise: float) -> int:
+    """Like ``sft.demos.generate_demos`` (successful episodes, attempt k seeded ``seed + k``), but
+    the env steps with the noisy action while the frame records the clean expert action."""
+    env = make_env(env_id, seed=seed)
+    expert, rng = TableTopExpert(), np.random.default_rng(seed)
+    writer = LeRobotWriter(root, demo_features(env), fps=CONTROL_HZ, overwrite=True)
+    attempt = frames_written = 0
+    with writer:
+        while len(writer.episodes) < num:
+            obs, _ = env.reset(seed=seed + attempt)
+            attempt += 1
+            frames, done, info = [], False, {}
+            while not done:
+                clean = expert.act(env.privileged_state())
+                noisy = np.clip(clean + rng.normal(0.0, noise, 2), -1.0, 1.0).astype(np.float32)
+                next_obs, reward, terminated, truncated, info = env.step(noisy)
+                done = terminated or truncated
+                frames.append({**{f"observation.{k}": v for k, v in obs.items()}, "action": clean,
+                               "next.reward": np.float32(reward), "next.done": np.bool_(done)})  # fmt: skip
+                obs = next_obs
+            if info.get("success", False):
+                writer.add_episode(frames, task=env.instruction or "")
+                frames_written += len(frames)
+    return frames_written
+
+
+def build(args: argparse.Namespace) -> torch.nn.Module:
+    """The policy exactly as the launcher builds it (``build_policy`` from a Config)."""
+    vla: dict[str, Any] = {"d_model": args.d_model, "num_layers": args.num_layers,
+                           "num_heads": args.num_heads, "patch_size": args.patch_size,
+                           "action_head": args.action_head, "num_bins": args.num_bins}  # fmt: skip
+    for item in args.vla:
+        key, _, value = item.partition("=")
+        vla[key] = json.loads(value) if value[:1] in "-0123456789[{tf" else value
+    cfg = config_from_dict({"run": {"seed": args.seed}, "env": {"id": args.env_id},
+                            "policy": {"kind": "vla", "vla": vla}})  # fmt: skip
+    torch.manual_seed(args.seed)
+    policy = build_policy(cfg)
+    if args.image_pos_std > 0:
+        torch.nn.init.normal_(policy.image_pos, std=args.image_pos_std)
+    return policy
+
+
+@torch.no_grad()
+def evaluate(
+    policy: Any, env_id: str, num_episodes: int, seed: int, drop_velocity: bool = False
+) -> dict[str, float]:
+    """Greedy success rate on ``num_episodes`` fresh episodes, stepped as one batch.
+
+    Also ``action_err``: mean L2 distance between the policy's env action and the clean scripted
+    expert's action in the states the policy visits (0 = imitates perfectly), and ``first_err``
+    on the first step of each episode (start states, which the demos cover)."""
+    was_training = policy.training
+    policy.eval()
+    envs = [make_env(env_id, seed=seed + i) for i in range(num_episodes)]
+    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+    live = list(range(num_episodes))
+    success = np.zeros(num_episodes, bool)
+    length = np.zeros(num_episodes, int)
+    expert, errors, first = TableTopExpert(), [], []
+    while live:
+        batch = {k: torch.from_numpy(np.stack([obs[i][k] for i in live])) for k in obs[live[0]]}
+        if drop_velocity:
+            batch["proprio"][:, 2:] = 0.0
+        actions = policy.to_env_action(policy.act(batch, deterministic=True).action).numpy()
+        still = []
+        for i, action in zip(live, actions, strict=True):
+            err = float(np.linalg.norm(action - expert.act(envs[i].privileged_state())))
+            errors.append(err)
+            if length[i] == 0:
+                first.append(err)
+            obs[i], _, terminated, truncated, info = envs[i].step(action)
+            length[i] += 1
+            if terminated or truncated:
+                success[i] = bool(info.get("success", False))
+            else:
+                still.append(i)
+        live = still
+    policy.train(was_training)
+    return {"success_rate": float(success.mean()), "mean_len": float(length.mean()),
+            "action_err": float(np.mean(errors)), "first_err": float(np.mean(first))}  # fmt: skip
+
+
+def train_step(
+    policy: Any, data: DemoSet, optimizer: Any, budget: int, rng: Any
+) -> tuple[float, int]:
+    """One SFT step, exactly as ``SftTrainer._train_step`` (CPU, no autocast)."""
+    batch = data.packed_batch(budget, rng)
+    obs = {k: torch.from_numpy(v[batch.indices]) for k, v in data.obs.items()}
+    actions = policy.from_env_action(torch.from_numpy(data.actions[batch.indices]))
+    loss = -policy.evaluate(obs, actions).log_prob.mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.item()), len(batch.indices)
+
+
+def grouped_sdpa_per_segment(q: Any, k: Any, v: Any, cu_seqlens: Any, *, causal: bool) -> Any:
+    """Same result as ``attention._sdpa_per_segment``, linear-time backward.
+
+    The original slices ``x[start:end]`` per document; each slice's backward materialises a
+    zero tensor of the full packed size, so backward costs O(num_docs * total_tokens). Here the
+    split is one ``torch.split`` (one concatenation in backward) and documents of equal length
+    share one batched SDPA call.
+    """
+    bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(n, []).append(i)
+    segs = [torch.split(x, lengths) for x in (q, k, v)]
+    outs: list[Any] = [q.new_empty(0, *q.shape[1:])] * len(lengths)
+    for n, idx in groups.items():
+        if n == 0:
+            continue
+        qkv = [torch.stack([s[i] for i in idx]).transpose(1, 2) for s in segs]  # [g, H, n, Dh]
+        out = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
+        for j, i in enumerate(idx):
+            outs[i] = out[j].transpose(0, 1)
+    return torch.cat(outs)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.grouped_attention:
+        import rlvla3.policy.attention as attention_module
+
+        attention_module._sdpa_per_segment = grouped_sdpa_per_segment
+    torch.set_num_threads(args.threads)
+    root = demo_root(args)
+    policy = build(args).train()
+    data = DemoSet(root, fixed_tokens=policy.config.num_fixed_tokens)
+    if args.drop_velocity:
+        data.obs["proprio"][:, 2:] = 0.0
+    n_params = sum(p.numel() for p in policy.parameters())
+    print(f"{len(data)} frames / {data.num_episodes} episodes; {n_params} params; "
+          f"{policy.config}", flush=True)  # fmt: skip
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    rng = np.random.default_rng(args.seed)
+    curve: list[dict[str, float]] = []
+    train_s = train_cpu_s = eval_s = 0.0
+    losses: list[float] = []
+    samples = 0
+
+    def record(step: int) -> None:
+        nonlocal eval_s
+        started = time.perf_counter()
+        ev = evaluate(policy, args.env_id, args.eval_episodes, args.eval_seed, args.drop_velocity)
+        eval_s += time.perf_counter() - started
+        loss = float(np.mean(losses[-20:])) if losses else float("nan")
+        point = {"step": step, "train_s": round(train_s, 1), "cpu_s": round(train_cpu_s, 1),
+                 "eval_s": round(eval_s, 1), "loss": loss, "epochs": samples / len(data),
+                 **ev}  # fmt: skip
+        curve.append(point)
+        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in point.items()), flush=True)  # fmt: skip
+
+    step = 0
+    while step < args.max_steps and not (args.max_train_s and train_s >= args.max_train_s):
+        started, cpu = time.perf_counter(), time.process_time()
+        loss, n = train_step(policy, data, optimizer, args.token_budget, rng)
+        train_s += time.perf_counter() - started
+        train_cpu_s += time.process_time() - cpu
+        losses.append(loss)
+        samples += n
+        step += 1
+        if args.eval_every and step % args.eval_every == 0:
+            record(step)
+    if not curve or curve[-1]["step"] != step:
+        record(step)
+    result = {"args": vars(args), "frames": len(data), "params": n_params, "curve": curve,
+              "final_success": curve[-1]["success_rate"], "train_s": train_s,
+              "train_cpu_s": train_cpu_s}  # fmt: skip
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
