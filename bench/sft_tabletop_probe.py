@@ -8,6 +8,13 @@ episodes (seeds ``--eval-seed + i``, disjoint from the demo seeds), batched acro
 Training wall time excludes evaluation; both are printed.
 
 Demos are generated once per (env, count, noise, seed) under ``--demo-dir`` and reused.
+``action_err`` / ``first_err`` in each eval line: mean L2 distance between the policy's action and
+the clean scripted expert's action (all visited states / first step of each episode; a policy that
+always outputs 0 scores ~0.9, a uniform-random one ~1.2), a signal long before success appears.
+
+What-if flags (off by default, so the defaults measure the product path): ``--clean-labels``
+(DART with clean expert labels), ``--grouped-attention`` (a bit-identical, faster
+``_sdpa_per_segment``: timings only), ``--image-pos-std``, ``--drop-velocity``.
 
 Usage::
 
@@ -60,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vla", action="append", default=[], metavar="KEY=VALUE",
                    help="any other policy.vla field (YAML value), repeatable")  # fmt: skip
     p.add_argument("--image-pos-std", type=float, default=0.0,
-                   help="what-if: re-initialise VLAPolicy.image_pos with this std (0: as built)")  # fmt: skip
+                   help="what-if: re-initialise VLAPolicy.image_pos with this std (0: as built, 1.0)")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--token-budget", type=int, default=4096)

@@ -276,8 +276,12 @@ class VLAPolicy(ActorCritic):
         for module in (self.patch_embed, self.instr_embed, self.proprio_embed, self.value_head):
             if module is not None:
                 _init_weights(module)
-        for p in (self.cls_token, self.image_pos, self.instr_pos):
+        for p in (self.cls_token, self.instr_pos):
             nn.init.normal_(p, std=0.02)
+        # Unit-scale image positions: at std 0.02 they were 3-7x smaller than the patch content
+        # embedding, so after the pre-norm LayerNorm every patch token said *what* it showed but
+        # hardly *where*, and locating an object stalled on a plateau of several hundred steps.
+        nn.init.normal_(self.image_pos, std=1.0)
         nn.init.normal_(self.action_head.weight, std=0.01)  # near-uniform initial policy
         nn.init.zeros_(self.action_head.bias)
 
