@@ -46,6 +46,16 @@ class SimAdapter(abc.ABC):
     observation_space: spaces.Dict
     action_space: spaces.Space
 
+    def _reset_seed(self, seed: int | None) -> int | None:
+        """The seed for this reset: the given one, else the construction seed on the first reset
+        (``_pending_seed``, then cleared). Also seeds the action space with it."""
+        if seed is None:
+            seed = getattr(self, "_pending_seed", None)
+        self._pending_seed = None
+        if seed is not None:
+            self.action_space.seed(seed)
+        return seed
+
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> tuple[Obs, dict[str, Any]]:
         """Start a new episode; a given ``seed`` makes it deterministic. Returns ``(obs, info)``."""
@@ -110,11 +120,7 @@ class GymAdapter(SimAdapter):
         return {"state": np.asarray(flat, dtype=np.float32)}
 
     def reset(self, seed: int | None = None) -> tuple[Obs, dict[str, Any]]:
-        if seed is None and self._pending_seed is not None:
-            seed = self._pending_seed
-        self._pending_seed = None
-        if seed is not None:
-            self.action_space.seed(seed)
+        seed = self._reset_seed(seed)
         obs, info = self._env.reset(seed=seed)
         return self._wrap(obs), dict(info)
 

@@ -311,11 +311,7 @@ class ManiSkillAdapter(SimAdapter):
 
     def reset(self, seed: int | None = None) -> tuple[Obs, dict[str, Any]]:
         """Start an episode. Returns ``(obs, info)``; ``info["instruction"]`` is the task text."""
-        if seed is None and self._pending_seed is not None:
-            seed = self._pending_seed
-        self._pending_seed = None
-        if seed is not None:
-            self.action_space.seed(seed)
+        seed = self._reset_seed(seed)
         obs, info = self._env.reset(seed=seed)
         info = self._info(info)
         info["instruction"] = self._instruction
