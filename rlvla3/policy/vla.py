@@ -16,8 +16,8 @@ packed end to end and the trunk runs in the variable-length form of ``attention(
 ``cu_seqlens``. Reasons: (1) it is exactly the path the SFT trainer uses for packed demonstrations,
 so RL and SFT share one trunk code path and one set of numerics; (2) the linears never compute on
 pad tokens; (3) on GPU it is one ``flash_attn_varlen_func`` call, which has no mask argument anyway;
-(4) an output can never depend on the amount of padding. On CPU it costs one SDPA call per distinct
-sample (one batched call when all instructions have the same length) — negligible at policy sizes.
+(4) an output can never depend on the amount of padding. On CPU it costs one batched SDPA call per
+distinct instruction length (one call when all instructions have the same length).
 The padded form (``trunk_padded`` with a key padding mask) is kept for benchmarks and tests.
 
 Action heads (``VLAConfig.action_head``):
