@@ -12,9 +12,9 @@ Demos are generated once per (env, count, noise, seed) under ``--demo-dir`` and 
 the clean scripted expert's action (all visited states / first step of each episode; a policy that
 always outputs 0 scores ~0.9, a uniform-random one ~1.2), a signal long before success appears.
 
-What-if flags (off by default, so the defaults measure the product path): ``--clean-labels``
-(DART with clean expert labels), ``--grouped-attention`` (a bit-identical, faster
-``_sdpa_per_segment``: timings only), ``--image-pos-std``, ``--drop-velocity``.
+``--expert-noise`` generates DART demos exactly as ``sft.expert_noise`` does (expert + noise
+executed, clean expert action recorded). What-if flags (off by default, so the defaults measure the
+product path): ``--image-pos-std``, ``--drop-velocity``.
 
 Usage::
 
@@ -41,11 +41,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from rlvla3.config import config_from_dict  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
 from sft.data import DemoSet  # noqa: E402
-from sft.demos import demo_features, generate_demos  # noqa: E402
-from sft.lerobot import LeRobotWriter  # noqa: E402
+from sft.demos import generate_demos  # noqa: E402
 from sim.adapter import make_env  # noqa: E402
 from sim.experts import TableTopExpert  # noqa: E402
-from sim.tabletop import CONTROL_HZ  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,9 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env-id", default="rlvla3/TableTop-v0")
     p.add_argument("--num-demos", type=int, default=300)
     p.add_argument("--expert-noise", type=float, default=0.0)
-    p.add_argument("--clean-labels", action="store_true",
-                   help="DART proper: execute expert + noise, record the clean expert action "
-                        "(sft.demos records the noisy action)")  # fmt: skip
     p.add_argument("--demo-seed", type=int, default=12345)
     p.add_argument("--demo-dir", default="/tmp/rlvla3_sft_probe")
     p.add_argument("--d-model", type=int, default=64)
@@ -78,9 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-seed", type=int, default=1_000_000)
     p.add_argument("--drop-velocity", action="store_true",
                    help="diagnostic: zero proprio[2:4] (pusher velocity) in training and eval")  # fmt: skip
-    p.add_argument("--grouped-attention", action="store_true",
-                   help="what-if: patch attention._sdpa_per_segment with a bit-identical version "
-                        "(torch.split + one SDPA per distinct length) to time a fix")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
     p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
     p.add_argument("--json", default=None, help="write the results here")
@@ -90,51 +82,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def demo_root(args: argparse.Namespace) -> Path:
     """Generate the demos once per (env, count, noise, seed); reuse them afterwards."""
     name = args.env_id.split("/")[-1]
-    clean = "_clean" if args.clean_labels and args.expert_noise > 0 else ""
     root = Path(args.demo_dir) / (
-        f"{name}_n{args.num_demos}_noise{args.expert_noise:g}{clean}_seed{args.demo_seed}"
+        f"{name}_n{args.num_demos}_dart{args.expert_noise:g}_seed{args.demo_seed}"
     )
     if (root / "meta" / "info.json").exists():
         return root
     started = time.perf_counter()
-    if clean:
-        frames = generate_clean_label_demos(
-            args.env_id, args.num_demos, root, args.demo_seed, args.expert_noise
-        )
-        print(f"generated {args.num_demos} clean-label demos ({frames} frames)", end="")
-    else:
-        stats = generate_demos(args.env_id, args.num_demos, root, args.demo_seed,
-                               expert_noise=args.expert_noise, overwrite=True)  # fmt: skip
-        print(f"generated {stats.num_episodes} demos ({stats.num_frames} frames, expert success "
-              f"{stats.success_rate:.2f})", end="")  # fmt: skip
-    print(f" in {time.perf_counter() - started:.1f}s", flush=True)
+    stats = generate_demos(args.env_id, args.num_demos, root, args.demo_seed,
+                           expert_noise=args.expert_noise, overwrite=True)  # fmt: skip
+    print(f"generated {stats.num_episodes} demos ({stats.num_frames} frames, expert success "
+          f"{stats.success_rate:.2f}) in {time.perf_counter() - started:.1f}s", flush=True)  # fmt: skip
     return root
-
-
-def generate_clean_label_demos(env_id: str, num: int, root: Path, seed: int, noise: float) -> int:
-    """Like ``sft.demos.generate_demos`` (successful episodes, attempt k seeded ``seed + k``), but
-    the env steps with the noisy action while the frame records the clean expert action."""
-    env = make_env(env_id, seed=seed)
-    expert, rng = TableTopExpert(), np.random.default_rng(seed)
-    writer = LeRobotWriter(root, demo_features(env), fps=CONTROL_HZ, overwrite=True)
-    attempt = frames_written = 0
-    with writer:
-        while len(writer.episodes) < num:
-            obs, _ = env.reset(seed=seed + attempt)
-            attempt += 1
-            frames, done, info = [], False, {}
-            while not done:
-                clean = expert.act(env.privileged_state())
-                noisy = np.clip(clean + rng.normal(0.0, noise, 2), -1.0, 1.0).astype(np.float32)
-                next_obs, reward, terminated, truncated, info = env.step(noisy)
-                done = terminated or truncated
-                frames.append({**{f"observation.{k}": v for k, v in obs.items()}, "action": clean,
-                               "next.reward": np.float32(reward), "next.done": np.bool_(done)})  # fmt: skip
-                obs = next_obs
-            if info.get("success", False):
-                writer.add_episode(frames, task=env.instruction or "")
-                frames_written += len(frames)
-    return frames_written
 
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
@@ -209,37 +167,8 @@ def train_step(
     return float(loss.item()), len(batch.indices)
 
 
-def grouped_sdpa_per_segment(q: Any, k: Any, v: Any, cu_seqlens: Any, *, causal: bool) -> Any:
-    """Same result as ``attention._sdpa_per_segment``, linear-time backward.
-
-    The original slices ``x[start:end]`` per document; each slice's backward materialises a
-    zero tensor of the full packed size, so backward costs O(num_docs * total_tokens). Here the
-    split is one ``torch.split`` (one concatenation in backward) and documents of equal length
-    share one batched SDPA call.
-    """
-    bounds = cu_seqlens.tolist()
-    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    groups: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        groups.setdefault(n, []).append(i)
-    segs = [torch.split(x, lengths) for x in (q, k, v)]
-    outs: list[Any] = [q.new_empty(0, *q.shape[1:])] * len(lengths)
-    for n, idx in groups.items():
-        if n == 0:
-            continue
-        qkv = [torch.stack([s[i] for i in idx]).transpose(1, 2) for s in segs]  # [g, H, n, Dh]
-        out = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
-        for j, i in enumerate(idx):
-            outs[i] = out[j].transpose(0, 1)
-    return torch.cat(outs)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.grouped_attention:
-        import rlvla3.policy.attention as attention_module
-
-        attention_module._sdpa_per_segment = grouped_sdpa_per_segment
     torch.set_num_threads(args.threads)
     root = demo_root(args)
     policy = build(args).train()

@@ -153,13 +153,16 @@ class SftConfig:
     """Packed-sequence supervised pretraining on demonstrations (LeRobot layout).
 
     When ``dataset`` does not exist yet, ``generate_demos`` episodes of the env's scripted expert
-    are written there first (``rlvla3 demos`` does the same by hand). Each step trains on as many
-    samples as fit ``token_budget`` tokens, packed without padding.
+    are written there first (``rlvla3 demos`` does the same by hand); the expert executes its
+    action plus Gaussian noise of std ``expert_noise`` while the clean action is recorded as the
+    label (DART; an existing dataset is reused as is, so give each noise level its own path).
+    Each step trains on as many samples as fit ``token_budget`` tokens, packed without padding.
     """
 
     dataset: str = "data/demos"
     generate_demos: int = 0
     demo_seed: int = 12345
+    expert_noise: float = 0.0
     token_budget: int = 2048
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -261,3 +264,5 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("env.num_envs_per_worker: must be >= 1")
     if cfg.env.chunk_len < 1:
         raise ConfigError("env.chunk_len: must be >= 1")
+    if cfg.sft.expert_noise < 0:
+        raise ConfigError(f"sft.expert_noise: must be >= 0, got {cfg.sft.expert_noise}")

@@ -69,9 +69,11 @@ class SftTrainer(Role):
                                         "(run `rlvla3 demos` or set sft.generate_demos)")  # fmt: skip
             from sft.demos import generate_demos
 
-            self.log.info("generating %d demonstrations into %s", self.cfg.sft.generate_demos, root)
-            generate_demos(self.cfg.env.id, self.cfg.sft.generate_demos, root,
-                           self.cfg.sft.demo_seed, **self.cfg.env.kwargs)  # fmt: skip
+            s = self.cfg.sft
+            self.log.info("generating %d demonstrations into %s (expert noise %g)",
+                          s.generate_demos, root, s.expert_noise)  # fmt: skip
+            generate_demos(self.cfg.env.id, s.generate_demos, root, s.demo_seed,
+                           expert_noise=s.expert_noise, **self.cfg.env.kwargs)  # fmt: skip
         return root
 
     def step(self) -> None:

@@ -2,8 +2,12 @@
 
 Each frame ``t`` holds the observation the expert saw (``observation.<key>`` for every key of the
 env's observation dict, e.g. ``observation.image``, ``observation.instruction``,
-``observation.proprio``, or ``observation.state``), the action it took (``action``), and what the
-step returned (``next.reward`` float32[1], ``next.done`` bool[1], true on the last frame).
+``observation.proprio``, or ``observation.state``), the clean expert action (``action``), and what
+the step returned (``next.reward`` float32[1], ``next.done`` bool[1], true on the last frame).
+
+With ``expert_noise`` > 0 the env steps with the expert action plus Gaussian noise while ``action``
+records the clean one (DART): the demos cover the off-course states a cloned policy drifts into,
+labelled with how to recover. With noise 0 the recorded actions replay the episode exactly.
 
 Command line: ``python -m sft.demos --env-id rlvla3/TableTop-v0 --num-episodes 100 --root DIR``.
 """
@@ -64,15 +68,17 @@ def demo_features(env: SimAdapter) -> dict[str, Feature]:
 def rollout_episode(
     env: SimAdapter, expert: TableTopExpert, seed: int
 ) -> tuple[list[dict[str, Any]], bool]:
-    """One expert episode from ``env.reset(seed=seed)``: (frames, success)."""
+    """One expert episode from ``env.reset(seed=seed)``: (frames, success).
+
+    The env executes the expert's (possibly noisy) action; each frame records the clean one."""
     obs, _ = env.reset(seed=seed)
     frames: list[dict[str, Any]] = []
     while True:
-        action = expert.act(env.privileged_state())
-        next_obs, reward, terminated, truncated, info = env.step(action)
+        executed, clean = expert.act_with_label(env.privileged_state())
+        next_obs, reward, terminated, truncated, info = env.step(executed)
         done = terminated or truncated
         frame = {f"observation.{k}": v for k, v in obs.items()}
-        frame["action"] = action
+        frame["action"] = clean
         frame["next.reward"] = np.float32(reward)
         frame["next.done"] = np.bool_(done)
         frames.append(frame)
@@ -103,7 +109,8 @@ def generate_demos(
         root: dataset directory (LeRobot layout).
         seed: seed of the first attempt.
         only_success: skip episodes the expert failed.
-        expert_noise: std of Gaussian action noise (diversifies the demonstrations).
+        expert_noise: std of Gaussian noise on the executed action; the recorded action stays
+            the clean expert action (DART). ~0.3 makes cloned policies far more robust.
         max_attempts: give up after this many rollouts (default ``2 * num_episodes + 10``).
         overwrite: replace an existing dataset at ``root``.
         **env_kwargs: passed to :func:`sim.adapter.make_env` (e.g. ``obs_mode="state"``).

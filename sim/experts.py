@@ -19,7 +19,8 @@ class TableTopExpertConfig:
         align_tol: lateral offset (from the block-target line) tolerated while pushing.
         clearance: extra distance kept from the block while walking around it.
         steer_gain: lateral correction per unit offset while pushing (dimensionless).
-        noise: std of Gaussian noise added to actions (0 = deterministic expert).
+        noise: std of Gaussian noise added to the executed action (0 = deterministic expert);
+            ``act_with_label`` also returns the clean action, the DART label.
     """
 
     standoff: float = 0.03
@@ -61,11 +62,23 @@ class TableTopExpert:
         self._rng = np.random.default_rng(seed)
 
     def act(self, state: TableTopState) -> np.ndarray:
-        """The action for ``state`` (from ``TableTopEnv.privileged_state()``): ``float32[2]``."""
-        action = self._plan(state)
+        """The action to execute in ``state`` (from ``TableTopEnv.privileged_state()``), noise
+        included: ``float32[2]``."""
+        return self.act_with_label(state)[0]
+
+    def act_with_label(self, state: TableTopState) -> tuple[np.ndarray, np.ndarray]:
+        """``(executed, clean)``, both ``float32[2]`` in [-1, 1]: the clean expert action plus
+        ``config.noise`` Gaussian noise, and the clean action itself.
+
+        DART (Laskey et al. 2017): execute the noisy action so demonstrations visit the states a
+        slightly imperfect learner drifts into, but label every state with the clean action, which
+        shows how to recover from them."""
+        clean = self._plan(state)
+        executed = clean
         if self.config.noise > 0.0:
-            action = action + self._rng.normal(0.0, self.config.noise, size=2)
-        return np.clip(action, -1.0, 1.0).astype(np.float32)
+            executed = clean + self._rng.normal(0.0, self.config.noise, size=2)
+        return (np.clip(executed, -1.0, 1.0).astype(np.float32),
+                np.clip(clean, -1.0, 1.0).astype(np.float32))  # fmt: skip
 
     def _plan(self, state: TableTopState) -> np.ndarray:
         cfg = self.config

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sft.demos import generate_demos
+from sft.demos import generate_demos, rollout_episode
 from sft.lerobot import Feature, LeRobotDataset, LeRobotWriter, to_policy_obs
 from sim.adapter import make_env
+from sim.experts import TableTopExpert, TableTopExpertConfig
 
 FEATURES = {
     "observation.image": Feature(dtype="uint8", shape=(8, 6, 3)),
@@ -191,3 +192,23 @@ def test_generate_demos_state_mode(tmp_path: Path) -> None:
     assert stats.num_episodes == 4 and len(ds.episodes) == 4
     with pytest.raises(ValueError, match="expert"):
         generate_demos("CartPole-v1", 1, tmp_path / "x", seed=0)
+
+
+def test_noisy_demos_record_the_clean_expert_action() -> None:
+    """DART: the env executes expert + noise, the frame's label is the clean expert action."""
+    noisy = TableTopExpertConfig(noise=0.3)
+    env = make_env("rlvla3/TableTopEasy-v0", seed=0, obs_mode="state")
+    frames, _ = rollout_episode(env, TableTopExpert(noisy, seed=7), seed=3)
+    replay, twin = make_env("rlvla3/TableTopEasy-v0", seed=0, obs_mode="state"), TableTopExpert()
+    executor = TableTopExpert(noisy, seed=7)  # same seed: the same noise draws
+    obs, _ = replay.reset(seed=3)
+    differs = False
+    for frame in frames:
+        np.testing.assert_array_equal(frame["observation.state"], obs["state"])
+        state = replay.privileged_state()
+        executed, clean = executor.act_with_label(state)
+        np.testing.assert_array_equal(frame["action"], clean)
+        np.testing.assert_array_equal(twin.act(state), clean)  # the noise-free expert's action
+        differs |= not np.array_equal(executed, clean)
+        obs, *_ = replay.step(executed)
+    assert differs
