@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     root = demo_root(args)
     policy = build(args).train()
-    data = DemoSet(root, fixed_tokens=policy.config.num_fixed_tokens)
+    data = DemoSet(root, fixed_tokens=policy.config.num_fixed_tokens,
+                   instruction_tokens=policy.config.instruction_token_counts)  # fmt: skip
     if args.drop_velocity:
         data.obs["proprio"][:, 2:] = 0.0
     n_params = sum(p.numel() for p in policy.parameters())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,9 @@ class SftTrainer(Role):
         torch.set_num_threads(self.settings.num_threads)
         self.device = torch.device(self.settings.device)
         self.policy = build_policy(self.cfg).to(self.device).train()
-        self.data = DemoSet(self._dataset(), fixed_tokens=_fixed_tokens(self.policy))
+        vla = _vla_config(self.policy)
+        self.data = DemoSet(self._dataset(), fixed_tokens=vla.num_fixed_tokens,
+                            instruction_tokens=vla.instruction_token_counts)  # fmt: skip
         self.log.info("%d demo frames from %d episodes", len(self.data), self.data.num_episodes)
         s = self.cfg.sft
         self.optimizer = torch.optim.AdamW(
@@ -142,11 +145,12 @@ class SftTrainer(Role):
             self.publisher.close()
 
 
-def _fixed_tokens(policy: torch.nn.Module) -> int:
+def _vla_config(policy: torch.nn.Module) -> Any:
+    """The policy's ``VLAConfig`` (token counts for packing); SFT trains only the VLA."""
     config = getattr(policy, "config", None)
     if config is None or not hasattr(config, "num_fixed_tokens"):
         raise ValueError("policy.kind: SFT trains the VLA policy (policy.kind: vla)")
-    return int(config.num_fixed_tokens)
+    return config
 
 
 if __name__ == "__main__":

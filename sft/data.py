@@ -1,12 +1,14 @@
 """Demonstrations in memory, cut into packed batches of at most ``token_budget`` tokens.
 
 A sample's length is the number of tokens the VLA policy gives it: the fixed tokens (readout,
-proprio, image patches) plus its instruction's real (non-pad) tokens. Each batch is the fullest
+proprio, image patches) plus its instruction's tokens (``VLAConfig.instruction_token_counts``:
+real bytes, or words). Each batch is the fullest
 best-fit-decreasing bin over a random pool of samples, so no token is padding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +34,16 @@ class DemoSet:
         root: dataset directory.
         fixed_tokens: tokens every sample has besides its instruction (``VLAConfig``'s
             ``num_fixed_tokens``).
+        instruction_tokens: byte tokens int[N, L] -> the policy's instruction tokens per sample
+            int[N] (``VLAConfig.instruction_token_counts``); default: the non-pad bytes.
     """
 
-    def __init__(self, root: str | Path, fixed_tokens: int) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        fixed_tokens: int,
+        instruction_tokens: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
         dataset = LeRobotDataset(root)
         episodes = [dataset.episode(e.episode_index) for e in dataset.episodes]
         prefix = "observation."
@@ -42,7 +51,12 @@ class DemoSet:
         self.obs = {k[len(prefix) :]: np.concatenate([ep[k] for ep in episodes]) for k in keys}
         self.actions = np.concatenate([ep["action"] for ep in episodes]).astype(np.float32)
         instr = self.obs.get("instruction")
-        real = (instr != 0).sum(axis=1) if instr is not None else np.zeros(len(self.actions), int)
+        if instr is None:
+            real = np.zeros(len(self.actions), np.int64)
+        elif instruction_tokens is None:
+            real = (instr != 0).sum(axis=1)
+        else:
+            real = np.asarray(instruction_tokens(instr))
         self.lengths = (fixed_tokens + real).astype(np.int64)
         self.num_episodes = len(episodes)
 

@@ -92,11 +92,11 @@ def test_evaluate_backpropagates_to_every_input_path(head):
     (ev.log_prob.sum() + ev.value.sum() + ev.entropy.sum()).backward()
     for name in (
         "patch_embed.weight",
-        "instr_embed.weight",
+        "instruction.embed.weight",
         "proprio_embed.weight",
         "cls_token",
         "image_pos",
-        "instr_pos",
+        "instruction.pos",
         "action_head.weight",
         "value_head.weight",
     ):
@@ -195,3 +195,63 @@ def test_tokenizer_truncates_at_character_boundary():
     assert decode_instruction(encode_instruction("abcdef", 3)) == "abc"
     with pytest.raises(ValueError):
         decode_instruction([300])
+
+
+# ------------------------------------------------------------------ word tokens and FiLM
+COLOUR_SWAP = ["push the red block to the blue target", "push the blue block to the red target"]
+
+
+@pytest.mark.parametrize("mode", ["bytes", "words"])
+def test_instruction_token_counts_match_the_packed_tokens(mode):
+    policy = _policy(instruction_tokens=mode, film=True)
+    obs = _obs(policy, TEXTS + ["  two  spaces "])
+    _, cu, _ = policy.embed(obs)
+    counts = policy.config.instruction_token_counts(obs["instruction"].numpy())
+    words = [len(t.split()) for t in TEXTS + ["  two  spaces "]]
+    expected = words if mode == "words" else [len(t) for t in TEXTS + ["  two  spaces "]]
+    assert counts.tolist() == expected
+    assert (cu[1:] - cu[:-1]).tolist() == (counts + policy.config.num_fixed_tokens).tolist()
+
+
+def test_word_tokens_are_padding_invariant_and_order_aware():
+    policy = _policy("gaussian", instruction_tokens="words", film=True, max_instruction_len=40)
+    torch.nn.init.normal_(policy.film.out.weight, std=0.5)  # FiLM starts as the identity
+    short = _obs(policy, TEXTS, instr_len=len(TEXTS[-1]))
+    long = dict(short, instruction=_obs(policy, TEXTS, instr_len=40)["instruction"])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            policy.features(short), policy.features(long), atol=1e-5, rtol=1e-5
+        )
+        swap = _obs(policy, COLOUR_SWAP)
+        swap["image"][1] = swap["image"][0]
+        swap["proprio"][1] = swap["proprio"][0]
+        a, b = policy.features(swap)
+    assert not torch.allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("film", [False, True])
+def test_film_conditions_the_patch_tokens_on_the_instruction(film):
+    policy = _policy(instruction_tokens="words", film=film, max_instruction_len=40)
+    if film:
+        torch.nn.init.normal_(policy.film.out.weight, std=0.5)
+    obs = _obs(policy, COLOUR_SWAP)
+    obs["image"][1] = obs["image"][0]
+    obs["proprio"][1] = obs["proprio"][0]
+    c = policy.config
+    with torch.no_grad():
+        tokens, cu, _ = policy.embed(obs)
+    first = 1 + (c.proprio_dim > 0)
+    patches = [tokens[s + first : s + first + c.num_patches] for s in cu[:-1].tolist()]
+    assert torch.allclose(patches[0], patches[1]) != film
+
+
+def test_film_is_the_identity_at_init_and_trains():
+    plain, filmed = _policy("gaussian"), _policy("gaussian", film=True)
+    filmed.load_state_dict(plain.state_dict(), strict=False)
+    obs = _obs(plain, TEXTS)
+    with torch.no_grad():
+        torch.testing.assert_close(plain.features(obs), filmed.features(obs))
+    filmed.train()
+    out = filmed.evaluate(obs, filmed.act(obs).action)
+    (out.log_prob.sum() + out.value.sum()).backward()
+    assert filmed.film.out.weight.grad.abs().sum() > 0

@@ -7,9 +7,12 @@ One sample becomes one token sequence (a *document*)::
 - ``CLS``: a learned vector; its final hidden state feeds the action and value heads.
 - ``proprio``: ``Linear(proprio_dim, d_model)`` of the proprioceptive state (absent if dim 0).
 - patches: a ``Conv2d`` patch embedding of the uint8 image, scaled to [-1, 1].
-- instruction: byte-token embeddings (``tokenizer.VOCAB_SIZE``) of the *real* tokens only.
+- instruction: one token per real byte (``instruction_tokens: bytes``) or per word (``words``,
+  ~5x fewer tokens); see rlvla3/policy/instruction.py.
 
-Each modality has its own learned position table, which doubles as its type embedding.
+Each modality has its own learned position table, which doubles as its type embedding. With
+``film: true`` the patch embeddings are scaled and shifted per channel by a function of the pooled
+instruction (FiLM, as in RT-1), so what an image token says already depends on what was asked.
 
 **Padding.** Instruction pad tokens (id 0) are dropped, not masked: every sample's real tokens are
 packed end to end and the trunk runs in the variable-length form of ``attention()`` with
@@ -36,13 +39,19 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Normal
 
 from rlvla3.policy.attention import attention
 from rlvla3.policy.base import ActorCritic, ActOutput, EvalOutput, ObsBatch
-from rlvla3.policy.tokenizer import PAD_ID, VOCAB_SIZE
+from rlvla3.policy.instruction import (
+    FiLM,
+    InstructionEncoder,
+    InstructionTokens,
+    instruction_token_counts,
+)
 
 ActionHead = Literal["discrete_bins", "gaussian", "categorical"]
 
@@ -69,6 +78,8 @@ class VLAConfig:
         num_actions: number of discrete actions (categorical head).
         init_log_std: initial log standard deviation (Gaussian head).
         dropout: dropout on the residual branches (0 for RL: log-probs must be reproducible).
+        instruction_tokens: ``"bytes"`` (one token per byte) or ``"words"`` (one per word).
+        film: FiLM-condition the patch embeddings on the instruction.
     """
 
     image_size: int = 64
@@ -88,6 +99,8 @@ class VLAConfig:
     num_actions: int = 2
     init_log_std: float = -0.5
     dropout: float = 0.0
+    instruction_tokens: InstructionTokens = "bytes"
+    film: bool = False
 
     def __post_init__(self) -> None:
         checks = {
@@ -104,6 +117,8 @@ class VLAConfig:
             >= 1,
             "proprio_dim must be >= 0": self.proprio_dim >= 0,
             "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
+            "instruction_tokens must be bytes or words": self.instruction_tokens
+            in ("bytes", "words"),
         }
         failed = [msg for msg, ok in checks.items() if not ok]
         if failed:
@@ -118,6 +133,10 @@ class VLAConfig:
     def num_fixed_tokens(self) -> int:
         """Tokens every sample has before its instruction: CLS, proprio (if any), patches."""
         return 1 + (self.proprio_dim > 0) + self.num_patches
+
+    def instruction_token_counts(self, instructions: np.ndarray) -> np.ndarray:
+        """Instruction tokens of each sample, from its byte tokens int[N, L]: int64[N]."""
+        return instruction_token_counts(instructions, self.instruction_tokens)
 
 
 def bins_to_continuous(bins: Tensor, *, low: float, high: float, num_bins: int) -> Tensor:
@@ -249,11 +268,11 @@ class VLAPolicy(ActorCritic):
         self.config = c = config
         d = c.d_model
         self.patch_embed = nn.Conv2d(c.channels, d, kernel_size=c.patch_size, stride=c.patch_size)
-        self.instr_embed = nn.Embedding(VOCAB_SIZE, d)
+        self.instruction = InstructionEncoder(c.instruction_tokens, d, c.max_instruction_len)
+        self.film = FiLM(d) if c.film else None
         self.proprio_embed = nn.Linear(c.proprio_dim, d) if c.proprio_dim > 0 else None
         self.cls_token = nn.Parameter(torch.zeros(d))
         self.image_pos = nn.Parameter(torch.zeros(c.num_patches, d))
-        self.instr_pos = nn.Parameter(torch.zeros(c.max_instruction_len, d))
         self.transformer = Transformer(
             d_model=d,
             num_layers=c.num_layers,
@@ -273,11 +292,10 @@ class VLAPolicy(ActorCritic):
             else None
         )
         self.value_head = nn.Linear(d, 1)
-        for module in (self.patch_embed, self.instr_embed, self.proprio_embed, self.value_head):
+        for module in (self.patch_embed, self.proprio_embed, self.value_head):
             if module is not None:
                 _init_weights(module)
-        for p in (self.cls_token, self.instr_pos):
-            nn.init.normal_(p, std=0.02)
+        nn.init.normal_(self.cls_token, std=0.02)
         # Unit-scale image positions: at std 0.02 they were 3-7x smaller than the patch content
         # embedding, so after the pre-norm LayerNorm every patch token said *what* it showed but
         # hardly *where*, and locating an object stalled on a plateau of several hundred steps.
@@ -298,14 +316,17 @@ class VLAPolicy(ActorCritic):
         image, instr, proprio = self._check_obs(obs)
         b, d = image.shape[0], self.config.d_model
         pixels = image.permute(0, 3, 1, 2).to(self.cls_token.dtype) * (2.0 / 255.0) - 1.0
-        patches = self.patch_embed(pixels).flatten(2).transpose(1, 2) + self.image_pos
+        patches = self.patch_embed(pixels).flatten(2).transpose(1, 2)  # [B, N, d]
+        instr_tokens, real = self.instruction(instr)  # [B, L, d], bool[B, L]
+        if self.film is not None:
+            patches = self.film(patches, instr_tokens, real)
         parts = [self.cls_token.expand(b, 1, d)]
         if self.proprio_embed is not None:
             parts.append(self.proprio_embed(proprio)[:, None])
-        parts += [patches, self.instr_embed(instr) + self.instr_pos[: instr.shape[1]]]
+        parts += [patches + self.image_pos, instr_tokens]
         seq = torch.cat(parts, dim=1)  # [B, F + L, d]
         fixed = torch.ones(b, seq.shape[1] - instr.shape[1], dtype=torch.bool, device=seq.device)
-        keep = torch.cat([fixed, instr != PAD_ID], dim=1)  # [B, F + L]
+        keep = torch.cat([fixed, real], dim=1)  # [B, F + L]
         cu_seqlens = torch.zeros(b + 1, dtype=torch.int32, device=seq.device)
         cu_seqlens[1:] = keep.sum(1).cumsum(0)
         return seq[keep], cu_seqlens, seq.shape[1]
