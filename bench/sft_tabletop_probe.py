@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,6 +50,8 @@ from sim.experts import TableTopExpert  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env-id", default="rlvla3/TableTop-v0")
+    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="env.kwargs entry (YAML value), e.g. image_size=32; repeatable")  # fmt: skip
     p.add_argument("--num-demos", type=int, default=300)
     p.add_argument("--expert-noise", type=float, default=0.0)
     p.add_argument("--demo-seed", type=int, default=12345)
@@ -81,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def demo_root(args: argparse.Namespace) -> Path:
     """Generate the demos once per (env, count, noise, seed); reuse them afterwards."""
-    name = args.env_id.split("/")[-1]
+    name = args.env_id.split("/")[-1] + "".join(f"_{k}{v}" for k, v in env_kwargs(args).items())
     root = Path(args.demo_dir) / (
         f"{name}_n{args.num_demos}_dart{args.expert_noise:g}_seed{args.demo_seed}"
     )
@@ -89,10 +92,16 @@ def demo_root(args: argparse.Namespace) -> Path:
         return root
     started = time.perf_counter()
     stats = generate_demos(args.env_id, args.num_demos, root, args.demo_seed,
-                           expert_noise=args.expert_noise, overwrite=True)  # fmt: skip
+                           expert_noise=args.expert_noise, overwrite=True,
+                           **env_kwargs(args))  # fmt: skip
     print(f"generated {stats.num_episodes} demos ({stats.num_frames} frames, expert success "
           f"{stats.success_rate:.2f}) in {time.perf_counter() - started:.1f}s", flush=True)  # fmt: skip
     return root
+
+
+def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``--env-kwarg`` items as the ``env.kwargs`` mapping."""
+    return {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.env_kwarg)}
 
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
@@ -103,7 +112,7 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
     for item in args.vla:
         key, _, value = item.partition("=")
         vla[key] = json.loads(value) if value[:1] in "-0123456789[{tf" else value
-    cfg = config_from_dict({"run": {"seed": args.seed}, "env": {"id": args.env_id},
+    cfg = config_from_dict({"run": {"seed": args.seed}, "env": {"id": args.env_id, "kwargs": env_kwargs(args)},
                             "policy": {"kind": "vla", "vla": vla}})  # fmt: skip
     torch.manual_seed(args.seed)
     policy = build_policy(cfg)
@@ -114,7 +123,12 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
 
 @torch.no_grad()
 def evaluate(
-    policy: Any, env_id: str, num_episodes: int, seed: int, drop_velocity: bool = False
+    policy: Any,
+    env_id: str,
+    num_episodes: int,
+    seed: int,
+    drop_velocity: bool = False,
+    kwargs: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Greedy success rate on ``num_episodes`` fresh episodes, stepped as one batch.
 
@@ -123,7 +137,7 @@ def evaluate(
     on the first step of each episode (start states, which the demos cover)."""
     was_training = policy.training
     policy.eval()
-    envs = [make_env(env_id, seed=seed + i) for i in range(num_episodes)]
+    envs = [make_env(env_id, seed=seed + i, **(kwargs or {})) for i in range(num_episodes)]
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     live = list(range(num_episodes))
     success = np.zeros(num_episodes, bool)
@@ -189,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def record(step: int) -> None:
         nonlocal eval_s
         started = time.perf_counter()
-        ev = evaluate(policy, args.env_id, args.eval_episodes, args.eval_seed, args.drop_velocity)
+        ev = evaluate(policy, args.env_id, args.eval_episodes, args.eval_seed, args.drop_velocity,
+                      env_kwargs(args))  # fmt: skip
         eval_s += time.perf_counter() - started
         loss = float(np.mean(losses[-20:])) if losses else float("nan")
         point = {"step": step, "train_s": round(train_s, 1), "cpu_s": round(train_cpu_s, 1),

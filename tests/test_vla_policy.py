@@ -255,3 +255,27 @@ def test_film_is_the_identity_at_init_and_trains():
     out = filmed.evaluate(obs, filmed.act(obs).action)
     (out.log_prob.sum() + out.value.sum()).backward()
     assert filmed.film.out.weight.grad.abs().sum() > 0
+
+
+def test_keypoint_stem_token_follows_the_object():
+    """With ``keypoints`` the stem adds one token; its soft-argmax moves with the image content."""
+    policy = _policy("gaussian", keypoints=4, film=True, instruction_tokens="words")
+    assert policy.config.num_fixed_tokens == 1 + 1 + 1 + 16
+    obs = _obs(policy, TEXTS[:2])
+    obs["image"][:] = 0
+    obs["image"][0, 2:6, 2:6] = 255  # a bright square top-left / bottom-right
+    obs["image"][1, 26:30, 26:30] = 255
+    _, cu, _ = policy.embed(obs)
+    assert (cu[1:] - cu[:-1]).tolist() == [1 + 1 + 1 + 16 + 5, 1 + 1 + 1 + 16 + 3]
+    stem = policy.keypoint_stem
+    pixels = obs["image"].permute(0, 3, 1, 2).float() * (2.0 / 255.0) - 1.0
+    instr, real = policy.instruction(obs["instruction"].long())
+    with torch.no_grad():
+        a, b = stem(pixels, instr, real)
+    assert not torch.allclose(a, b, atol=1e-4)
+    policy.train()
+    out = policy.evaluate(obs, policy.act(obs).action)
+    (out.log_prob.sum() + out.value.sum()).backward()
+    for name in ("conv1.weight", "conv2.weight", "maps.weight", "log_temperature", "out.weight"):
+        grad = stem.get_parameter(name).grad
+        assert grad is not None and grad.abs().sum() > 0, name

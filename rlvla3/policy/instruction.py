@@ -103,25 +103,27 @@ class InstructionEncoder(nn.Module):
 
 
 class FiLM(nn.Module):
-    """Per-channel scale and shift of image tokens from the instruction tokens (module docstring).
+    """Per-channel scale and shift of image features from the instruction tokens (module docstring).
 
-    ``forward(patches float[B, N, d], instr_tokens float[B, L, d], real bool[B, L])`` returns
-    ``patches * (1 + gamma) + beta`` with ``gamma, beta: float[B, 1, d]``.
+    ``forward(features float[B, N, channels], instr_tokens float[B, L, d_model], real bool[B, L])``
+    returns ``features * (1 + gamma) + beta`` with ``gamma, beta: float[B, 1, channels]``;
+    ``channels`` defaults to ``d_model`` (patch tokens).
     """
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, channels: int | None = None) -> None:
         super().__init__()
+        channels = channels or d_model
         self.norm = nn.LayerNorm(d_model)  # unit-scale inputs, so the GELU is nonlinear
         self.pool_in = nn.Linear(d_model, d_model)
-        self.out = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, 2 * channels)
         nn.init.normal_(self.pool_in.weight, std=d_model**-0.5)
         nn.init.zeros_(self.pool_in.bias)
         nn.init.zeros_(self.out.weight)  # identity at init
         nn.init.zeros_(self.out.bias)
 
-    def forward(self, patches: Tensor, instr_tokens: Tensor, real: Tensor) -> Tensor:
+    def forward(self, features: Tensor, instr_tokens: Tensor, real: Tensor) -> Tensor:
         mask = real[..., None].to(instr_tokens.dtype)
         hidden = nn.functional.gelu(self.pool_in(self.norm(instr_tokens))) * mask
         pooled = hidden.sum(1) / mask.sum(1).clamp(min=1.0)  # [B, d]
         gamma, beta = self.out(pooled)[:, None].chunk(2, dim=-1)
-        return patches * (1.0 + gamma) + beta
+        return features * (1.0 + gamma) + beta

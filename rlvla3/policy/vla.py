@@ -13,6 +13,8 @@ One sample becomes one token sequence (a *document*)::
 Each modality has its own learned position table, which doubles as its type embedding. With
 ``film: true`` the patch embeddings are scaled and shifted per channel by a function of the pooled
 instruction (FiLM, as in RT-1), so what an image token says already depends on what was asked.
+With ``keypoints: K`` a small conv stem adds one token after proprio holding K spatial-softmax
+(x, y) keypoints, FiLM-conditioned too when ``film`` is on (rlvla3/policy/keypoints.py).
 
 **Padding.** Instruction pad tokens (id 0) are dropped, not masked: every sample's real tokens are
 packed end to end and the trunk runs in the variable-length form of ``attention()`` with
@@ -52,6 +54,7 @@ from rlvla3.policy.instruction import (
     InstructionTokens,
     instruction_token_counts,
 )
+from rlvla3.policy.keypoints import KeypointStem
 
 ActionHead = Literal["discrete_bins", "gaussian", "categorical"]
 
@@ -79,7 +82,9 @@ class VLAConfig:
         init_log_std: initial log standard deviation (Gaussian head).
         dropout: dropout on the residual branches (0 for RL: log-probs must be reproducible).
         instruction_tokens: ``"bytes"`` (one token per byte) or ``"words"`` (one per word).
-        film: FiLM-condition the patch embeddings on the instruction.
+        film: FiLM-condition the patch embeddings (and the keypoint stem) on the instruction.
+        keypoints: spatial-softmax keypoints of the conv stem's one extra token (0: no stem).
+        stem_channels: width of the keypoint conv stem.
     """
 
     image_size: int = 64
@@ -101,6 +106,8 @@ class VLAConfig:
     dropout: float = 0.0
     instruction_tokens: InstructionTokens = "bytes"
     film: bool = False
+    keypoints: int = 0
+    stem_channels: int = 16
 
     def __post_init__(self) -> None:
         checks = {
@@ -115,7 +122,8 @@ class VLAConfig:
                 self.num_layers, self.action_dim, self.max_instruction_len
             )
             >= 1,
-            "proprio_dim must be >= 0": self.proprio_dim >= 0,
+            "proprio_dim, keypoints must be >= 0": min(self.proprio_dim, self.keypoints) >= 0,
+            "stem_channels must be >= 1": self.stem_channels >= 1,
             "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
             "instruction_tokens must be bytes or words": self.instruction_tokens
             in ("bytes", "words"),
@@ -131,8 +139,9 @@ class VLAConfig:
 
     @property
     def num_fixed_tokens(self) -> int:
-        """Tokens every sample has before its instruction: CLS, proprio (if any), patches."""
-        return 1 + (self.proprio_dim > 0) + self.num_patches
+        """Tokens every sample has before its instruction: CLS, proprio (if any), keypoints (if
+        any), patches."""
+        return 1 + (self.proprio_dim > 0) + (self.keypoints > 0) + self.num_patches
 
     def instruction_token_counts(self, instructions: np.ndarray) -> np.ndarray:
         """Instruction tokens of each sample, from its byte tokens int[N, L]: int64[N]."""
@@ -270,6 +279,11 @@ class VLAPolicy(ActorCritic):
         self.patch_embed = nn.Conv2d(c.channels, d, kernel_size=c.patch_size, stride=c.patch_size)
         self.instruction = InstructionEncoder(c.instruction_tokens, d, c.max_instruction_len)
         self.film = FiLM(d) if c.film else None
+        self.keypoint_stem = (
+            KeypointStem(c.channels, c.stem_channels, c.keypoints, d, c.film)
+            if c.keypoints
+            else None
+        )
         self.proprio_embed = nn.Linear(c.proprio_dim, d) if c.proprio_dim > 0 else None
         self.cls_token = nn.Parameter(torch.zeros(d))
         self.image_pos = nn.Parameter(torch.zeros(c.num_patches, d))
@@ -323,6 +337,8 @@ class VLAPolicy(ActorCritic):
         parts = [self.cls_token.expand(b, 1, d)]
         if self.proprio_embed is not None:
             parts.append(self.proprio_embed(proprio)[:, None])
+        if self.keypoint_stem is not None:
+            parts.append(self.keypoint_stem(pixels, instr_tokens, real)[:, None])
         parts += [patches + self.image_pos, instr_tokens]
         seq = torch.cat(parts, dim=1)  # [B, F + L, d]
         fixed = torch.ones(b, seq.shape[1] - instr.shape[1], dtype=torch.bool, device=seq.device)
