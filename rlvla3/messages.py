@@ -1,8 +1,9 @@
 """Every message that crosses a socket, in one schema with one version.
 
 Messages are frozen, slotted, keyword-only dataclasses. Array fields are numpy arrays (CPU torch
-tensors are accepted when encoding); ``transport/codec.py`` sends them as raw zero-copy frames
-beside a msgpack header. Bump ``SCHEMA_VERSION`` whenever a field changes meaning or shape.
+tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline in the
+msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a field
+changes meaning or shape, or the wire layout changes (2: positional fields, inline small arrays).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Obs = dict[str, np.ndarray]
 

@@ -84,10 +84,16 @@ def test_round_trip(cls: type) -> None:
 def test_large_arrays_are_not_copied_on_encode() -> None:
     arr = np.arange(ZERO_COPY_MIN_BYTES, dtype=np.float32)
     frames = encode(m.WeightsUpdate(version=1, layout="a", flat=arr))
+    assert len(frames) == 2
     assert np.shares_memory(np.frombuffer(frames[1], dtype=np.float32), arr)
-    small = np.arange(10, dtype=np.float32)
-    frames = encode(m.WeightsUpdate(version=1, layout="a", flat=small))
-    assert frames[1] == small.tobytes()
+
+
+def test_small_arrays_travel_inline_in_one_frame() -> None:
+    reply = m.ActionReply(request_id=1, action=np.array(1), env_action=np.array([0.5, -0.5]),
+                          log_prob=-0.7, value=0.1, policy_version=3)  # fmt: skip
+    frames = encode(reply)
+    assert len(frames) == 1
+    assert_same(decode(frames), reply)
 
 
 def test_cpu_tensors_round_trip_as_tensors() -> None:
@@ -109,15 +115,18 @@ def test_encode_rejects_unsupported_values() -> None:
         encode({"seq": 1})
 
 
-def _ping_frames() -> list[bytes]:
-    return [
-        bytes(f)
-        for f in encode(m.WeightsUpdate(version=1, layout="s", flat=np.ones(4, np.float32)))
-    ]
+def _big_frames() -> list[bytes]:
+    """A WeightsUpdate whose array travels in its own data frame (16 * 4096 float32 = 64 KiB)."""
+    flat = np.ones(ZERO_COPY_MIN_BYTES // 4, np.float32)
+    return [bytes(f) for f in encode(m.WeightsUpdate(version=1, layout="s", flat=flat))]
 
 
-def _header(version: object, name: object, fields: object) -> bytes:
-    return msgpack.packb([version, name, fields])
+def _header(version: object, name: object, values: object) -> bytes:
+    return msgpack.packb([version, name, values])
+
+
+def _update(flat: object) -> bytes:
+    return _header(2, "WeightsUpdate", [1, "s", flat])
 
 
 @pytest.mark.parametrize(
@@ -125,20 +134,28 @@ def _header(version: object, name: object, fields: object) -> bytes:
     [
         ([], MalformedFrame, "no header"),
         ([b"\xc1garbage"], MalformedFrame, "not a valid msgpack"),
-        ([b"\x93\x01"], MalformedFrame, "not a valid msgpack"),  # truncated header
-        (_ping_frames()[:1], MalformedFrame, "refers to frame"),  # missing data frame
-        ([_ping_frames()[0], _ping_frames()[1][:7]], MalformedFrame, "needs 16 bytes"),  # truncated
-        ([*_ping_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
-        ([_header(99, "WeightsUpdate", {})], SchemaMismatch, "schema version 99"),
-        ([_header(1, "Evil", {})], UnknownMessage, "'Evil'"),
-        ([_header(1, "Control", {"command": "x", "oops": 1})], MalformedFrame, "Control.oops"),
-        ([_header(1, "Control", {})], MalformedFrame, "Control.command: missing"),
-        ([_header(1, "Control", {"command": 5})], MalformedFrame, "Control.command: expected str"),
-        ([_header(1, "WeightsAvailable", {"version": "1"})], MalformedFrame, "expected int"),
-        ([_header(1, "WeightsUpdate", {"version": 1, "layout": "s", "flat": msgpack.ExtType(1, msgpack.packb([1, "object", [1], False]))}), b"x"],
-         MalformedFrame, "dtype 'object'"),
-        ([_header(1, "WeightsUpdate", {"version": 1, "layout": "s", "flat": msgpack.ExtType(7, b"")})],
-         MalformedFrame, "extension type 7"),
+        ([b"\x93\x02"], MalformedFrame, "not a valid msgpack"),  # truncated header
+        (_big_frames()[:1], MalformedFrame, "WeightsUpdate.flat: array refers to frame 1"),
+        ([_big_frames()[0], _big_frames()[1][:7]], MalformedFrame, "needs 65536 bytes, got 7"),
+        ([*_big_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
+        ([_header(99, "WeightsUpdate", [])], SchemaMismatch, "schema version 99"),
+        ([_header(2, "Evil", [])], UnknownMessage, "'Evil'"),
+        ([_header(2, "Control", ["x", 1, 2])], MalformedFrame, "Control: expected 2 field values, got 3"),
+        ([_header(2, "Control", ["x"])], MalformedFrame, "Control: expected 2 field values, got 1"),
+        ([_header(2, "Control", {"command": "x"})], MalformedFrame, "expected 2 field values, got dict"),
+        ([_header(2, "Control", [5, 1])], MalformedFrame, "Control.command: expected str"),
+        ([_header(2, "WeightsAvailable", ["1"])], MalformedFrame, "WeightsAvailable.version: expected int"),
+        ([_update(["object", [1], b"x", False])], MalformedFrame, "WeightsUpdate.flat: array dtype 'object'"),
+        ([_update(5)], MalformedFrame, "WeightsUpdate.flat: expected an array"),
+        ([_update(["float32", [4], b"123", False])], MalformedFrame, "needs 16 bytes, got 3"),
+        ([_update(["float32", [-1], b"", False])], MalformedFrame, "non-negative ints"),
+        ([_update(["float32", 4, b"", False])], MalformedFrame, "is not a list"),
+        ([_header(2, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x", False]}])], MalformedFrame,
+         "ObsRequest.obs: observation key b.k. is not a str"),
+        ([_header(2, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x", False]}])],
+         MalformedFrame, "ObsRequest.obs: \\['image'\\]: array uint8\\[2\\] needs 2 bytes"),
+        ([_header(2, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1, False]] * 7, 0.0]),
+          b"\x00" * 65536], MalformedFrame, "TrajectoryChunk.rewards: array refers to frame 1"),
     ],
 )  # fmt: skip
 def test_malformed_frames_raise_typed_errors(frames: list, error: type, text: str) -> None:
@@ -147,7 +164,7 @@ def test_malformed_frames_raise_typed_errors(frames: list, error: type, text: st
 
 
 def test_oversized_frames_are_rejected() -> None:
-    frames = encode(m.WeightsUpdate(version=1, layout="s", flat=np.zeros(1000, np.float64)))
+    frames = encode(m.WeightsUpdate(version=1, layout="s", flat=np.zeros(10_000, np.float64)))
     with pytest.raises(OversizedFrame, match="elements exceeds"):
         decode(frames, CodecLimits(max_array_elements=100))
     with pytest.raises(OversizedFrame, match="bytes exceeds"):
@@ -159,7 +176,6 @@ def test_oversized_frames_are_rejected() -> None:
 
 
 def test_huge_declared_shape_is_rejected_before_allocation() -> None:
-    ext = msgpack.ExtType(1, msgpack.packb([1, "float64", [1 << 40, 1 << 20], False]))
-    header = _header(1, "WeightsUpdate", {"version": 1, "layout": "s", "flat": ext})
-    with pytest.raises(OversizedFrame):
+    header = _update(["float64", [1 << 40, 1 << 20], 1, False])
+    with pytest.raises(OversizedFrame, match="WeightsUpdate.flat: array of"):
         decode([header, b"\x00" * 8])

@@ -57,6 +57,7 @@ class MessageSocket:
         self.raw.setsockopt(zmq.RCVHWM, hwm)
         self._on_bad_frame = on_bad_frame
         self._limits = limits
+        self._bytes_frames = 2 if kind == zmq.ROUTER else 1  # frames before the data frames
         self.addresses: list[str] = []
 
     def bind(self, host: str = "127.0.0.1", scheme: str = "tcp", ipc_dir: str | None = None) -> str:
@@ -103,7 +104,10 @@ class MessageSocket:
         if timeout_s is not None and not self.raw.poll(_ms(timeout_s), zmq.POLLOUT):
             return False
         frames = encode(msg)
-        zero_copy = any(type(f) is not bytes for f in frames)  # only large arrays are not bytes
+        if len(frames) == 1 and not prefix:  # the common case: one header frame, inline arrays
+            self.raw.send(frames[0])
+            return True
+        zero_copy = len(frames) > 1  # data frames hold large arrays: hand zmq our buffers
         self.raw.send_multipart([*prefix, *frames], copy=not zero_copy)
         return True
 
@@ -123,7 +127,13 @@ class MessageSocket:
     def _recv_frames(self, timeout_s: float | None) -> list[Any] | None:
         if timeout_s is not None and not self.poll(timeout_s):
             return None
-        return self.raw.recv_multipart(copy=False)
+        # Copy the small leading frames (identity, header) into bytes: for them a zmq.Frame
+        # object costs more than the copy. Data frames (arrays >= 64 KiB) stay zero-copy.
+        raw = self.raw
+        frames: list[Any] = [raw.recv()]
+        while raw.getsockopt(zmq.RCVMORE):
+            frames.append(raw.recv(copy=len(frames) < self._bytes_frames))
+        return frames
 
     def _decode(self, frames: list[Any]) -> Any | None:
         try:
@@ -155,7 +165,7 @@ class RouterSocket(MessageSocket):
             self._decode([])  # reports the malformed message through on_bad_frame
             return None
         msg = self._decode(frames[1:])
-        return None if msg is None else (frames[0].bytes, msg)
+        return None if msg is None else (frames[0], msg)
 
     def send_to(self, identity: bytes, msg: Any) -> bool:
         """Reply to the peer ``identity``."""
