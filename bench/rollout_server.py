@@ -4,8 +4,8 @@ The server side is the real role, not a copy: ``ServerHarness`` runs ``roles.rol
 ``RolloutServer`` class in child processes (``Role.run()``: Redis registration, heartbeats,
 ``setup()``, the ``step()`` loop with dynamic batching, the weights thread), against a private
 embedded Redis, with this process acting as their weight broadcaster (real ``Broadcaster`` and
-``WeightLink``). The only instrumentation wraps ``_serve`` (and the layout's ``load``) to record
-when each batch ran, how big it was and which weight version served it.
+``WeightLink``). The only instrumentation wraps ``_serve`` (and ``_receive_into_standby``) to
+record when each batch ran, how big it was and which weight version served it.
 
 (a) batch 1: one client doing strict request-reply (``ObsRequest`` -> ``ActionReply`` through our
     codec and DEALER/ROUTER; CartPole-sized MLP policy, 64x64) against the raw limit: a plain
@@ -72,19 +72,6 @@ _CTX = mp.get_context("forkserver")  # children fork from one process that impor
 
 
 # --- the real rollout server, instrumented, in its own process --------------------------------
-class _TimedLayout:
-    """Wraps a ``FlatLayout`` so every ``load`` (weights received -> standby) is timestamped."""
-
-    def __init__(self, layout: FlatLayout, loads: list[tuple[float, float]]) -> None:
-        self._layout, self._loads = layout, loads
-        self.numel = layout.numel
-
-    def load(self, module: torch.nn.Module, flat: torch.Tensor) -> None:
-        started = time.monotonic()
-        self._layout.load(module, flat)
-        self._loads.append((started, time.monotonic()))
-
-
 def _timed(fn: Any, calls: list[tuple[float, float]]) -> Any:
     """``fn``, appending ``(start, end)`` of every call to ``calls``."""
 
@@ -100,7 +87,8 @@ def _timed(fn: Any, calls: list[tuple[float, float]]) -> Any:
 
 def _instrument(role: Any) -> dict[str, list[tuple]]:
     """Record, in the server: ``batches`` ``(start, end, batch size, version)`` per ``_serve``,
-    ``loads`` ``(start, end)`` per weights load into the standby copy, and ``rate_gauge``
+    ``loads`` ``(start, end)`` per weights receive into the standby copy (start: the version's
+    header arrived; end: every weight is in place), and ``rate_gauge``
     ``(start, end)`` per ``request_rate.rate()`` (the requests/s gauge ``step()`` updates)."""
     records: dict[str, list[tuple]] = {"batches": [], "loads": [], "rate_gauge": []}
     serve, setup = role._serve, role.setup
@@ -111,8 +99,8 @@ def _instrument(role: Any) -> dict[str, list[tuple]]:
         records["batches"].append((started, time.monotonic(), len(batch), role.version))
 
     def timed_setup() -> None:
-        setup()  # returns once the first weights are in; later loads are timed
-        role.layout = _TimedLayout(role.layout, records["loads"])
+        setup()  # returns once the first weights are in; later receives are timed
+        role._receive_into_standby = _timed(role._receive_into_standby, records["loads"])
         role.request_rate.rate = _timed(role.request_rate.rate, records["rate_gauge"])
 
     role._serve, role.setup = timed_serve, timed_setup

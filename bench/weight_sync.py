@@ -26,8 +26,9 @@ float32 parameters; one flat buffer of exactly that many floats everywhere):
     sync. The servers' own records add: ``batch_ms`` (median ``_serve`` time, quiet), the
     longest batch and the longest idle stretch between batches in each window (``sync_*``)
     and in the quiet one (``baseline_*``), and, after ``publish`` began, when the weights
-    thread had the buffer (``serving_received_s``), had loaded it into the standby copy
-    (``serving_loaded_s``) and when a reply first carried it (``serving_visible_s``).
+    thread had the version's header (``serving_received_s``: the transfer into the standby
+    copy's own parameters begins), had every weight in place (``serving_loaded_s``) and when a
+    reply first carried it (``serving_visible_s``).
 
 The served model is the synced model, so one batch of the 100M MLP is a forward pass through
 400 MB of weights. The servers' initial weights are not initialised (the first broadcast

@@ -7,7 +7,9 @@ the ``policy_version`` that produced them.
 
 Weights arrive from the broadcaster on a background thread into a standby copy of the policy
 (double buffering); the serving loop swaps it in between batches, so serving never stops for a
-sync and never sees half-written weights.
+sync and never sees half-written weights. Each copy's parameters are views of its own flat
+buffer (``FlatLayout.bind``), so the broadcast lands directly in the standby model: no second
+copy competes with serving for CPU or memory bandwidth during a sync.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class RolloutServer(Role):
         self.active = build_policy(self.cfg, spaces).to(self.device).eval()
         self.standby = build_policy(self.cfg, spaces).to(self.device).eval()
         self.layout = FlatLayout.of(self.active)
+        self.active_flat = self.layout.bind(self.active)
+        self.standby_flat = self.layout.bind(self.standby)
         self.version = -1
         self.pending_version: int | None = None
         self.swap_lock = threading.Lock()
@@ -68,27 +72,37 @@ class RolloutServer(Role):
         store_address = self.wait_for_endpoints("weight_broadcaster", "store")[0]
         host, port = store_address.rsplit(":", 1)
         store = torch.distributed.TCPStore(host, int(port), is_master=False)
-        flat = torch.empty(self.layout.numel, dtype=torch.float32, device=self.device)
         while not self.stop_event.is_set():
             link_id = f"{self.name}-{self.index}-{os.getpid()}-{self.link_generation}"
             self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
             try:
                 link = WeightLink(store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S)
                 while not self.stop_event.is_set():
-                    version = link.recv(flat)
-                    with self.swap_lock:  # the serving loop never swaps a half-written model
-                        self.layout.load(self.standby, flat)
-                        self.pending_version = version
+                    version, numel = link.recv_header()  # waits for the trainer, no lock held
+                    self._receive_into_standby(link, version, numel)
                     self.weights_ready.set()
             except Exception as err:
                 self.log.warning("weight link %s broke (%s); relinking", link_id, err)
                 self.link_generation += 1
+
+    def _receive_into_standby(self, link: WeightLink, version: int, numel: int) -> None:
+        """Receive ``version`` straight into the standby model's parameters.
+
+        Holds the swap lock while the bytes arrive: the serving loop then keeps serving the
+        active model and swaps only once the standby is complete. A version received earlier
+        but not yet swapped in is overwritten by this newer one.
+        """
+        with self.swap_lock:
+            self.pending_version = None
+            link.recv_body(self.standby_flat, version, numel)
+            self.pending_version = version
 
     def _maybe_swap(self) -> None:
         if self.pending_version is None or not self.swap_lock.acquire(blocking=False):
             return
         try:
             self.active, self.standby = self.standby, self.active
+            self.active_flat, self.standby_flat = self.standby_flat, self.active_flat
             self.version, self.pending_version = self.pending_version, None
         finally:
             self.swap_lock.release()

@@ -78,3 +78,24 @@ def test_flat_layout_round_trip() -> None:
         assert ka == kb and torch.equal(va, vb)
     with pytest.raises(ValueError, match="elements"):
         layout.load(b, torch.zeros(3))
+
+
+def test_bound_module_is_updated_in_place_through_its_flat_buffer() -> None:
+    torch.manual_seed(0)
+    a, b = MLPPolicy(4, gym.spaces.Discrete(2)), MLPPolicy(4, gym.spaces.Discrete(2))
+    layout = FlatLayout.of(a)
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    flat = layout.bind(b)
+    for k, v in b.state_dict().items():  # binding keeps the values
+        assert torch.equal(v, before[k])
+    flat.copy_(layout.flatten(a))  # what WeightLink.recv_body does: write the buffer only
+    obs = {"state": torch.randn(3, 4)}
+    torch.testing.assert_close(b.act(obs, deterministic=True).value, a.act(obs, True).value)
+    assert all(p.data_ptr() - flat.data_ptr() in range(flat.numel() * 4) for p in b.parameters())
+
+
+def test_bind_refuses_tied_weights() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    model[1].weight = model[0].weight
+    with pytest.raises(ValueError, match="share storage"):
+        FlatLayout.of(model).bind(model)

@@ -69,6 +69,38 @@ class FlatLayout:
             offset += t.numel()
         return flat
 
+    def bind(self, module: nn.Module) -> torch.Tensor:
+        """Make the module's floating-point parameters and buffers views of one new flat buffer.
+
+        Returns the buffer (float32, on the module's device, holding the current values): a
+        receive into it updates the module in place, with no second copy. Call it after the
+        module has reached its device (``.to()`` would make new, unbound tensors).
+
+        Raises:
+            ValueError: the module's tensors are not float32, or share storage (tied weights
+                would be untied).
+        """
+        tensors = dict(module.state_dict(keep_vars=True))
+        missing = [name for name in self.names if name not in tensors]
+        if missing or len({tensors[n].data_ptr() for n in self.names}) != len(self.names):
+            raise ValueError(f"cannot bind: missing {missing} or tensors share storage")
+        if any(tensors[n].dtype != torch.float32 for n in self.names):
+            raise ValueError("cannot bind: only float32 modules can be views of a float32 buffer")
+        flat = self.flatten(module)
+        owners = dict(module.named_modules())
+        offset = 0
+        with torch.no_grad():
+            for name, shape in zip(self.names, self.shapes, strict=True):
+                view = flat[offset : offset + torch.Size(shape).numel()].view(shape)
+                offset += view.numel()
+                owner_name, _, attr = name.rpartition(".")
+                owner = owners[owner_name]
+                if attr in owner._parameters:
+                    owner._parameters[attr].data = view
+                else:
+                    owner._buffers[attr] = view
+        return flat
+
     def load(self, module: nn.Module, flat: torch.Tensor) -> None:
         """Copy a flat buffer back into the module's tensors, in place."""
         if flat.numel() != self.numel:
@@ -161,16 +193,27 @@ class WeightLink:
 
     def recv(self, out: torch.Tensor) -> int:
         """Rank 1: receive the next version into ``out``; returns its version number."""
+        version, numel = self.recv_header()
+        self.recv_body(out, version, numel)
+        return version
+
+    def recv_header(self) -> tuple[int, int]:
+        """Rank 1: wait for the next version; returns ``(version, numel)``. The weights follow
+        and must be taken with ``recv_body`` (split so a receiver can lock its buffer only
+        while the bytes arrive, not while it waits for the trainer)."""
         header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
         self._broadcast(header)
         version, numel = (int(x) for x in header.tolist())
+        return version, numel
+
+    def recv_body(self, out: torch.Tensor, version: int, numel: int) -> None:
+        """Rank 1: receive the weights announced by ``recv_header`` into ``out``, in place."""
         if numel != out.numel():
             raise ValueError(
                 f"weights version {version} has {numel} elements, expected {out.numel()}"
             )
         for bucket in _buckets(out):
             self._broadcast(bucket)
-        return version
 
 
 class Broadcaster:
