@@ -5,6 +5,10 @@ every step takes an extra heavy-tailed latency (``sim/straggler.py``: lognormal 
 mean and sigma), PPO training as usual. Each mode runs for ``--duration-s`` seconds of steady
 state (after ``--warmup-s``); env steps/s is read from the run's Redis counters. The no-wait bound
 is what the envs could do if no env ever waited for anything: num_envs / mean step latency.
+Each mode also reports where one env's time goes per step (``per_step_ms``, from the env
+workers' counters): ``env_step`` (the simulator, injected latency included), ``action_wait`` (one
+request's round trip to a rollout server) and ``other`` (chunk building, the lock-step barrier
+in sync mode, waiting for the CPU).
 
     python bench/async_vs_sync.py [--num-envs 16] [--latency-mean-ms 20] [--latency-sigma 1.0]
                                   [--duration-s 30] [--json PATH]
@@ -70,23 +74,38 @@ def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: P
                 raise RuntimeError(f"{mode}: run did not start; see {log.name}")
             tick.wait(0.2)
         tick.wait(args.warmup_s)
-        start_steps, start_samples = _counts(registry)
+        before = _counts(registry)
         started = time.monotonic()
         tick.wait(args.duration_s)
-        end_steps, end_samples = _counts(registry)
+        after = _counts(registry)
         elapsed = time.monotonic() - started
     finally:
         launcher.send_signal(signal.SIGINT)
         launcher.wait(timeout=120)
+    d = {k: after[k] - before[k] for k in after}
+    steps = max(d["env_steps"], 1)
+    # Where one env's time goes per step: the simulator (incl. the injected latency), waiting for
+    # its action, and the rest (chunk building, barriers in sync mode, being descheduled).
+    per_step_ms = args.num_envs * elapsed / steps * 1000
+    env_step_ms = d["env_step_us"] / steps / 1000
+    action_wait_ms = d["action_wait_us"] / max(d["action_requests"], 1) / 1000
     return {
-        "env_steps_per_s": (end_steps - start_steps) / elapsed,
-        "trained_samples_per_s": (end_samples - start_samples) / elapsed,
+        "env_steps_per_s": d["env_steps"] / elapsed,
+        "trained_samples_per_s": d["samples_consumed"] / elapsed,
+        "per_step_ms": {
+            "env_step": env_step_ms,
+            "action_wait": action_wait_ms,
+            "other": per_step_ms - env_step_ms - action_wait_ms * d["action_requests"] / steps,
+        },
     }
 
 
-def _counts(registry: Registry) -> tuple[int, int]:
+_COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "action_requests")
+
+
+def _counts(registry: Registry) -> dict[str, int]:
     c = registry.counters()
-    return c.get("env_steps", 0), c.get("samples_consumed", 0)
+    return {k: c.get(k, 0) for k in _COUNTERS}
 
 
 def main() -> None:
@@ -120,15 +139,19 @@ def main() -> None:
                      "duration_s": args.duration_s},
         "env_steps_per_s": rates,
         "trained_samples_per_s": {m: r["trained_samples_per_s"] for m, r in results.items()},
+        "per_step_ms": {m: r["per_step_ms"] for m, r in results.items()},
         "bound_env_steps_per_s": bound,
         "ratio_vs_sync": {m: rates[m] / rates["sync"] for m in rates} if "sync" in rates else {},
         "speedup_async_vs_sync": rates["async"] / rates["sync"] if {"async", "sync"} <= set(rates) else None,
         "efficiency_async": rates["async"] / bound if "async" in rates else None,
     }  # fmt: skip
-    print(f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}")
+    print(f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}"
+          f" {'ms/step: env':>13s} {'action':>7s} {'other':>6s}")  # fmt: skip
     for mode, rate in rates.items():
         vs = f"{rate / rates['sync']:.2f}x" if "sync" in rates else "-"
-        print(f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%}")
+        ms = results[mode]["per_step_ms"]
+        print(f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%} {ms['env_step']:13.2f}"
+              f" {ms['action_wait']:7.2f} {ms['other']:6.2f}")  # fmt: skip
     print(f"{'no-wait bound':14s} {bound:12.1f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

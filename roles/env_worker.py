@@ -157,7 +157,9 @@ class EnvRunner:
         round_steps, episode_return, episode_len = 0, 0.0, 0
         versions = (reply.policy_version, reply.policy_version)
         while not w.stop_event.is_set():
+            stepped = time.perf_counter()
             next_obs, reward, terminated, truncated, info = env.step(reply.env_action)
+            w.count("env_step_us", round((time.perf_counter() - stepped) * 1e6))
             self.steps.append({"obs": obs, "action": reply.action, "reward": reward,
                                "terminated": terminated, "truncated": truncated,
                                "log_prob": reply.log_prob, "value": reply.value,
@@ -206,6 +208,15 @@ class EnvRunner:
         """Ask any live server for an action; re-send on timeout until answered or stopped."""
         w = self.worker
         timeout = w.settings.request_timeout_s
+        asked = time.perf_counter()
+        try:
+            return self._request_until_answered(obs, timeout)
+        finally:  # the action round trip as the env sees it (monitor / async benchmark)
+            w.count("action_requests")
+            w.count("action_wait_us", round((time.perf_counter() - asked) * 1e6))
+
+    def _request_until_answered(self, obs: dict[str, np.ndarray], timeout: float) -> ActionReply:
+        w = self.worker
         while True:
             self.dealer.sync_peers(w.servers)
             self.request_id += 1
