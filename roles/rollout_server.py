@@ -169,12 +169,13 @@ class RolloutServer(Role):
         }
         out = self.active.act(obs, deterministic=self.greedy)
         env_actions = self.active.to_env_action(out.action).cpu().numpy()
-        actions, log_probs, values = out.action.cpu().numpy(), out.log_prob.cpu(), out.value.cpu()
+        actions = out.action.cpu().numpy()
+        log_probs, values = out.log_prob.cpu().tolist(), out.value.cpu().tolist()  # (not t[i]: slow)
         for i, (identity, req) in enumerate(batch):
             self.requests.send_to(identity, ActionReply(
                 request_id=req.request_id, action=np.asarray(actions[i]),
                 env_action=np.asarray(env_actions[i]),
-                log_prob=float(log_probs[i]), value=float(values[i]), policy_version=self.version,
+                log_prob=log_probs[i], value=values[i], policy_version=self.version,
             ))  # fmt: skip
 
     def shutdown(self) -> None:

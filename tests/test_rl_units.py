@@ -99,3 +99,18 @@ def test_bind_refuses_tied_weights() -> None:
     model[1].weight = model[0].weight
     with pytest.raises(ValueError, match="share storage"):
         FlatLayout.of(model).bind(model)
+
+
+def test_mlp_discrete_act_samples_its_categorical_and_scores_like_evaluate() -> None:
+    torch.manual_seed(0)
+    policy = MLPPolicy(4, gym.spaces.Discrete(3)).eval()
+    with torch.no_grad():  # make the three probabilities clearly different
+        policy.actor[-1].bias.copy_(torch.tensor([1.0, 0.0, -1.0]))
+    obs = {"state": torch.zeros(1, 4).expand(60_000, 4)}
+    out = policy.act(obs)
+    probs = torch.softmax(policy.actor(obs["state"][:1]), -1)[0].detach()
+    freq = torch.bincount(out.action, minlength=3).float() / 60_000
+    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)  # 4+ sigma at n = 60k
+    torch.testing.assert_close(out.log_prob, policy.evaluate(obs, out.action).log_prob)
+    greedy = policy.act(obs, deterministic=True).action
+    assert bool((greedy == 0).all())
