@@ -20,8 +20,9 @@ and any problem raises a ``CodecError`` subclass that names the message and fiel
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,25 +92,29 @@ def encode(msg: Any) -> list[Any]:
     if schema is None:
         raise TypeError(f"encode: {type(msg).__name__} is not a message type of rlvla3.messages")
     buffers: list[Any] = []
-    values = []
-    for key, kind in schema.fields:
-        value = getattr(msg, key)
-        if kind == "Obs":
-            if not isinstance(value, dict):
+    values = list(schema.get_values(msg))  # every field, in order, in one C call
+    for i, key, kind in schema.special:  # only array, observation and maybe-numpy-scalar fields
+        value = values[i]
+        if kind is _ARRAY:
+            values[i] = _encode_array(value, buffers, schema.name, key)
+        elif kind is _OBS:
+            if type(value) is not dict:
                 raise TypeError(f"encode {schema.name}.{key}: expected a dict of arrays")
-            value = {k: _encode_array(v, buffers, schema.name, key) for k, v in value.items()}
-        elif kind == "np.ndarray":
-            value = _encode_array(value, buffers, schema.name, key)
+            values[i] = {k: _encode_array(v, buffers, schema.name, key) for k, v in value.items()}
         elif isinstance(value, np.generic):
-            value = value.item()  # numpy scalars travel as plain msgpack numbers
-        values.append(value)
+            values[i] = value.item()  # numpy scalars travel as plain msgpack numbers
     return [_packer().pack([SCHEMA_VERSION, schema.name, values]), *buffers]
 
 
 def _encode_array(value: Any, buffers: list[Any], name: str, key: str) -> list[Any]:
-    arr = _as_array(value)
-    if arr is None:
-        raise TypeError(f"encode {name}.{key}: cannot encode {type(value).__name__} as an array")
+    if type(value) is np.ndarray:
+        arr = value
+    else:
+        arr = _as_array(value)
+        if arr is None:
+            raise TypeError(
+                f"encode {name}.{key}: cannot encode {type(value).__name__} as an array"
+            )
     dtype = _DTYPE_NAMES.get(arr.dtype)
     if dtype is None:
         if arr.dtype.name not in _ALLOWED_DTYPES:
@@ -122,7 +127,7 @@ def _encode_array(value: Any, buffers: list[Any], name: str, key: str) -> list[A
             arr = arr.copy(order="C")
         buffers.append(arr.reshape(-1).data)
         data = len(buffers)
-    return [dtype, arr.shape, data, not isinstance(value, np.ndarray)]
+    return [dtype, arr.shape, data, arr is not value]
 
 
 def _packer() -> msgpack.Packer:
@@ -197,7 +202,9 @@ def decode(frames: Sequence[Any], limits: CodecLimits = DEFAULT_LIMITS) -> Any:
     except OversizedFrame as err:
         raise OversizedFrame(f"{name}.{key}: {err}") from None
     if len(data.used) != len(frames) - 1:
-        raise MalformedFrame(f"{name}: {len(frames) - 1} data frames but {len(data.used)} referenced")
+        raise MalformedFrame(
+            f"{name}: {len(frames) - 1} data frames but {len(data.used)} referenced"
+        )
     return schema.cls(**fields)
 
 
@@ -243,7 +250,9 @@ class _DataFrames:
         else:
             raise _BadValue(f"array refers to frame {data!r} of {len(self.frames) - 1} data frames")
         if count * dt.itemsize != len(buf):
-            raise _BadValue(f"array {dtype}{shape} needs {count * dt.itemsize} bytes, got {len(buf)}")
+            raise _BadValue(
+                f"array {dtype}{shape} needs {count * dt.itemsize} bytes, got {len(buf)}"
+            )
         arr = np.ndarray(shape, dt, buf)  # a read-only view of the frame (np.frombuffer: slower)
         if is_tensor is True:
             import torch
@@ -268,8 +277,8 @@ class _DataFrames:
 
 # Field annotations as they appear in rlvla3.messages; _schema stores these very objects, so
 # the decode loop compares kinds with `is`.
-_INT, _FLOAT, _ARRAY, _OBS = "int", "float", "np.ndarray", "Obs"
-_SCALAR_TYPES = {"str": str, "bool": bool}
+_INT, _FLOAT, _ARRAY, _OBS, _STR, _BOOL = "int", "float", "np.ndarray", "Obs", "str", "bool"
+_SCALAR_TYPES = {_STR: str, _BOOL: bool}
 _KINDS = (_INT, _FLOAT, _ARRAY, _OBS, *_SCALAR_TYPES)
 
 
@@ -280,6 +289,8 @@ class _Schema:
     cls: type
     name: str
     fields: tuple[tuple[str, str], ...]  # (field name, annotation) in declaration order
+    get_values: Callable[[Any], tuple[Any, ...]]  # message -> its field values, in order
+    special: tuple[tuple[int, str, str], ...]  # (index, name, kind) of fields encode converts
 
 
 def _schema(cls: type) -> _Schema:
@@ -289,7 +300,19 @@ def _schema(cls: type) -> _Schema:
         if kind is None:
             raise TypeError(f"{cls.__name__}.{f.name}: the codec cannot carry {f.type}")
         fields.append((f.name, kind))
-    return _Schema(cls=cls, name=cls.__name__, fields=tuple(fields))
+    names = [name for name, _ in fields]
+    get_values = operator.attrgetter(*names) if len(names) > 1 else _one_tuple(names[0])
+    special = tuple(
+        (i, name, kind) for i, (name, kind) in enumerate(fields) if kind not in (_STR, _BOOL)
+    )
+    return _Schema(
+        cls=cls, name=cls.__name__, fields=tuple(fields), get_values=get_values, special=special
+    )
+
+
+def _one_tuple(name: str) -> Callable[[Any], tuple[Any]]:
+    get = operator.attrgetter(name)
+    return lambda msg: (get(msg),)
 
 
 _SCHEMAS = {cls: _schema(cls) for cls in MESSAGE_TYPES.values()}
