@@ -36,6 +36,7 @@ def test_defaults_load_without_a_file() -> None:
         ),
         ({"nodes": [{"host": "a"}]}, "nodes[0].name: missing required key"),
         ({"bogus": 1}, "bogus: unknown key"),
+        ({"sft": {"expert_noise": -0.1}}, "sft.expert_noise: must be >= 0"),
     ],
 )
 def test_errors_name_the_key_path(raw: dict, message: str) -> None:

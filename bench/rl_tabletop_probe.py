@@ -1,0 +1,161 @@
+"""RL probe: synchronous PPO of a launch YAML's policy in one process, for fast tuning.
+
+Reads the same YAML as ``rlvla3 launch`` (``env``, ``policy``, ``algo``, ``run.seed``; ``--set``
+overrides as there) and runs the trainer's own code path (``build_policy``, ``build_batch``,
+``ppo_update``, Adam with eps 1e-5) on ``env.num_envs_per_worker * roles.env_worker.count`` envs
+stepped as one batch in this process, ``env.chunk_len`` steps per round, one update per round: no
+processes, sockets or staleness, so it isolates *learning* from *system* throughput. Every
+``--report-every`` updates it prints the success rate of the last 100 finished (sampled-action)
+episodes; at the end it measures the greedy policy on ``--eval-episodes`` fresh episodes.
+
+    python bench/rl_tabletop_probe.py launch/vla_tabletop.yaml --max-train-s 600 \
+        [--set algo.lr=0.001] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.sft_tabletop_probe import evaluate  # noqa: E402
+from rlvla3.algo.batch import build_batch  # noqa: E402
+from rlvla3.algo.ppo import ppo_update  # noqa: E402
+from rlvla3.config import Config, load_config  # noqa: E402
+from rlvla3.messages import TrajectoryChunk  # noqa: E402
+from rlvla3.policy.factory import build_policy  # noqa: E402
+from sim.adapter import make_env  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", help="launch YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--max-train-s", type=float, default=600.0, help="wall time of the RL loop")
+    p.add_argument("--report-every", type=int, default=20)
+    p.add_argument("--eval-episodes", type=int, default=100)
+    p.add_argument("--eval-seed", type=int, default=2_000_000)
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+class Rollouts:
+    """``n`` envs stepped as one batch; ``collect`` returns one ``TrajectoryChunk`` per env."""
+
+    def __init__(self, cfg: Config, n: int) -> None:
+        self.envs = [make_env(cfg.env.id, seed=cfg.run.seed + i, **cfg.env.kwargs) for i in range(n)]
+        self.obs = [env.reset(seed=cfg.run.seed + i)[0] for i, env in enumerate(self.envs)]
+        self.returns, self.lengths = np.zeros(n), np.zeros(n, int)
+        self.finished: deque[tuple[float, bool]] = deque(maxlen=100)
+        self.env_steps = 0
+
+    def _batch(self) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.stack([o[k] for o in self.obs])) for k in self.obs[0]}
+
+    @torch.no_grad()
+    def collect(self, policy: Any, steps: int) -> list[TrajectoryChunk]:
+        n = len(self.envs)
+        rec: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        chunks: list[TrajectoryChunk] = []
+        for _ in range(steps):
+            batch = self._batch()
+            out = policy.act(batch)
+            env_actions = policy.to_env_action(out.action).numpy()
+            for i, env in enumerate(self.envs):
+                obs, reward, term, trunc, info = env.step(env_actions[i])
+                self.env_steps += 1
+                rec[i].append({"obs": {k: v[i].numpy() for k, v in batch.items()},
+                               "action": out.action[i].numpy(), "reward": reward, "term": term,
+                               "trunc": trunc, "log_prob": float(out.log_prob[i]),
+                               "value": float(out.value[i])})  # fmt: skip
+                self.returns[i] += reward
+                self.lengths[i] += 1
+                if term or trunc:
+                    self.finished.append((self.returns[i], bool(info.get("success", False))))
+                    self.returns[i], self.lengths[i] = 0.0, 0
+                    boot = 0.0 if term else float(policy.act(_one(obs)).value[0])
+                    chunks.append(_chunk(rec[i], boot))
+                    rec[i] = []
+                    obs, _ = env.reset()
+                self.obs[i] = obs
+        last = policy.act(self._batch()).value
+        chunks += [_chunk(r, float(last[i])) for i, r in enumerate(rec) if r]
+        return chunks
+
+
+def _one(obs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v[None]) for k, v in obs.items()}
+
+
+def _chunk(steps: list[dict[str, Any]], bootstrap: float) -> TrajectoryChunk:
+    return TrajectoryChunk(
+        worker_index=0, env_index=0, chunk_id=0,
+        obs={k: np.stack([s["obs"][k] for s in steps]) for k in steps[0]["obs"]},
+        actions=np.stack([s["action"] for s in steps]),
+        rewards=np.array([s["reward"] for s in steps], np.float32),
+        terminated=np.array([s["term"] for s in steps], bool),
+        truncated=np.array([s["trunc"] for s in steps], bool),
+        log_probs=np.array([s["log_prob"] for s in steps], np.float32),
+        values=np.array([s["value"] for s in steps], np.float32),
+        policy_versions=np.zeros(len(steps), np.int64), bootstrap_value=bootstrap,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(cfg.run.seed)
+    policy = build_policy(cfg)
+    a = cfg.algo
+    optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
+    workers = cfg.roles["env_worker"].count if "env_worker" in cfg.roles else 1
+    rollouts = Rollouts(cfg, workers * cfg.env.num_envs_per_worker)
+    started, updates, curve = time.perf_counter(), 0, []
+    act_s = train_s = 0.0
+    while time.perf_counter() - started < args.max_train_s:
+        t0 = time.perf_counter()
+        chunks = rollouts.collect(policy, cfg.env.chunk_len)
+        t1 = time.perf_counter()
+        batch = build_batch(chunks, policy, a, torch.device("cpu"))
+        metrics = ppo_update(policy, optimizer, batch, epochs=a.epochs,
+                             minibatch_size=a.minibatch_size, clip_coef=a.clip_coef,
+                             vf_coef=a.vf_coef, ent_coef=a.ent_coef,
+                             max_grad_norm=a.max_grad_norm)  # fmt: skip
+        act_s += t1 - t0
+        train_s += time.perf_counter() - t1
+        updates += 1
+        if updates % args.report_every == 0 and rollouts.finished:
+            done = list(rollouts.finished)
+            point = {"update": updates, "wall_s": round(time.perf_counter() - started, 1),
+                     "env_steps": rollouts.env_steps, "act_s": round(act_s, 1),
+                     "train_s": round(train_s, 1),
+                     "success": float(np.mean([s for _, s in done])),
+                     "return": float(np.mean([r for r, _ in done])),
+                     "entropy": metrics["entropy"], "ev": metrics["explained_variance"],
+                     "kl": metrics["approx_kl"]}  # fmt: skip
+            curve.append(point)
+            print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in point.items()), flush=True)  # fmt: skip
+    ev = evaluate(policy, cfg.env.id, args.eval_episodes, args.eval_seed, kwargs=cfg.env.kwargs)
+    print(f"greedy eval on {args.eval_episodes} fresh episodes: {ev}", flush=True)
+    result = {"args": vars(args), "curve": curve, "eval": ev, "updates": updates,
+              "env_steps": rollouts.env_steps}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
