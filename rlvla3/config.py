@@ -128,7 +128,9 @@ class AlgoConfig:
     ``lr`` decays linearly to zero over ``lr_anneal_samples`` trained samples (0: constant).
     One update uses ``batch_steps`` env steps (0: one round, i.e. every env's ``chunk_len``
     steps). Samples more than ``max_staleness`` versions behind the trainer are dropped and
-    counted; ``correction`` reweights the rest.
+    counted; ``correction`` reweights the rest. The first ``value_warmup_updates`` updates
+    train the critic only: after an SFT warm start the value head is untrained, and advantages
+    from it would first undo the pretrained policy.
     """
 
     lr: float = 2.5e-4
@@ -146,6 +148,7 @@ class AlgoConfig:
     correction: Literal["none", "truncated_is", "vtrace"] = "truncated_is"
     publish_every: int = 1
     checkpoint_every: int = 50
+    value_warmup_updates: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -107,6 +107,7 @@ class Trainer(Role):
             self.policy, self.optimizer, batch, epochs=a.epochs, minibatch_size=a.minibatch_size,
             clip_coef=a.clip_coef, vf_coef=a.vf_coef, ent_coef=a.ent_coef,
             max_grad_norm=a.max_grad_norm,
+            policy_coef=0.0 if self.updates < a.value_warmup_updates else 1.0,
         )  # fmt: skip
         self.updates += 1
         samples = sum(len(c.rewards) for c in chunks)

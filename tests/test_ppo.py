@@ -280,3 +280,17 @@ def test_ppo_update_minibatch_count_and_is_weights():
     # target_kl = 0 stops after the first minibatch whose KL is positive.
     metrics = ppo_update(policy, optimizer, batch, **kw, target_kl=0.0)
     assert metrics["num_minibatches"] < 6.0
+
+
+def test_value_warmup_leaves_the_actor_untouched():
+    """``policy_coef=0`` (the trainer's ``algo.value_warmup_updates``) trains the critic only."""
+    torch.manual_seed(0)
+    policy = MLPPolicy(4, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    actor = {k: v.clone() for k, v in policy.state_dict().items() if k.startswith("actor")}
+    critic = {k: v.clone() for k, v in policy.state_dict().items() if k.startswith("critic")}
+    kw = dict(epochs=2, minibatch_size=32, max_grad_norm=0.5, **LOSS_KW)
+    ppo_update(policy, optimizer, _fixed_batch(policy), policy_coef=0.0, **kw)
+    state = policy.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in actor.items())
+    assert not all(torch.equal(state[k], v) for k, v in critic.items())

@@ -179,10 +179,11 @@ def ppo_loss(
     old_values: Tensor | None = None,
     clip_vloss: bool = False,
     is_weights: Tensor | None = None,
+    policy_coef: float = 1.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """The PPO-clip objective, as a loss to minimise.
 
-    ``loss = policy_loss + vf_coef * value_loss - ent_coef * mean(entropy)``, where
+    ``loss = policy_coef * (policy_loss - ent_coef * mean(entropy)) + vf_coef * value_loss``, where
     ``policy_loss = mean(w * max(-A r, -A clip(r, 1-eps, 1+eps)))`` with ``r = exp(new - old)``
     taken against the behaviour log-probs and ``w`` the optional per-sample ``is_weights``
     (1 if absent), and ``value_loss = 0.5 * mean((V - R)^2)`` (cleanrl's clipped variant when
@@ -201,6 +202,7 @@ def ppo_loss(
         old_values: float32[N], behaviour values, only for ``clip_vloss``.
         clip_vloss: clip the value update around ``old_values``.
         is_weights: float32[N], optional per-sample weights on the policy loss (no grad).
+        policy_coef: weight of the policy terms; 0 trains the critic alone (value warm-up).
 
     Returns:
         ``(loss, metrics)``: the scalar loss with grad, and floats ``loss``, ``policy_loss``,
@@ -213,7 +215,7 @@ def ppo_loss(
     policy_loss = _clipped_surrogate(ratio, advantages, clip_coef, is_weights)
     value_loss = _value_loss(new_values, returns, old_values if clip_vloss else None, clip_coef)
     entropy_mean = entropy.mean()
-    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
+    loss = policy_coef * (policy_loss - ent_coef * entropy_mean) + vf_coef * value_loss
     with torch.no_grad():
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
         clip_frac = ((ratio - 1.0).abs() > clip_coef).float().mean()
@@ -285,6 +287,7 @@ def ppo_update(
     clip_vloss: bool = False,
     target_kl: float | None = None,
     generator: torch.Generator | None = None,
+    policy_coef: float = 1.0,
 ) -> dict[str, float]:
     """Run ``epochs`` passes of shuffled minibatch PPO updates over one flat batch.
 
@@ -301,6 +304,7 @@ def ppo_update(
         norm_adv: normalise advantages per minibatch.
         target_kl: stop the remaining epochs once a minibatch's approx_kl exceeds this.
         generator: RNG for the shuffles, for reproducibility.
+        policy_coef: see ``ppo_loss`` (0: update the critic only).
 
     Returns:
         The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
@@ -320,6 +324,7 @@ def ppo_update(
                 vf_coef=vf_coef,
                 ent_coef=ent_coef,
                 clip_vloss=clip_vloss,
+                policy_coef=policy_coef,
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
