@@ -1,9 +1,9 @@
 """Every message that crosses a socket, in one schema with one version.
 
-Messages are frozen, slotted, keyword-only dataclasses. Array fields are numpy arrays (CPU torch
-tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline in the
-msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a field
-changes meaning or shape, or the wire layout changes (2: positional fields, inline small arrays).
+Messages are frozen, slotted, keyword-only structs (``Message``). Array fields are numpy arrays
+(CPU torch tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline
+in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
+field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -12,8 +12,7 @@ control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 
 SCHEMA_VERSION = 2
@@ -21,8 +20,24 @@ SCHEMA_VERSION = 2
 Obs = dict[str, np.ndarray]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ObsRequest:
+class Message(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    array_like=True,
+    tag=True,
+    forbid_unknown_fields=True,  # extra trailing values are an error, not silently dropped
+):
+    """Base of every message: frozen, slotted, keyword-only, typed fields.
+
+    ``msgspec.Struct`` rather than a dataclass (the same contract) because its C codec checks
+    every field's type while decoding: a received message is validated in ~1 µs instead of
+    ~10 µs of Python per message (see ``transport/codec.py``). On the wire a message is an array
+    ``[class name, *field values]`` (``array_like``, ``tag``).
+    """
+
+
+class ObsRequest(Message):
     """An env asks a rollout server for its next action.
 
     Attributes:
@@ -36,8 +51,7 @@ class ObsRequest:
     obs: Obs
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ActionReply:
+class ActionReply(Message):
     """A rollout server's answer to one ``ObsRequest``.
 
     Attributes:
@@ -58,8 +72,7 @@ class ActionReply:
     policy_version: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrajectoryChunk:
+class TrajectoryChunk(Message):
     """Up to ``T`` consecutive steps of one env, cut at episode ends; env worker → trainer.
 
     Attributes:
@@ -91,8 +104,7 @@ class TrajectoryChunk:
     bootstrap_value: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WeightsUpdate:
+class WeightsUpdate(Message):
     """Trainer → weight broadcaster: a new version of the policy weights.
 
     Attributes:
@@ -106,8 +118,7 @@ class WeightsUpdate:
     flat: np.ndarray
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WeightsAvailable:
+class WeightsAvailable(Message):
     """Control broadcast: a new weight version is about to be broadcast (or was).
 
     Attributes:
@@ -117,8 +128,7 @@ class WeightsAvailable:
     version: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Control:
+class Control(Message):
     """Control broadcast to all roles (e.g. ``pause``, ``resume`` in sync mode).
 
     Attributes:

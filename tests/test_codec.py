@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -52,7 +51,7 @@ MESSAGES = {
 
 def assert_same(a: object, b: object) -> None:
     assert type(a) is type(b)
-    for f in dataclasses.fields(a):
+    for f in msgspec.structs.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, dict):
             assert x.keys() == y.keys()
@@ -96,10 +95,10 @@ def test_small_arrays_travel_inline_in_one_frame() -> None:
     assert_same(decode(frames), reply)
 
 
-def test_cpu_tensors_round_trip_as_tensors() -> None:
+def test_cpu_tensors_are_sent_and_arrive_as_numpy_arrays() -> None:
     t = torch.randn(3, 4)
     back = decode(encode(m.WeightsUpdate(version=0, layout="x", flat=t)))
-    assert isinstance(back.flat, torch.Tensor) and torch.equal(back.flat, t)
+    assert isinstance(back.flat, np.ndarray) and torch.equal(torch.tensor(back.flat), t)
 
 
 def test_non_contiguous_and_big_endian_arrays() -> None:
@@ -109,8 +108,10 @@ def test_non_contiguous_and_big_endian_arrays() -> None:
 
 
 def test_encode_rejects_unsupported_values() -> None:
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match="WeightsUpdate.flat: dtype"):
         encode(m.WeightsUpdate(version=0, layout="x", flat=np.array(["a"])))
+    with pytest.raises(TypeError, match="WeightsUpdate.flat: "):
+        encode(m.WeightsUpdate(version=0, layout="x", flat=[1.0, 2.0]))
     with pytest.raises(TypeError, match="not a message type"):
         encode({"seq": 1})
 
@@ -121,8 +122,8 @@ def _big_frames() -> list[bytes]:
     return [bytes(f) for f in encode(m.WeightsUpdate(version=1, layout="s", flat=flat))]
 
 
-def _header(version: object, name: object, values: object) -> bytes:
-    return msgpack.packb([version, name, values])
+def _header(version: object, name: object, values: list) -> bytes:
+    return msgpack.packb([version, [name, *values]])
 
 
 def _update(flat: object) -> bytes:
@@ -134,27 +135,29 @@ def _update(flat: object) -> bytes:
     [
         ([], MalformedFrame, "no header"),
         ([b"\xc1garbage"], MalformedFrame, "not a valid msgpack"),
-        ([b"\x93\x02"], MalformedFrame, "not a valid msgpack"),  # truncated header
+        ([b"\x92\x02"], MalformedFrame, "not a valid msgpack"),  # truncated header
+        ([msgpack.packb(5)], MalformedFrame, "must be \\[version, message\\]"),
+        ([msgpack.packb([2, {"command": "x"}])], MalformedFrame, "must be \\[name, \\*field values\\]"),
         (_big_frames()[:1], MalformedFrame, "WeightsUpdate.flat: array refers to frame 1"),
         ([_big_frames()[0], _big_frames()[1][:7]], MalformedFrame, "needs 65536 bytes, got 7"),
         ([*_big_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
         ([_header(99, "WeightsUpdate", [])], SchemaMismatch, "schema version 99"),
         ([_header(2, "Evil", [])], UnknownMessage, "'Evil'"),
-        ([_header(2, "Control", ["x", 1, 2])], MalformedFrame, "Control: expected 2 field values, got 3"),
-        ([_header(2, "Control", ["x"])], MalformedFrame, "Control: expected 2 field values, got 1"),
-        ([_header(2, "Control", {"command": "x"})], MalformedFrame, "expected 2 field values, got dict"),
-        ([_header(2, "Control", [5, 1])], MalformedFrame, "Control.command: expected str"),
-        ([_header(2, "WeightsAvailable", ["1"])], MalformedFrame, "WeightsAvailable.version: expected int"),
-        ([_update(["object", [1], b"x", False])], MalformedFrame, "WeightsUpdate.flat: array dtype 'object'"),
+        ([_header(2, "Control", ["x", 1, 2])], MalformedFrame, "Control: expected 1 to 2 field values, got 3"),
+        ([_header(2, "Control", [])], MalformedFrame, "Control: expected 1 to 2 field values, got 0"),
+        ([_header(2, "Control", [5, 1])], MalformedFrame, "Control.command: Expected `str`"),
+        ([_header(2, "WeightsAvailable", ["1"])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
+        ([_header(2, "WeightsAvailable", [True])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
+        ([_update(["object", [1], b"x"])], MalformedFrame, "WeightsUpdate.flat: array dtype 'object'"),
         ([_update(5)], MalformedFrame, "WeightsUpdate.flat: expected an array"),
-        ([_update(["float32", [4], b"123", False])], MalformedFrame, "needs 16 bytes, got 3"),
-        ([_update(["float32", [-1], b"", False])], MalformedFrame, "non-negative ints"),
-        ([_update(["float32", 4, b"", False])], MalformedFrame, "is not a list"),
-        ([_header(2, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x", False]}])], MalformedFrame,
-         "ObsRequest.obs: observation key b.k. is not a str"),
-        ([_header(2, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x", False]}])],
-         MalformedFrame, "ObsRequest.obs: \\['image'\\]: array uint8\\[2\\] needs 2 bytes"),
-        ([_header(2, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1, False]] * 7, 0.0]),
+        ([_update(["float32", [4], b"123"])], MalformedFrame, "needs 16 bytes, got 3"),
+        ([_update(["float32", [-1], b""])], MalformedFrame, "non-negative ints"),
+        ([_update(["float32", 4, b""])], MalformedFrame, "is not a list"),
+        ([_header(2, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x"]}])], MalformedFrame,
+         "ObsRequest.obs: Expected `str`, got `bytes` \\(a key\\)"),
+        ([_header(2, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x"]}])],
+         MalformedFrame, "ObsRequest.obs\\[...\\]: array uint8\\[2\\] needs 2 bytes"),
+        ([_header(2, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1]] * 7, 0.0]),
           b"\x00" * 65536], MalformedFrame, "TrajectoryChunk.rewards: array refers to frame 1"),
     ],
 )  # fmt: skip
@@ -176,6 +179,6 @@ def test_oversized_frames_are_rejected() -> None:
 
 
 def test_huge_declared_shape_is_rejected_before_allocation() -> None:
-    header = _update(["float64", [1 << 40, 1 << 20], 1, False])
+    header = _update(["float64", [1 << 40, 1 << 20], 1])
     with pytest.raises(OversizedFrame, match="WeightsUpdate.flat: array of"):
         decode([header, b"\x00" * 8])
