@@ -98,10 +98,15 @@ class Registry:
         self.redis.hset(key, "endpoints", json.dumps(endpoints))
 
     def endpoints(self, role: str, name: str) -> list[str]:
-        """Addresses of endpoint ``name`` of every live instance of ``role``, by index."""
+        """Addresses of endpoint ``name`` of every live instance of ``role``, by index.
+
+        Live: heartbeat not expired and status ``starting`` or ``running`` (a stopping role's
+        endpoints are about to close; peers must not start new work with it).
+        """
         found = []
         for rec in self.roles():
-            if rec.role == role and rec.alive and name in rec.endpoints:
+            serving = rec.alive and rec.status in ("starting", "running")
+            if rec.role == role and serving and name in rec.endpoints:
                 found.append((rec.index, rec.endpoints[name]))
         return [address for _, address in sorted(found)]
 

@@ -9,6 +9,7 @@ The version and its time are recorded in Redis.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
@@ -64,7 +65,9 @@ class WeightBroadcaster(Role):
                              update.version, self.broadcaster.version)  # fmt: skip
             return
         self.layout = update.layout
-        flat = torch.from_numpy(update.flat).to(self.settings.device)
+        with warnings.catch_warnings():  # a read-only view of the received frame, only read
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            flat = torch.from_numpy(update.flat).to(self.settings.device)
         started = time.perf_counter()
         failed = self.broadcaster.publish(update.version, flat, self.stop_event.is_set)
         self.registry.set_weight_version(update.version)
@@ -78,8 +81,10 @@ class WeightBroadcaster(Role):
         live = set(self.registry.endpoints("rollout_server", "weights_link"))
         for link_id in sorted(live - set(self.broadcaster.links)):
             try:
-                self.broadcaster.add(link_id)
+                self.broadcaster.add(link_id, self.stop_event.is_set)
                 self.log.info("linked %s (sent v%d)", link_id, self.broadcaster.version)
+            except InterruptedError:
+                return  # stopping
             except Exception as err:  # the server vanished while linking: retry on next scan
                 self.log.warning("could not link %s: %s", link_id, err)
         for link_id in set(self.broadcaster.links) - live:

@@ -227,12 +227,32 @@ class Broadcaster:
         self.version = -1
         self.flat: torch.Tensor | None = None
 
-    def add(self, link_id: str) -> None:
-        """Form the link with a server (blocks until it connects) and send it the current weights."""
-        link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s)
-        if self.flat is not None:
-            link.send(self.version, self.flat)
-        self.links[link_id] = link
+    def add(self, link_id: str, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Form the link with a server and send it the current weights.
+
+        Blocks until the server connects (or the link's timeout: then raises); ``should_stop``
+        lets the caller give up waiting, as in ``publish``.
+        """
+        result: list[WeightLink | BaseException] = []
+
+        def connect() -> None:
+            try:
+                link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s)
+                if self.flat is not None:
+                    link.send(self.version, self.flat)
+                result.append(link)
+            except Exception as err:  # reported to the caller below
+                result.append(err)
+
+        thread = threading.Thread(target=connect, name=f"link-{link_id}", daemon=True)
+        thread.start()
+        while thread.is_alive() and not should_stop():
+            thread.join(timeout=0.1)
+        if not result:
+            raise InterruptedError(f"linking {link_id} abandoned: stopping")
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        self.links[link_id] = result[0]
 
     def remove(self, link_id: str) -> None:
         """Forget a server's link (it went away)."""

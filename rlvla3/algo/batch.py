@@ -58,8 +58,8 @@ def build_batch(
     for c in chunks:
         n = len(c.rewards)
         sl = slice(offset, offset + n)
-        rewards = torch.from_numpy(c.rewards).to(device)
-        dones = torch.from_numpy(c.terminated).to(device)
+        rewards = torch.tensor(c.rewards, device=device)  # (received arrays are read-only)
+        dones = torch.tensor(c.terminated, device=device)
         if algo.correction == "vtrace":
             vs, adv = vtrace(behaviour_log_probs[sl], target_log_probs[sl], rewards, values[sl],
                              c.bootstrap_value, algo.gamma, dones=dones)  # fmt: skip
