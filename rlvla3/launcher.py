@@ -26,6 +26,7 @@ from rlvla3.config import Config, dump_config, load_config
 from rlvla3.redis_server import EmbeddedRedis
 from rlvla3.registry import Registry
 from rlvla3.run_report import evaluation_episodes, progress_line, stop_condition, write_report
+from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
@@ -255,19 +256,15 @@ class Launcher:
                 popen.wait()
 
     def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def handler(signum: int, _frame: object) -> None:
-            if self.stop_requested.is_set():
+        def on_signal(_signum: int, count: int) -> None:  # on the signal watcher thread
+            if count > 1 or self.stop_requested.is_set():
                 self.echo("second signal: killing all roles")
                 self.kill_requested.set()
             else:
                 self.echo("stopping all roles (Ctrl-C again to kill them)")
                 self.stop_requested.set()
 
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
+        install_stop_signals(on_signal)
 
 
 def _with_redis_url(cfg: Config, url: str) -> Config:

@@ -15,7 +15,6 @@ import argparse
 import collections
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any, ClassVar
 
 from rlvla3.config import Config, load_config
 from rlvla3.registry import Registry
+from rlvla3.signals import install_stop_signals
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
@@ -210,14 +210,13 @@ class Role(abc.ABC):
                     self._pending.update(pending)
 
     def _install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            if self.stop_event.is_set():
+        def on_signal(signum: int, count: int) -> None:  # on the signal watcher thread
+            if count > 1:
                 os._exit(128 + signum)  # second signal: the user insists
             self.log.info("signal %d: stopping after the current step", signum)
             self.stop_event.set()
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        install_stop_signals(on_signal)
 
 
 def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
