@@ -2,10 +2,11 @@
 
 One sample becomes one token sequence (a *document*)::
 
-    [CLS] [proprio] [patch_0 ... patch_{N-1}] [instr_0 ... instr_{n-1}]
+    [CLS] [proprio] [keypoints] [patch_0 ... patch_{N-1}] [instr_0 ... instr_{n-1}]
 
 - ``CLS``: a learned vector; its final hidden state feeds the action and value heads.
 - ``proprio``: ``Linear(proprio_dim, d_model)`` of the proprioceptive state (absent if dim 0).
+- ``keypoints``: the keypoint stem's token (absent if ``keypoints`` is 0).
 - patches: a ``Conv2d`` patch embedding of the uint8 image, scaled to [-1, 1].
 - instruction: one token per real byte (``instruction_tokens: bytes``) or per word (``words``,
   ~5x fewer tokens); see rlvla3/policy/instruction.py.
