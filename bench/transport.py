@@ -1,10 +1,12 @@
 """Transport benchmark: our codec + sockets against raw pyzmq sending the same bytes.
 
 Two payloads over PUSH/PULL on tcp loopback, sender and receiver in separate processes:
-(a) ``small``: an ``ActionReply`` (msgpack header + one tiny array);
-(b) ``obs``: an ``ObsRequest`` carrying an 84x84x3 uint8 image.
-"ours" encodes and decodes real messages; "raw" sends pre-built frames of the same sizes with
-plain ``send_multipart``/``recv_multipart`` — the limit of the socket itself.
+(a) ``small``: an ``ActionReply`` (one msgpack header frame, its two tiny arrays inline);
+(b) ``obs``: an ``ObsRequest`` carrying an 84x84x3 uint8 image (inline too: under 64 KiB).
+"ours" encodes and decodes real messages; "raw" sends pre-built frames of the same bytes with
+plain ``send_multipart``/``recv_multipart`` — the limit of the socket itself. Trials of the two
+alternate (``--repeats`` each, the best kept). Besides msgs/s, each side's CPU time per message
+(µs, best trial) is reported: on a shared 2-core host it moves far less than the rates do.
 
     python bench/transport.py [--messages N] [--json PATH]
 """
@@ -17,6 +19,7 @@ import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Run as a script, this file's directory comes first on sys.path and its name would shadow the
 # `transport` package: drop that directory before importing the package.
@@ -38,27 +41,35 @@ def make_message(kind: str, i: int):
     return ObsRequest(env_key="0/0", request_id=i, obs={"image": image})
 
 
-def ours_sender(address: str, kind: str, count: int) -> None:
+def ours_sender(address: str, kind: str, count: int, cpu: Any) -> None:
     sock = sockets.push(hwm=1000)
     sock.connect(address)
+    started = time.process_time()
     for i in range(count):
         sock.send(make_message(kind, i))
     sock.raw.setsockopt(zmq.LINGER, -1)
     sock.raw.close()
+    zmq.Context.instance().term()  # wait until every queued message is delivered, then exit
+    cpu.send(time.process_time() - started)
 
 
-def raw_sender(address: str, kind: str, count: int) -> None:
+def raw_sender(address: str, kind: str, count: int, cpu: Any) -> None:
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 1000)
     sock.connect(address)
     frames = [bytes(memoryview(f)) for f in encode(make_message(kind, 0))]
+    started = time.process_time()
     for _ in range(count):
         sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
     sock.close(linger=-1)
+    zmq.Context.instance().term()
+    cpu.send(time.process_time() - started)
 
 
-def measure(kind: str, count: int, ours: bool) -> float:
-    """Messages per second received (and, for ours, decoded) over ``count`` messages."""
+def measure(kind: str, count: int, ours: bool) -> tuple[float, float, float]:
+    """Messages per second received (and, for ours, decoded) over ``count`` messages, and the
+    CPU time per message, in µs, of the sending and of the receiving process (all threads,
+    ZeroMQ's I/O thread included: a figure other load on the host barely moves)."""
     if ours:
         receiver = sockets.pull(hwm=1000)
         address = receiver.bind()
@@ -67,31 +78,39 @@ def measure(kind: str, count: int, ours: bool) -> float:
         receiver.setsockopt(zmq.RCVHWM, 1000)
         address = f"tcp://127.0.0.1:{receiver.bind_to_random_port('tcp://127.0.0.1')}"
     target = ours_sender if ours else raw_sender
-    proc = mp.get_context("spawn").Process(target=target, args=(address, kind, count + 1))
+    cpu_recv, cpu_send = mp.get_context("spawn").Pipe(duplex=False)
+    proc = mp.get_context("spawn").Process(
+        target=target, args=(address, kind, count + 1, cpu_send)
+    )
     proc.start()
     if ours:
         receiver.recv()  # the first message: connection is up, start the clock
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(count):
             msg = receiver.recv()
             assert msg is not None
     else:
         receiver.recv_multipart()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(count):
             receiver.recv_multipart(copy=kind == "small")
-    elapsed = time.perf_counter() - start
+    elapsed, receiver_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    sender_cpu = cpu_recv.recv()
     proc.join()
     (receiver.raw if ours else receiver).close(linger=0)
-    return count / elapsed
+    return count / elapsed, sender_cpu / count * 1e6, receiver_cpu / count * 1e6
 
 
 def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, float]]:
     results = {}
     for kind, count in messages.items():
         size = sum(len(memoryview(f)) for f in encode(make_message(kind, 0)))
-        ours = max(measure(kind, count, True) for _ in range(repeats))
-        raw = max(measure(kind, count, False) for _ in range(repeats))
+        trials: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+        for _ in range(repeats):  # interleaved, so a change of load hits both alike
+            for is_ours in (True, False):
+                trials[is_ours].append(measure(kind, count, is_ours))
+        ours, raw = (max(t[0] for t in trials[k]) for k in (True, False))
+        cpu = {k: [min(t[i] for t in trials[k]) for i in (1, 2)] for k in (True, False)}
         results[kind] = {
             "bytes_per_msg": size,
             "ours_msgs_per_s": round(ours, 1),
@@ -99,6 +118,8 @@ def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, float]]:
             "ours_gb_per_s": round(ours * size / 1e9, 4),
             "raw_gb_per_s": round(raw * size / 1e9, 4),
             "ratio": round(ours / raw, 3),
+            "ours_cpu_us_per_msg": {"send": round(cpu[True][0], 2), "recv": round(cpu[True][1], 2)},
+            "raw_cpu_us_per_msg": {"send": round(cpu[False][0], 2), "recv": round(cpu[False][1], 2)},
         }
     return results
 
@@ -114,11 +135,12 @@ def main() -> None:
     args = parser.parse_args()
     results = run({"small": args.messages, "obs": args.obs_messages}, args.repeats)
     print(f"{'payload':8} {'bytes':>7} {'ours msg/s':>12} {'raw msg/s':>12} {'ours GB/s':>10} "
-          f"{'raw GB/s':>9} {'ratio':>6}")  # fmt: skip
+          f"{'raw GB/s':>9} {'ratio':>6}   CPU us/msg send+recv: ours  raw")  # fmt: skip
     for kind, r in results.items():
+        o, w = r["ours_cpu_us_per_msg"], r["raw_cpu_us_per_msg"]
         print(f"{kind:8} {r['bytes_per_msg']:7d} {r['ours_msgs_per_s']:12.0f} "
               f"{r['raw_msgs_per_s']:12.0f} {r['ours_gb_per_s']:10.3f} {r['raw_gb_per_s']:9.3f} "
-              f"{r['ratio']:6.2f}")  # fmt: skip
+              f"{r['ratio']:6.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} {w['send']:5.1f}+{w['recv']:.1f}")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

@@ -187,8 +187,11 @@ class _Coder:
             if arr.dtype.name not in _ALLOWED_DTYPES:
                 raise TypeError(f"dtype {arr.dtype} is not supported")
             arr, dtype = arr.astype(arr.dtype.newbyteorder("=")), arr.dtype.name
-        if arr.nbytes < ZERO_COPY_MIN_BYTES:  # small: cheaper to copy into the header than a frame
-            data: Any = arr.data if arr.flags.c_contiguous else arr.tobytes()
+        nbytes = arr.nbytes
+        if nbytes < 4096:  # tiny: a copy is cheaper than asking whether a view would do
+            data: Any = arr.tobytes()
+        elif nbytes < ZERO_COPY_MIN_BYTES:  # small: cheaper to copy into the header than a frame
+            data = arr.data if arr.flags.c_contiguous else arr.tobytes()
         else:
             if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
                 arr = arr.copy(order="C")
