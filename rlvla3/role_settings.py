@@ -14,10 +14,21 @@ class EnvWorkerSettings:
     """Env worker: owns ``env.num_envs_per_worker`` simulators, one thread each.
 
     ``request_timeout_s``: an action request unanswered this long is re-sent (to any live server).
+    ``chunk_queue_hwm``: chunks one env may queue towards the trainer before its push blocks.
+    ``max_chunks_queued``: run-wide back-pressure: while more chunks than this have been pushed
+    but not yet received by a trainer (Redis counters), every env pauses at its next chunk
+    boundary. Bounds how stale queued data gets when the trainer is slower than the envs (a
+    compute-bound VLA on few cores): ZeroMQ's per-socket queues and the kernel's socket buffers
+    alone let thousands of steps pile up, to be dropped as stale. Async modes only; 0: no limit.
     """
 
     request_timeout_s: float = 10.0
     chunk_queue_hwm: int = 64
+    max_chunks_queued: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_chunks_queued < 0:
+            raise ValueError(f"max_chunks_queued must be >= 0, got {self.max_chunks_queued}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,6 +44,8 @@ class EnvWorker(Role):
         self.barrier = threading.Barrier(num_envs) if sync else None
         self.version_seen = threading.Condition()
         self.latest_version = self.registry.weight_version()
+        self.may_produce = threading.Event()  # cleared while too many chunks are in flight
+        self.may_produce.set()
         self.runners = [EnvRunner(self, i) for i in range(num_envs)]
         for runner in self.runners:
             runner.thread.start()
@@ -55,6 +57,8 @@ class EnvWorker(Role):
             return
         if sync:
             self._watch_version()
+        if self.settings.max_chunks_queued and self.trains and not sync:
+            self._watch_trainer_backlog()
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
             self.servers = self.registry.endpoints("rollout_server", "requests") or self.servers
             if self.trains:
@@ -71,6 +75,24 @@ class EnvWorker(Role):
             with self.version_seen:
                 self.latest_version = version
                 self.version_seen.notify_all()
+
+    def _watch_trainer_backlog(self) -> None:
+        """Back-pressure: let envs produce only while few chunks wait for the trainer."""
+        c = self.registry.counters()
+        queued = c.get("chunks_produced", 0) - c.get("chunks_received", 0)
+        if queued > self.settings.max_chunks_queued:
+            if self.may_produce.is_set():
+                self.may_produce.clear()
+                self.count("backpressure_pauses")
+        else:
+            self.may_produce.set()
+        self.gauge("chunks_queued", queued)
+
+    def wait_for_credit(self) -> None:
+        """Block while too many chunks wait for the trainer (see ``max_chunks_queued``)."""
+        while not self.may_produce.wait(0.1):
+            if self.stop_event.is_set():
+                raise InterruptedError
 
     def wait_for_version_after(self, version: int) -> bool:
         """Sync mode: block until a weight version newer than ``version`` is published."""
@@ -259,6 +281,7 @@ class EnvRunner:
                 return  # never sent: not counted as produced
             self.chunks.sync_peers(self.worker.trainers)
         self.worker.count("chunks_produced")
+        self.worker.wait_for_credit()
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class Trainer(Role):
         if not isinstance(chunk, TrajectoryChunk):
             self.count("bad_frames")
             return
+        self.count("chunks_received")  # env workers' back-pressure reads this
         staleness = chunk_staleness(chunk, self.version)
         on_policy_only = self.cfg.run.mode != "async"
         if not keep_chunk(staleness, max_staleness=self.cfg.algo.max_staleness,

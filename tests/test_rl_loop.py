@@ -66,6 +66,24 @@ def test_short_run_trains_and_stops_cleanly(tmp_path, redis_url, mode: str) -> N
     assert (run_dir / "learning_curve.png").is_file()
 
 
+def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) -> None:
+    # A slow trainer (many epochs) and a tiny allowed backlog: envs must pause, the run must
+    # still reach its step budget (no deadlock), and nothing may be lost.
+    cfg = cartpole_config("cp_backpressure", redis_url, "async", epochs=30, minibatch_size=32)
+    cfg["roles"]["env_worker"]["settings"] = {"max_chunks_queued": 2}
+    cfg["run"]["stop"] = {"max_env_steps": 2500, "max_wall_s": 150}
+    run_dir = run_to_end(tmp_path, cfg)
+    c = Registry(redis_url, "cp_backpressure").counters()
+    assert c.get("backpressure_pauses", 0) > 0
+    assert "max_env_steps" in json.loads((run_dir / "summary.json").read_text())["stop_reason"]
+    assert c["chunks_received"] <= c["chunks_produced"]
+    assert c["chunks_produced"] == (
+        c.get("chunks_consumed", 0)
+        + c.get("chunks_dropped", 0)
+        + c.get("chunks_in_flight_at_exit", 0)
+    )
+
+
 def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
     cfg = cartpole_config("cp_resume", redis_url, "async")
     cfg["run"]["stop"] = {"max_wall_s": 200}
