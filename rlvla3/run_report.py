@@ -99,12 +99,22 @@ def write_report(
     recent = episodes[-window:]
     final_mean = sum(e["return"] for e in recent) / len(recent) if recent else None
     target = cfg.run.stop.target_mean_return
+    rate_target = cfg.run.stop.target_success_rate
+    recent_rate = (
+        sum(bool(e.get("success")) for e in recent) / len(recent)
+        if recent and "success" in recent[-1]
+        else None
+    )
+    full_window = len(recent) >= window
     summary = {
         "run_id": cfg.run.name,
         "mode": cfg.run.mode,
         "stop_reason": reason,
-        "solved": bool(target is not None and final_mean is not None and final_mean >= target
-                       and len(recent) >= window),
+        # Either target reached over a full window of the last episodes (what stops the run).
+        "solved": full_window and (
+            (target is not None and final_mean is not None and final_mean >= target)
+            or (rate_target is not None and recent_rate is not None and recent_rate >= rate_target)
+        ),
         "env_steps": counters.get("env_steps", 0),
         "wall_s": round(wall_s, 3),
         "final_mean_return": final_mean,
@@ -113,8 +123,8 @@ def write_report(
         "counters": counters,
         "finished_at": time.time(),
     }  # fmt: skip
-    if episodes and "success" in episodes[-1]:
-        summary["success_rate"] = sum(bool(e.get("success")) for e in recent) / len(recent)
+    if recent_rate is not None:
+        summary["success_rate"] = recent_rate
     evaluation = evaluation_summary(registry)
     if evaluation is not None:
         summary["evaluation"] = evaluation

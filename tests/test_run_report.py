@@ -1,0 +1,33 @@
+"""summary.json: ``solved`` follows whichever target stopped the run."""
+
+from __future__ import annotations
+
+import json
+
+from rlvla3.config import config_from_dict
+from rlvla3.registry import Registry
+from rlvla3.run_report import write_report
+
+
+def _summary(tmp_path, redis_url: str, name: str, stop: dict, successes: list[bool]) -> dict:
+    cfg = config_from_dict({"run": {"name": name, "redis_url": redis_url, "stop": stop}})
+    registry = Registry(redis_url, name)
+    registry.append("episodes", [
+        {"return": 1.0, "length": 5, "success": ok, "t": float(i), "env_steps": 5 * i}
+        for i, ok in enumerate(successes)
+    ])  # fmt: skip
+    write_report(registry, cfg, tmp_path, 1.0, "test")
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_success_rate_target_counts_as_solved(tmp_path, redis_url) -> None:
+    stop = {"target_success_rate": 0.8, "return_window": 10}
+    solved = _summary(tmp_path, redis_url, "rep_ok", stop, [False] * 5 + [True] * 9 + [False])
+    assert solved["solved"] is True and solved["success_rate"] == 0.9
+    short = _summary(tmp_path, redis_url, "rep_bad", stop, [True] * 7 + [False] * 3)
+    assert short["solved"] is False and short["success_rate"] == 0.7
+
+
+def test_no_target_is_never_solved(tmp_path, redis_url) -> None:
+    summary = _summary(tmp_path, redis_url, "rep_none", {"return_window": 3}, [True] * 5)
+    assert summary["solved"] is False
