@@ -34,7 +34,12 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
             kwargs[name] = convert(hints[name], data[name], _join(path, name))
         elif _is_required(fields[name]):
             raise ConfigError(f"{_join(path, name)}: missing required key")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a dataclass's own validation: say where in the file it was
+        raise ConfigError(f"{path or '<root>'}: {err}") from None
 
 
 def convert(tp: Any, value: Any, path: str) -> Any:
