@@ -73,6 +73,5 @@ def test_placement_spreads_round_robin() -> None:
 
 
 def test_a_settings_value_check_names_where_it_failed() -> None:
-    cfg = config_from_dict({"roles": {"env_worker": {"settings": {"max_chunks_queued": -1}}}})
     with pytest.raises(ConfigError, match=r"^roles\.env_worker\.settings: max_chunks_queued"):
-        cfg.role_settings("env_worker")
+        config_from_dict({"roles": {"env_worker": {"settings": {"max_chunks_queued": -1}}}})
