@@ -47,6 +47,7 @@ class Trainer(Role):
             hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame
         )
         self.bind("chunks", self.chunks)
+        self._write_off_lost_chunks()
         broadcaster = self.wait_for_endpoints("weight_broadcaster", "updates")[0]
         self.publisher = WeightPublisher(self.policy, broadcaster, self.version)
         self.buffer: list[TrajectoryChunk] = []
@@ -56,6 +57,20 @@ class Trainer(Role):
         self.metrics = MetricsLog(self.run_dir, self.registry, "train")
         self.frozen, self.next_freeze_check = False, 0.0
         self._publish()
+
+    def _write_off_lost_chunks(self) -> None:
+        """Chunks pushed but never received (a killed trainer's queue died with it) stop counting
+        as queued, so the env workers' back-pressure (``max_chunks_queued``) cannot wait for
+        them forever. Chunks still in env workers' sockets may arrive later: then the backlog
+        reads low for a while, which only relaxes the back-pressure."""
+        c = self.registry.counters()
+        backlog = (
+            c.get("chunks_produced", 0) - c.get("chunks_received", 0)
+            - c.get("chunks_unreceived_at_start", 0)
+        )  # fmt: skip
+        if backlog > 0:
+            self.count("chunks_unreceived_at_start", backlog)
+            self.log.info("%d chunks pushed before this start were never received", backlog)
 
     def _round_steps(self) -> int:
         workers = self.cfg.roles["env_worker"].count if "env_worker" in self.cfg.roles else 1

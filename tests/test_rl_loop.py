@@ -87,6 +87,8 @@ def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) ->
 def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
     cfg = cartpole_config("cp_resume", redis_url, "async")
     cfg["run"]["stop"] = {"max_wall_s": 200}
+    # Back-pressure on: the chunks lost in the killed trainer's queue must not stall the envs.
+    cfg["roles"]["env_worker"]["settings"] = {"max_chunks_queued": 4}
     run_dir = tmp_path / "run"
     launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
     registry = Registry(redis_url, "cp_resume")
