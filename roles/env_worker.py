@@ -81,7 +81,7 @@ class EnvWorker(Role):
         c = self.registry.counters()
         queued = (
             c.get("chunks_produced", 0) - c.get("chunks_received", 0)
-            - c.get("chunks_unreceived_at_start", 0)  # lost with a killed trainer
+            - c.get("chunks_written_off", 0)  # lost, e.g. with a killed trainer
         )  # fmt: skip
         if queued > self.settings.max_chunks_queued:
             if self.may_produce.is_set():

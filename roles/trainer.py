@@ -56,21 +56,26 @@ class Trainer(Role):
         self.sample_rate = RateMeter(window_s=20.0)
         self.metrics = MetricsLog(self.run_dir, self.registry, "train")
         self.frozen, self.next_freeze_check = False, 0.0
+        self.last_chunk_at = time.monotonic()
         self._publish()
 
     def _write_off_lost_chunks(self) -> None:
-        """Chunks pushed but never received (a killed trainer's queue died with it) stop counting
-        as queued, so the env workers' back-pressure (``max_chunks_queued``) cannot wait for
-        them forever. Chunks still in env workers' sockets may arrive later: then the backlog
-        reads low for a while, which only relaxes the back-pressure."""
+        """Chunks counted as pushed that no trainer will ever receive stop counting as queued,
+        so the env workers' back-pressure (``max_chunks_queued``) cannot wait for them forever.
+
+        Called at start (a killed trainer's queue died with it) and whenever nothing arrived
+        for a second: an empty socket while Redis says chunks are queued means they are lost
+        (or their counters lag; writing those off only relaxes the back-pressure a little).
+        """
+        self._flush_counters()  # our own chunks_received must not lag behind
         c = self.registry.counters()
         backlog = (
             c.get("chunks_produced", 0) - c.get("chunks_received", 0)
-            - c.get("chunks_unreceived_at_start", 0)
+            - c.get("chunks_written_off", 0)
         )  # fmt: skip
         if backlog > 0:
-            self.count("chunks_unreceived_at_start", backlog)
-            self.log.info("%d chunks pushed before this start were never received", backlog)
+            self.count("chunks_written_off", backlog)
+            self.log.info("%d chunks counted as pushed were never received: written off", backlog)
 
     def _round_steps(self) -> int:
         workers = self.cfg.roles["env_worker"].count if "env_worker" in self.cfg.roles else 1
@@ -81,6 +86,10 @@ class Trainer(Role):
         chunk = self.chunks.recv(timeout_s=0.2)
         if chunk is not None:
             self._accept(chunk)
+            self.last_chunk_at = time.monotonic()
+        elif time.monotonic() - self.last_chunk_at >= 1.0:
+            self._write_off_lost_chunks()
+            self.last_chunk_at = time.monotonic()
         if self.buffered_steps >= self.batch_steps and not self._frozen():
             self._train()
 
