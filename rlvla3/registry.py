@@ -156,6 +156,15 @@ class Registry:
         """All run-wide counters."""
         return {k: int(v) for k, v in self.redis.hgetall(keys.counters(self.run_id)).items()}
 
+    def chunk_backlog(self) -> int:
+        """Chunks pushed by env workers that no trainer has received yet (nor written off as
+        lost); what the env workers' back-pressure (``max_chunks_queued``) bounds."""
+        c = self.counters()
+        return (
+            c.get("chunks_produced", 0) - c.get("chunks_received", 0)
+            - c.get("chunks_written_off", 0)
+        )  # fmt: skip
+
     # --- weights, config, stop requests, curves -------------------------------------------------
     def set_weight_version(self, version: int) -> None:
         """Record the newest broadcast weight version and when it was published."""

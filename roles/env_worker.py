@@ -78,11 +78,7 @@ class EnvWorker(Role):
 
     def _watch_trainer_backlog(self) -> None:
         """Back-pressure: let envs produce only while few chunks wait for the trainer."""
-        c = self.registry.counters()
-        queued = (
-            c.get("chunks_produced", 0) - c.get("chunks_received", 0)
-            - c.get("chunks_written_off", 0)  # lost, e.g. with a killed trainer
-        )  # fmt: skip
+        queued = self.registry.chunk_backlog()
         if queued > self.settings.max_chunks_queued:
             if self.may_produce.is_set():
                 self.may_produce.clear()

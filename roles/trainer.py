@@ -68,11 +68,7 @@ class Trainer(Role):
         (or their counters lag; writing those off only relaxes the back-pressure a little).
         """
         self._flush_counters()  # our own chunks_received must not lag behind
-        c = self.registry.counters()
-        backlog = (
-            c.get("chunks_produced", 0) - c.get("chunks_received", 0)
-            - c.get("chunks_written_off", 0)
-        )  # fmt: skip
+        backlog = self.registry.chunk_backlog()
         if backlog > 0:
             self.count("chunks_written_off", backlog)
             self.log.info("%d chunks counted as pushed were never received: written off", backlog)

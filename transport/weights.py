@@ -244,10 +244,7 @@ class Broadcaster:
             except Exception as err:  # reported to the caller below
                 result.append(err)
 
-        thread = threading.Thread(target=connect, name=f"link-{link_id}", daemon=True)
-        thread.start()
-        while thread.is_alive() and not should_stop():
-            thread.join(timeout=0.1)
+        _run_until_stopped([threading.Thread(target=connect, daemon=True)], should_stop)
         if not result:
             raise InterruptedError(f"linking {link_id} abandoned: stopping")
         if isinstance(result[0], BaseException):
@@ -277,11 +274,17 @@ class Broadcaster:
 
         threads = [threading.Thread(target=send, args=(link,), daemon=True)
                    for link in self.links.values()]  # fmt: skip
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive() and not should_stop():
-                t.join(timeout=0.1)
+        _run_until_stopped(threads, should_stop)
         for link_id in failed:
             self.remove(link_id)
         return failed
+
+
+def _run_until_stopped(threads: list[threading.Thread], should_stop: Callable[[], bool]) -> None:
+    """Start daemon ``threads`` and wait for them, or until ``should_stop()`` (then abandon them:
+    a blocked gloo/NCCL call cannot be interrupted, only left behind)."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive() and not should_stop():
+            t.join(timeout=0.1)
