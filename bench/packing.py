@@ -2,18 +2,23 @@
 
 Each step trains on 8 samples of random lengths in [32, 512] (float features, d=256) with a 4-layer
 d=256 transformer built on ``rlvla3.policy.attention.attention`` (the VLA trunk, ``Transformer``):
-forward + backward + AdamW step, per-token MSE loss. Both modes see the same samples and start from
-the same weights:
+forward + backward + AdamW step, per-token MSE loss (``--batch``, ``--d-model``, ``--layers``,
+``--heads`` change the shape: a GPU needs a bigger one to be busy). Both modes see the same samples
+and start from the same weights:
 
 - **padded**: zero-pad to the step's longest sample, key padding mask, batched SDPA.
 - **packed**: ``sft.packing.pack`` + ``collate_packed`` (no pad tokens), per-document attention
-  (``sdpa_per_segment`` on CPU, ``flash_attn_varlen`` on CUDA with flash-attn under bf16 autocast).
+  (``sdpa_per_segment`` on CPU; on CUDA under bf16 autocast a FlashAttention varlen kernel:
+  ``flash_attn_varlen`` from flash-attn, else torch's built-in ``torch_varlen_attn``).
+- **packed_fp8** (``--fp8``, GPU with FP8 only): the packed mode with FP8 linears
+  (``sft.precision.enable_fp8``), reported against packed bf16.
 
 The padding bound is padded token slots / real tokens (= max_len / mean_len per step): the speed-up
 packing would give if cost were linear in tokens. Modes alternate step by step so load drift on a
 shared machine hits both alike.
 
-Usage: ``python -m bench.packing [--steps 6] [--seed 0] [--device cpu] [--threads 1] [--json P]``
+Usage: ``python -m bench.packing [--steps 6] [--seed 0] [--device cpu] [--threads 1] [--fp8]
+[--batch 8] [--d-model 256] [--layers 4] [--heads 4] [--json P]``
 """
 
 from __future__ import annotations
@@ -35,14 +40,30 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from rlvla3.policy.attention import backend_name  # noqa: E402
 from rlvla3.policy.vla import Transformer  # noqa: E402
 from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
+from sft.precision import enable_fp8, fp8_backend  # noqa: E402
 
-D_MODEL, NUM_LAYERS, NUM_HEADS = 256, 4, 4
-BATCH, MIN_LEN, MAX_LEN = 8, 32, 512
+MIN_LEN, MAX_LEN = 32, 512
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """The benchmark's model and batch: ``batch`` samples per step of MIN_LEN..MAX_LEN tokens."""
+
+    batch: int = 8
+    d_model: int = 256
+    layers: int = 4
+    heads: int = 4
+
+    def model(self) -> Transformer:
+        return Transformer(d_model=self.d_model, num_layers=self.layers, num_heads=self.heads)
+
+    def describe(self) -> str:
+        return f"{self.layers} layers, d={self.d_model}, {self.heads} heads"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepData:
-    """One step's samples: inputs/targets float32[len_i, D_MODEL] each, on the bench device."""
+    """One step's samples: inputs/targets float32[len_i, d_model] each, on the bench device."""
 
     inputs: list[torch.Tensor]
     targets: list[torch.Tensor]
@@ -52,21 +73,21 @@ class StepData:
         return [int(x.shape[0]) for x in self.inputs]
 
 
-def make_steps(num_steps: int, seed: int, device: torch.device) -> list[StepData]:
-    """Random lengths in [MIN_LEN, MAX_LEN] and random features, ``BATCH`` samples per step."""
+def make_steps(num_steps: int, seed: int, device: torch.device, shape: Shape) -> list[StepData]:
+    """Random lengths in [MIN_LEN, MAX_LEN] and random features, ``shape.batch`` per step."""
     g = torch.Generator().manual_seed(seed)
     steps = []
     for _ in range(num_steps):
-        lengths = torch.randint(MIN_LEN, MAX_LEN + 1, (BATCH,), generator=g).tolist()
-        inputs = [torch.randn(n, D_MODEL, generator=g).to(device) for n in lengths]
-        targets = [torch.randn(n, D_MODEL, generator=g).to(device) for n in lengths]
+        lengths = torch.randint(MIN_LEN, MAX_LEN + 1, (shape.batch,), generator=g).tolist()
+        inputs = [torch.randn(n, shape.d_model, generator=g).to(device) for n in lengths]
+        targets = [torch.randn(n, shape.d_model, generator=g).to(device) for n in lengths]
         steps.append(StepData(inputs=inputs, targets=targets))
     return steps
 
 
 def padded_step(model: Transformer, data: StepData) -> torch.Tensor:
     """Forward + backward on the zero-padded batch; loss = mean over real tokens."""
-    idx = range(BATCH)
+    idx = range(len(data.inputs))
     x, mask = collate_padded(data.inputs, idx)
     y, _ = collate_padded(data.targets, idx)
     out = model(x, key_padding_mask=mask)
@@ -105,26 +126,36 @@ def timed(
     return time.perf_counter() - start
 
 
-def run(steps: int, seed: int, device: torch.device, budget: int, warmup: int = 1) -> dict:
-    """Alternate padded and packed training steps on the same data; return the figures."""
+def run(
+    steps: int,
+    seed: int,
+    device: torch.device,
+    budget: int,
+    shape: Shape = Shape(),
+    fp8: bool = False,
+    warmup: int = 1,
+) -> dict:
+    """Alternate padded and packed (and packed FP8) steps on the same data; return the figures."""
     torch.manual_seed(seed)
-    padded_model = Transformer(d_model=D_MODEL, num_layers=NUM_LAYERS, num_heads=NUM_HEADS).to(
-        device
-    )
-    packed_model = copy.deepcopy(padded_model)
-    opts = {
-        name: torch.optim.AdamW(m.parameters(), lr=1e-4)
-        for name, m in (("padded", padded_model), ("packed", packed_model))
-    }
+    models = {"padded": shape.model().to(device)}
+    models["packed"] = copy.deepcopy(models["padded"])
+    fp8_name = fp8_backend(device) if fp8 else None
+    if fp8 and fp8_name is None:
+        raise SystemExit(f"--fp8: no FP8 backend on {device} (needs a CUDA GPU of sm_89 or newer)")
+    if fp8_name is not None:
+        models["packed_fp8"] = copy.deepcopy(models["padded"])
+        enable_fp8(models["packed_fp8"], fp8_name)
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
     fns = {
-        "padded": lambda d: padded_step(padded_model, d),
-        "packed": lambda d: packed_step(packed_model, d, budget),
+        "padded": lambda d: padded_step(models["padded"], d),
+        "packed": lambda d: packed_step(models["packed"], d, budget),
+        "packed_fp8": lambda d: packed_step(models["packed_fp8"], d, budget),
     }
-    all_steps = make_steps(warmup + steps, seed, device)
-    seconds = {"padded": 0.0, "packed": 0.0}
+    all_steps = make_steps(warmup + steps, seed, device, shape)
+    seconds = dict.fromkeys(models, 0.0)
     real = slots = 0
     for i, data in enumerate(all_steps):
-        order = ("padded", "packed") if i % 2 == 0 else ("packed", "padded")
+        order = list(models) if i % 2 == 0 else list(reversed(models))
         times = {
             name: timed(lambda n=name, d=data: fns[n](d), opts[name], device) for name in order
         }
@@ -133,9 +164,14 @@ def run(steps: int, seed: int, device: torch.device, budget: int, warmup: int = 
         for name, t in times.items():
             seconds[name] += t
         real += sum(data.lengths)
-        slots += BATCH * max(data.lengths)
+        slots += len(data.lengths) * max(data.lengths)
     padded_tps, packed_tps = real / seconds["padded"], real / seconds["packed"]
     bound = slots / real
+    extra = {}
+    if fp8_name is not None:
+        fp8_tps = real / seconds["packed_fp8"]
+        extra = {"packed_fp8_tokens_per_s": fp8_tps, "fp8_speedup_vs_bf16": fp8_tps / packed_tps,
+                 "fp8_backend": fp8_name}  # fmt: skip
     return {
         "padded_tokens_per_s": padded_tps,
         "packed_tokens_per_s": packed_tps,
@@ -150,8 +186,11 @@ def run(steps: int, seed: int, device: torch.device, budget: int, warmup: int = 
         "real_tokens": real,
         "padded_slots": slots,
         "threads": torch.get_num_threads(),
-        "model": f"{NUM_LAYERS} layers, d={D_MODEL}, {NUM_HEADS} heads",
+        "model": shape.describe(),
+        "samples_per_step": shape.batch,
         "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        **extra,
     }
 
 
@@ -159,17 +198,21 @@ def print_table(r: dict) -> None:
     """Human-readable summary of ``run``'s result."""
     per_step = r["real_tokens"] / r["steps"]
     print(
-        f"packing bench: {r['model']}, {BATCH} samples/step of {MIN_LEN}..{MAX_LEN} tokens, "
+        f"packing bench: {r['model']}, {r['samples_per_step']} samples/step of "
+        f"{MIN_LEN}..{MAX_LEN} tokens, "
         f"{r['steps']} steps, device {r['device']} ({r['backend']}), {r['threads']} threads"
     )
-    print(f"{'mode':<8} {'real tok/s':>12} {'ms/step':>10}")
-    for mode in ("padded", "packed"):
-        tps = r[f"{mode}_tokens_per_s"]
-        print(f"{mode:<8} {tps:>12.0f} {1e3 * per_step / tps:>10.1f}")
+    print(f"{'mode':<10} {'real tok/s':>12} {'ms/step':>10}")
+    for mode in ("padded", "packed", "packed_fp8"):
+        if f"{mode}_tokens_per_s" in r:
+            tps = r[f"{mode}_tokens_per_s"]
+            print(f"{mode:<10} {tps:>12.0f} {1e3 * per_step / tps:>10.1f}")
     print(
         f"speed-up {r['speedup']:.2f}x   padding bound (max_len/mean_len) "
         f"{r['padding_bound']:.2f}x   speed-up / bound {100 * r['speedup_over_bound']:.0f}%"
     )
+    if "fp8_speedup_vs_bf16" in r:
+        print(f"FP8 ({r['fp8_backend']}) vs bf16, packed: {r['fp8_speedup_vs_bf16']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,15 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
-        "--budget",
-        type=int,
-        default=BATCH * MAX_LEN,
-        help="packing token budget (default: one bin per step)",
-    )
+        "--budget", type=int, default=None,
+        help="packing token budget (default: batch * 512, one bin per step)",
+    )  # fmt: skip
+    parser.add_argument("--batch", type=int, default=8, help="samples per step")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--fp8", action="store_true", help="also time packed steps in FP8 (GPU)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = run(args.steps, args.seed, torch.device(args.device), args.budget)
+    shape = Shape(batch=args.batch, d_model=args.d_model, layers=args.layers, heads=args.heads)
+    budget = args.budget if args.budget is not None else shape.batch * MAX_LEN
+    result = run(args.steps, args.seed, torch.device(args.device), budget, shape, args.fp8)
     print_table(result)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

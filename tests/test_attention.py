@@ -156,4 +156,30 @@ def test_backend_name(monkeypatch):
     assert backend_name("cuda", torch.float32) == "sdpa_per_segment"
     assert backend_name("cpu", torch.bfloat16) == "sdpa_per_segment"
     monkeypatch.setattr(attn_mod, "_flash_varlen_func", lambda: None)
+    monkeypatch.setattr(attn_mod, "_torch_varlen_func", lambda: lambda *a, **kw: None)
+    assert backend_name("cuda") == "torch_varlen_attn"  # torch's own FlashAttention varlen
+    assert backend_name("cuda", torch.float32) == "sdpa_per_segment"
+    monkeypatch.setattr(attn_mod, "_torch_varlen_func", lambda: None)
     assert backend_name("cuda") == "sdpa_per_segment"
+
+
+def test_torch_varlen_causal_flag_follows_its_signature(monkeypatch):
+    """torch 2.10's varlen_attn took ``is_causal``; later ones take ``window_size=(-1, 0)``."""
+    calls: list[dict] = []
+
+    def new_style(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)):
+        calls.append({"window_size": window_size})
+        return q
+
+    def old_style(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        calls.append({"is_causal": is_causal})
+        return q
+
+    x = torch.zeros(4, 1, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    for fn in (new_style, old_style):
+        monkeypatch.setattr(attn_mod, "_torch_varlen_func", lambda fn=fn: fn)
+        attn_mod._torch_varlen(x, x, x, cu, 4, causal=True)
+        attn_mod._torch_varlen(x, x, x, cu, 4, causal=False)
+    assert calls == [{"window_size": (-1, 0)}, {"window_size": (-1, -1)},
+                     {"is_causal": True}, {"is_causal": False}]  # fmt: skip

@@ -8,8 +8,11 @@ Two layouts:
 - **packed / varlen** (``cu_seqlens`` given): ``q, k, v`` are ``[total_tokens, H, Dh]``, the
   tokens of ``num_docs`` documents laid end to end; ``cu_seqlens: int32[num_docs + 1]`` holds the
   document boundaries (``0, len0, len0 + len1, ..., total_tokens``). No token attends across
-  documents. On CUDA in fp16/bf16 with flash-attn importable this is ``flash_attn_varlen_func``;
-  everywhere else it is SDPA per document segment (see ``_sdpa_per_segment``).
+  documents. On CUDA in fp16/bf16 this is a FlashAttention varlen kernel: flash-attn's
+  ``flash_attn_varlen_func`` when the package imports, else PyTorch's own
+  ``torch.nn.attention.varlen.varlen_attn`` (the FlashAttention-2 kernels built into CUDA builds of
+  torch >= 2.10, so a GPU needs no extra install). Everywhere else it is SDPA per document segment
+  (see ``_sdpa_per_segment``).
 
 Why per-segment SDPA on CPU: measured with torch 2.13, training in packed form with per-segment SDPA
 runs ~2.0x faster in real tokens/s than padding, while one dense block-diagonal mask over the whole
@@ -20,6 +23,7 @@ no CPU backward. flash-attn is an optional extra (``pip install rlvla3[gpu]``), 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -39,22 +43,58 @@ def _flash_varlen_func() -> Callable[..., Tensor] | None:
     return flash_attn_varlen_func
 
 
-def _use_flash(q: Tensor) -> bool:
-    return q.is_cuda and q.dtype in _HALF_DTYPES and _flash_varlen_func() is not None
+@functools.cache
+def _torch_varlen_func() -> Callable[..., Tensor] | None:
+    """``torch.nn.attention.varlen.varlen_attn`` on a CUDA build of torch >= 2.10, else None."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _torch_varlen(
+    q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool
+) -> Tensor:
+    """PyTorch's varlen attention. Its causal flag changed form across releases: ``is_causal``
+    (2.10) became ``window_size=(-1, 0)`` (later releases), so ask the signature which it takes."""
+    varlen_attn = _torch_varlen_func()
+    assert varlen_attn is not None
+    params = inspect.signature(varlen_attn).parameters
+    kwargs: dict[str, object] = {}
+    if causal:
+        if "window_size" in params:
+            kwargs["window_size"] = (-1, 0)
+        elif "is_causal" in params:
+            kwargs["is_causal"] = True
+        else:
+            raise RuntimeError("this torch's varlen_attn takes no causal flag")
+    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kwargs)
+
+
+def _kernel_backend(device: torch.device, half: bool) -> str | None:
+    """The FlashAttention varlen backend for ``device`` (None: use SDPA per segment)."""
+    if device.type != "cuda" or not half:
+        return None
+    if _flash_varlen_func() is not None:
+        return "flash_attn_varlen"
+    if _torch_varlen_func() is not None:
+        return "torch_varlen_attn"
+    return None
 
 
 def backend_name(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
     """Name of the packed-attention backend used on ``device``, for logs and benchmark reports.
 
-    Returns ``"flash_attn_varlen"`` when ``device`` is CUDA, flash-attn is importable and
-    ``dtype`` is fp16/bf16 (``dtype=None`` assumes half precision, e.g. under autocast); else
-    ``"sdpa_per_segment"``.
+    Returns ``"flash_attn_varlen"`` (flash-attn package) or ``"torch_varlen_attn"`` (torch's
+    built-in FlashAttention varlen) when ``device`` is CUDA and ``dtype`` is fp16/bf16
+    (``dtype=None`` assumes half precision, e.g. under autocast); else ``"sdpa_per_segment"``.
     """
     device = torch.device(device)
     half = dtype is None or dtype in _HALF_DTYPES
-    if device.type == "cuda" and half and _flash_varlen_func() is not None:
-        return "flash_attn_varlen"
-    return "sdpa_per_segment"
+    return _kernel_backend(device, half) or "sdpa_per_segment"
 
 
 def attention(
@@ -91,14 +131,17 @@ def attention(
         )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with >= 2 entries, got {tuple(cu_seqlens.shape)}")
-    if _use_flash(q):
-        if max_seqlen is None:
-            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    backend = _kernel_backend(q.device, q.dtype in _HALF_DTYPES)
+    if backend is None:
+        return _sdpa_per_segment(q, k, v, cu_seqlens, causal=causal)
+    if max_seqlen is None:
+        max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    if backend == "flash_attn_varlen":
         flash = _flash_varlen_func()
         assert flash is not None
-        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
         return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
-    return _sdpa_per_segment(q, k, v, cu_seqlens, causal=causal)
+    return _torch_varlen(q, k, v, cu, max_seqlen, causal=causal)
 
 
 def _padded(
