@@ -89,24 +89,28 @@ def _expected(version: int) -> torch.Tensor:
     return torch.arange(NUMEL, dtype=torch.float32) * 1e-6 + version
 
 
-def _nccl_receiver(port: int, versions: int, results: mp.Queue) -> None:
+def _cuda_receiver(port: int, gpu: int, versions: int, results: mp.Queue) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    link = WeightLink(store, "gpu0", 1, "cuda", timeout_s=60)
-    out = torch.empty(NUMEL, device="cuda")
+    link = WeightLink(store, "gpu_link", 1, f"cuda:{gpu}", timeout_s=60)
+    out = torch.empty(NUMEL, device=f"cuda:{gpu}")
     for _ in range(versions):
         version = link.recv(out)
-        results.put((version, hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()))
+        digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()
+        results.put((link.backend, version, digest))
 
 
-def test_nccl_weight_link_delivers_identical_versions():
+def test_cuda_weight_link_delivers_identical_versions():
+    """NCCL between two GPUs; on a one-GPU machine both ends share the GPU, which NCCL refuses,
+    so the link must fall back to gloo on the CUDA tensors and still deliver every version."""
+    gpu = 1 if torch.cuda.device_count() > 1 else 0
     ctx = mp.get_context("spawn")
     store = start_store("127.0.0.1", timeout_s=60)
     results: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_nccl_receiver, args=(store.port, 2, results))
+    proc = ctx.Process(target=_cuda_receiver, args=(store.port, gpu, 2, results))
     proc.start()
     try:
-        broadcaster = Broadcaster(store, device="cuda", timeout_s=60)
-        broadcaster.add("gpu0")
+        broadcaster = Broadcaster(store, device="cuda:0", timeout_s=60)
+        broadcaster.add("gpu_link")
         for version in (0, 1):
             assert broadcaster.publish(version, _expected(version).to(CUDA)) == []
         got = [results.get(timeout=120) for _ in range(2)]
@@ -114,5 +118,9 @@ def test_nccl_weight_link_delivers_identical_versions():
         proc.join(timeout=60)
         if proc.is_alive():
             proc.kill()
-    want = [(v, hashlib.sha256(_expected(v).numpy().tobytes()).hexdigest()) for v in (0, 1)]
+    backend = "nccl" if gpu == 1 else "gloo"
+    assert broadcaster.links["gpu_link"].backend == backend
+    want = [
+        (backend, v, hashlib.sha256(_expected(v).numpy().tobytes()).hexdigest()) for v in (0, 1)
+    ]
     assert got == want

@@ -161,8 +161,12 @@ class WeightLink:
         store: the broadcaster's store (rank 0) or a client of it (rank 1).
         link_id: unique name of this link (the server's id); both sides use the same.
         rank: 0 on the broadcaster, 1 on the server.
-        device: ``cpu`` uses gloo; ``cuda`` uses NCCL.
+        device: ``cpu`` uses gloo; ``cuda`` uses NCCL between two GPUs, and gloo (on the CUDA
+            tensors) when both ends sit on the same GPU, which NCCL refuses ("Duplicate GPU
+            detected"): a one-GPU machine running broadcaster and server on ``cuda``.
         timeout_s: how long a broadcast may take before the link counts as broken.
+
+    ``backend`` says which library the link uses.
     """
 
     def __init__(
@@ -174,7 +178,9 @@ class WeightLink:
         self.device = torch.device(device)
         prefixed = dist.PrefixStore(f"weights/{link_id}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
-        if self.device.type == "cuda":
+        self.backend = "gloo"
+        if self.device.type == "cuda" and not _same_gpu(prefixed, rank, self.device):
+            self.backend = "nccl"
             self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
         else:
             self.group = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
@@ -214,6 +220,15 @@ class WeightLink:
             )
         for bucket in _buckets(out):
             self._broadcast(bucket)
+
+
+def _same_gpu(store: dist.Store, rank: int, device: torch.device) -> bool:
+    """Whether both ends of a link use the same physical GPU (each publishes its GPU's UUID in
+    the link's store and reads the other's; waits for the peer up to the store's timeout)."""
+    mine = str(torch.cuda.get_device_properties(device).uuid)
+    store.set(f"gpu_uuid/{rank}", mine)
+    theirs = store.get(f"gpu_uuid/{1 - rank}").decode()
+    return mine == theirs
 
 
 class Broadcaster:

@@ -1,0 +1,102 @@
+"""Masked SDPA on CUDA per backend, for sequence lengths that change every call or stay fixed.
+
+The padded attention path (``rlvla3.policy.attention._padded``: SDPA with a key padding mask)
+sees a new shape whenever a batch's longest sample or a rollout batch's size changes. Backends
+that build a plan per shape pay that on every new shape. For each backend (``default``: torch's
+own choice; ``efficient``, ``cudnn``, ``math``; flash takes no mask) this times forward + backward
+of bf16 SDPA, batch 8, 4 heads of 64, with a key padding mask:
+
+- ``varying_ms``: lengths drawn at random from 32..512, a new length almost every call;
+- ``fixed_ms``: the same length (512) every call.
+
+Usage: ``python -m bench.sdpa_backends [--calls 30] [--json PATH]`` (needs a CUDA GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "default": None,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+BATCH, HEADS, HEAD_DIM = 8, 4, 64
+
+
+def one_call(length: int, backend: SDPBackend | None, g: torch.Generator) -> None:
+    """Forward + backward of masked SDPA at ``length``; pads the last quarter of each row."""
+    q, k, v = (
+        torch.randn(BATCH, HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+                    generator=g).requires_grad_()
+        for _ in range(3)
+    )  # fmt: skip
+    mask = torch.ones(BATCH, 1, 1, length, dtype=torch.bool, device="cuda")
+    mask[..., length - length // 4 :] = False
+    if backend is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    else:
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.float().sum().backward()
+
+
+def ms_per_call(lengths: list[int], backend: SDPBackend | None) -> float:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for length in lengths:
+        one_call(length, backend, g)
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - start) / len(lengths)
+
+
+def run(calls: int) -> dict:
+    gen = torch.Generator().manual_seed(1)
+    varying = torch.randint(32, 513, (calls,), generator=gen).tolist()
+    results: dict[str, dict[str, float | str]] = {}
+    for name, backend in BACKENDS.items():
+        try:
+            one_call(512, backend, torch.Generator(device="cuda").manual_seed(0))  # warm-up
+            results[name] = {
+                "fixed_ms": ms_per_call([512] * calls, backend),
+                "varying_ms": ms_per_call(varying, backend),
+            }
+        except RuntimeError as err:  # a backend that cannot take this input
+            results[name] = {"error": str(err).splitlines()[0]}
+    return {"backends": results, "calls": calls, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name()}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.sdpa_backends needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = run(args.calls)
+    print(f"masked SDPA fwd+bwd, bf16, B={BATCH}, H={HEADS}, Dh={HEAD_DIM}, {result['gpu']}")
+    print(f"{'backend':<10} {'fixed ms':>9} {'varying ms':>11}")
+    for name, r in result["backends"].items():
+        if "error" in r:
+            print(f"{name:<10} {r['error']}")
+        else:
+            print(f"{name:<10} {r['fixed_ms']:>9.2f} {r['varying_ms']:>11.2f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
