@@ -194,6 +194,17 @@ def run(
     }
 
 
+def profile(steps: int, seed: int, device: torch.device, budget: int, shape: Shape,
+            fp8: bool) -> None:  # fmt: skip
+    """Print each mode's top GPU kernels over a few steps (``--profile``; CUDA only)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run(steps, seed, device, budget, shape, fp8)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+
+
 def print_table(r: dict) -> None:
     """Human-readable summary of ``run``'s result."""
     per_step = r["real_tokens"] / r["steps"]
@@ -231,12 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--fp8", action="store_true", help="also time packed steps in FP8 (GPU)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--profile", action="store_true", help="print top GPU kernels (CUDA)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     shape = Shape(batch=args.batch, d_model=args.d_model, layers=args.layers, heads=args.heads)
     budget = args.budget if args.budget is not None else shape.batch * MAX_LEN
     result = run(args.steps, args.seed, torch.device(args.device), budget, shape, args.fp8)
     print_table(result)
+    if args.profile:
+        profile(2, args.seed, torch.device(args.device), budget, shape, args.fp8)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

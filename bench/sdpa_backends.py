@@ -6,8 +6,11 @@ that build a plan per shape pay that on every new shape. For each backend (``def
 own choice; ``efficient``, ``cudnn``, ``math``; flash takes no mask) this times forward + backward
 of bf16 SDPA, batch 8, 4 heads of 64, with a key padding mask:
 
-- ``varying_ms``: lengths drawn at random from 32..512, a new length almost every call;
+- ``varying_ms``: a new length every call, from 32..512, each backend its own lengths (a
+  backend that caches plans per shape must not profit from another's run);
 - ``fixed_ms``: the same length (512) every call.
+
+``ours`` is ``rlvla3.policy.attention.attention`` in its padded form, whatever it picks.
 
 Usage: ``python -m bench.sdpa_backends [--calls 30] [--json PATH]`` (needs a CUDA GPU).
 """
@@ -24,7 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-BACKENDS = {
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlvla3.policy.attention import attention  # noqa: E402
+
+OURS = "ours"
+BACKENDS: dict[str, SDPBackend | str | None] = {
+    OURS: OURS,
     "default": None,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -33,7 +43,7 @@ BACKENDS = {
 BATCH, HEADS, HEAD_DIM = 8, 4, 64
 
 
-def one_call(length: int, backend: SDPBackend | None, g: torch.Generator) -> None:
+def one_call(length: int, backend: SDPBackend | str | None, g: torch.Generator) -> None:
     """Forward + backward of masked SDPA at ``length``; pads the last quarter of each row."""
     q, k, v = (
         torch.randn(BATCH, HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
@@ -42,7 +52,9 @@ def one_call(length: int, backend: SDPBackend | None, g: torch.Generator) -> Non
     )  # fmt: skip
     mask = torch.ones(BATCH, 1, 1, length, dtype=torch.bool, device="cuda")
     mask[..., length - length // 4 :] = False
-    if backend is None:
+    if backend == OURS:
+        out = attention(q, k, v, key_padding_mask=mask[:, 0, 0, :])
+    elif backend is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     else:
         with sdpa_kernel([backend]):
@@ -50,7 +62,7 @@ def one_call(length: int, backend: SDPBackend | None, g: torch.Generator) -> Non
     out.float().sum().backward()
 
 
-def ms_per_call(lengths: list[int], backend: SDPBackend | None) -> float:
+def ms_per_call(lengths: list[int], backend: SDPBackend | str | None) -> float:
     g = torch.Generator(device="cuda").manual_seed(0)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -62,9 +74,13 @@ def ms_per_call(lengths: list[int], backend: SDPBackend | None) -> float:
 
 def run(calls: int) -> dict:
     gen = torch.Generator().manual_seed(1)
-    varying = torch.randint(32, 513, (calls,), generator=gen).tolist()
+    lengths = torch.arange(32, 512)[torch.randperm(480, generator=gen)].tolist()
+    per_backend = len(lengths) // len(BACKENDS)
+    if calls > per_backend:
+        raise SystemExit(f"--calls: at most {per_backend} (distinct lengths per backend)")
     results: dict[str, dict[str, float | str]] = {}
-    for name, backend in BACKENDS.items():
+    for i, (name, backend) in enumerate(BACKENDS.items()):
+        varying = lengths[i * per_backend : i * per_backend + calls]
         try:
             one_call(512, backend, torch.Generator(device="cuda").manual_seed(0))  # warm-up
             results[name] = {

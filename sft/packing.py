@@ -166,7 +166,8 @@ def collate_packed(samples: Sequence[Tensor], bin: Sequence[int], *, budget: int
     len_t = torch.tensor(lengths, dtype=torch.int64, device=device)
     cu_seqlens = torch.zeros(len(parts) + 1, dtype=torch.int32, device=device)
     cu_seqlens[1:] = len_t.cumsum(0)
-    starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.int64), len_t)
+    # output_size: without it repeat_interleave reads len_t back from a GPU (a sync per batch)
+    starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.int64), len_t, output_size=total)
     position_ids = torch.arange(total, dtype=torch.int64, device=device) - starts
     return PackedBatch(
         tokens=torch.cat(parts, dim=0),

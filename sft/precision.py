@@ -18,6 +18,7 @@ On CPU, or on a GPU without FP8, training runs in float32 / bf16 unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -96,45 +97,68 @@ def _te_linear(te: Any, old: nn.Linear) -> nn.Module:
     return new
 
 
-def quantize(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Per-tensor dynamic scaling: ``(x8, scale)`` with ``x ≈ x8.float() * scale``.
+def quantize(x: Tensor, dtype: torch.dtype, pad_rows: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-tensor dynamic scaling of a matrix: ``(x8, x8_t, scale)``, ``x ≈ x8.float() * scale``.
 
     The scale maps ``x``'s largest magnitude onto the format's largest finite value, so nothing
-    overflows and the full range of the 8 bits is used.
+    overflows and the full range of the 8 bits is used. ``x8`` is row-major; ``x8_t`` is its
+    transpose, also row-major (the GEMMs of the backward pass need both layouts, and writing
+    both while casting is cheaper than transposing 1-byte elements afterwards). ``pad_rows``
+    zero rows are appended first (FP8 GEMMs need dimensions divisible by 16).
     """
+    amax = torch.linalg.vector_norm(x.detach(), ord=float("inf")).float()  # one pass: max |x|
+    scale = amax.clamp(min=1e-12) / torch.finfo(dtype).max
+    cast = _compiled_cast() if x.is_cuda else _cast_both
+    # detach: no gradient flows through the cast, and a view (a reshape, a slice) would make
+    # the compiled cast guard on its base's strides and recompile until it gave up (seen on GPU)
+    x8, x8_t = cast(x.detach(), scale, dtype, pad_rows)
+    return x8, x8_t, scale
+
+
+def _cast_both(
+    x: Tensor, scale: Tensor, dtype: torch.dtype, pad_rows: int
+) -> tuple[Tensor, Tensor]:
     fmax = torch.finfo(dtype).max
-    amax = x.detach().abs().amax().float().clamp(min=1e-12)
-    scale = amax / fmax
-    x8 = (x.float() / scale).clamp(-fmax, fmax).to(dtype).contiguous()
-    return x8, scale
+    if pad_rows:
+        x = F.pad(x, (0, 0, 0, pad_rows))
+    x8 = (x.float() / scale).clamp(-fmax, fmax).to(dtype)
+    return x8, x8.t().contiguous()
 
 
-def _column_major(x: Tensor) -> Tensor:
-    """Same matrix, stored column-major (``_scaled_mm`` wants its second operand that way)."""
-    return x.t().contiguous().t()
+@functools.cache
+def _compiled_cast() -> Callable[..., tuple[Tensor, Tensor]]:
+    """``_cast_both`` fused into one kernel on CUDA (read once, write both layouts). Eager, the
+    scaling took more GPU time than the FP8 GEMMs it feeds (H100 profile, bench/packing.py)."""
+    return torch.compile(_cast_both, dynamic=True)
 
 
 class _Float8MatMul(torch.autograd.Function):
-    """``x @ weight.T`` with FP8 operands in all three GEMMs (see module docstring)."""
+    """``x @ weight.T`` with FP8 operands in all three GEMMs (see module docstring).
+
+    ``_scaled_mm(a, b)`` takes ``a`` row-major and ``b`` column-major; a row-major transpose
+    ``t`` read as ``t.t()`` is the column-major original.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, out_dtype: torch.dtype) -> Tensor:
-        x8, sx = quantize(x, E4M3)
-        w8, sw = quantize(weight, E4M3)
-        ctx.save_for_backward(x8, sx, w8, sw)
-        ctx.weight_dtype = weight.dtype
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=out_dtype)
+        rows = x.shape[0]
+        pad = -rows % _FP8_ALIGN
+        x8, x8_t, sx = quantize(x, E4M3, pad)
+        w8, w8_t, sw = quantize(weight, E4M3)
+        ctx.save_for_backward(x8_t, sx, w8_t, sw)
+        ctx.rows, ctx.pad, ctx.weight_dtype = rows, pad, weight.dtype
+        out = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=out_dtype)
+        return out[:rows] if pad else out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        x8, sx, w8, sw = ctx.saved_tensors
-        g8, sg = quantize(grad, E5M2)
+        x8_t, sx, w8_t, sw = ctx.saved_tensors
+        g8, g8_t, sg = quantize(grad, E5M2, ctx.pad)
         # dX[M, K] = dY[M, N] @ W[N, K];  dW[N, K] = dY.T[N, M] @ X[M, K]
-        grad_x = torch._scaled_mm(g8, _column_major(w8), scale_a=sg, scale_b=sw,
-                                  out_dtype=grad.dtype)  # fmt: skip
-        grad_w = torch._scaled_mm(g8.t().contiguous(), _column_major(x8), scale_a=sg, scale_b=sx,
+        grad_x = torch._scaled_mm(g8, w8_t.t(), scale_a=sg, scale_b=sw, out_dtype=grad.dtype)
+        grad_w = torch._scaled_mm(g8_t, x8_t.t(), scale_a=sg, scale_b=sx,
                                   out_dtype=ctx.weight_dtype)  # fmt: skip
-        return grad_x, grad_w, None
+        return grad_x[: ctx.rows], grad_w, None
 
 
 class Float8Linear(nn.Linear):
@@ -160,17 +184,11 @@ class Float8Linear(nn.Linear):
             return super().forward(x)
         if torch.is_autocast_enabled(x.device.type):
             out_dtype = torch.get_autocast_dtype(x.device.type)
-            compute = out_dtype
         else:
-            out_dtype = compute = x.dtype
-        rows = x.reshape(-1, self.in_features).to(compute)
-        pad = -rows.shape[0] % _FP8_ALIGN
-        if pad:
-            rows = F.pad(rows, (0, 0, 0, pad))
+            out_dtype = x.dtype
+        rows = x.reshape(-1, self.in_features)  # cast straight from its dtype to FP8
         with torch.autocast(x.device.type, enabled=False):
             out = _Float8MatMul.apply(rows, self.weight, out_dtype)
-        if pad:
-            out = out[: out.shape[0] - pad]
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -24,10 +24,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [E4M3, E5M2])
 def test_quantize_round_trip_uses_the_range_and_stays_close(dtype):
     x = torch.randn(64, 48) * 1000.0  # far outside fp8's unscaled range
-    x8, scale = quantize(x, dtype)
-    assert x8.dtype == dtype and x8.is_contiguous()
+    x8, x8_t, scale = quantize(x, dtype, pad_rows=3)
+    assert x8.dtype == x8_t.dtype == dtype and x8.is_contiguous() and x8_t.is_contiguous()
+    assert x8.shape == (67, 48) and torch.equal(x8_t.t().float(), x8.float())
+    assert not x8[64:].float().any()  # pad rows are zero
     assert float(x8.float().abs().max()) == torch.finfo(dtype).max  # amax maps onto the max
-    assert rel_err(x8.float() * scale, x) < (0.04 if dtype == E4M3 else 0.08)
+    assert rel_err(x8[:64].float() * scale, x) < (0.04 if dtype == E4M3 else 0.08)
 
 
 def test_float8_linear_matches_linear_forward_and_backward():
