@@ -5,7 +5,7 @@ Reads a LeRobot-layout dataset (generating it from the env's scripted expert fir
 each step takes as many samples as fit ``sft.token_budget`` tokens, packed without padding, and
 minimises the negative log-likelihood of the demonstrated actions. Attention inside the policy is
 per sample (variable-length: flash-attn varlen on GPU, SDPA per segment on CPU); bf16 autocast on
-GPU and FP8 where the GPU has it (Transformer Engine, else ``torch._scaled_mm``).
+GPU and FP8 where the GPU has it (``sft.fp8_backend``: Transformer Engine or ``torch._scaled_mm``).
 
 Weights go to the broadcaster every ``sft.publish_every`` steps, so rollout servers serve — and
 env workers evaluate — the pretrained policy while it trains. After ``sft.max_steps`` it publishes
@@ -27,7 +27,7 @@ from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
 from rlvla3.role import RateMeter, Role, main
 from sft.data import DemoSet
-from sft.precision import autocast_context, enable_fp8, fp8_backend
+from sft.precision import autocast_context, enable_fp8, fp8_backends
 from transport.weights import WeightPublisher
 
 
@@ -50,10 +50,13 @@ class SftTrainer(Role):
             self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay
         )
         self.precision = autocast_context(self.device)
-        backend = fp8_backend(self.device) if s.fp8 else None
-        if backend is not None:
-            self.precision = enable_fp8(self.policy, backend)
-            self.log.info("training in FP8 (%s)", backend)
+        if s.fp8 and self.device.type == "cuda":
+            if s.fp8_backend in fp8_backends(self.device):
+                self.precision = enable_fp8(self.policy, s.fp8_backend)
+                self.log.info("training in FP8 (%s)", s.fp8_backend)
+            else:
+                self.log.info("FP8 off: sft.fp8_backend=%s is not usable on %s (available: %s)",
+                              s.fp8_backend, self.device, fp8_backends(self.device) or "none")  # fmt: skip
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
         self._resume()

@@ -32,22 +32,29 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _FP8_ALIGN = 16  # FP8 GEMMs need every matrix dimension divisible by 16
 
 
-def fp8_backend(device: torch.device) -> str | None:
-    """``"transformer_engine"``, ``"torch_scaled_mm"`` or None (no FP8 on ``device``)."""
+def fp8_backends(device: torch.device) -> list[str]:
+    """The FP8 backends usable on ``device``, best first (empty: no FP8 there)."""
     if device.type != "cuda" or not torch.cuda.is_available():
-        return None
+        return []
     if torch.cuda.get_device_capability(device) < (8, 9):
-        return None
+        return []
+    found = []
     try:
         import transformer_engine.pytorch  # noqa: F401
+
+        found.append("transformer_engine")
     except ImportError:
-        return "torch_scaled_mm" if hasattr(torch, "_scaled_mm") else None
-    return "transformer_engine"
+        pass
+    if hasattr(torch, "_scaled_mm"):
+        found.append("torch_scaled_mm")
+    return found
 
 
-def fp8_available(device: torch.device) -> bool:
-    """True when ``device`` is a GPU with FP8 tensor cores and an FP8 backend is present."""
-    return fp8_backend(device) is not None
+def fp8_backend(device: torch.device) -> str | None:
+    """The best FP8 backend on ``device``: ``"transformer_engine"``, ``"torch_scaled_mm"`` or
+    None."""
+    backends = fp8_backends(device)
+    return backends[0] if backends else None
 
 
 def enable_fp8(model: nn.Module, backend: str | None = None) -> Context:
