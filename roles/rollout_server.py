@@ -2,8 +2,9 @@
 
 A ROUTER socket takes ``ObsRequest`` from all env workers; each step batches whatever has arrived
 (up to ``max_batch``, waiting at most ``max_wait_ms`` for more; in ``sync`` mode it waits for every
-env), runs the policy under ``torch.inference_mode`` and replies with action, log-prob, value and
-the ``policy_version`` that produced them.
+env), runs the policy under ``torch.inference_mode`` (or, for small MLPs on CPU, its numpy path,
+``act_numpy``) and replies with action, log-prob, value and the ``policy_version`` that produced
+them.
 
 Weights arrive from the broadcaster on a background thread into a standby copy of the policy
 (double buffering); the serving loop swaps it in between batches, so serving never stops for a
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from rlvla3.messages import ActionReply, ObsRequest
+from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, Role, main
 from transport.sockets import RouterSocket
@@ -56,6 +58,7 @@ class RolloutServer(Role):
             self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
         )
         self.request_rate = RateMeter()
+        self.rng = np.random.default_rng([self.cfg.run.seed, self.index])  # act_numpy's sampling
         self.greedy, self.next_eval_check = False, 0.0
         self.link_generation = 0
         threading.Thread(target=self._receive_weights, name="weights", daemon=True).start()
@@ -161,22 +164,32 @@ class RolloutServer(Role):
                 return False
         return True
 
-    @torch.inference_mode()
     def _serve(self, batch: list[tuple[bytes, ObsRequest]]) -> None:
-        obs = {
-            key: torch.from_numpy(np.stack([req.obs[key] for _, req in batch])).to(self.device)
-            for key in self.obs_space.spaces
-        }
-        out = self.active.act(obs, deterministic=self.greedy)
-        env_actions = self.active.to_env_action(out.action).cpu().numpy()
-        actions = out.action.cpu().numpy()
-        log_probs, values = out.log_prob.cpu().tolist(), out.value.cpu().tolist()  # (not t[i]: slow)
+        obs = {key: np.stack([req.obs[key] for _, req in batch]) for key in self.obs_space.spaces}
+        out = None
+        if self.device.type == "cpu":  # small policies have a numpy path without torch overhead
+            out = self.active.act_numpy(obs, self.greedy, self.rng)
+        if out is None:
+            out = self._act_torch(obs)
+        actions, env_actions = out.action, out.env_action
+        log_probs, values = out.log_prob.tolist(), out.value.tolist()  # (not a[i]: slow)
         for i, (identity, req) in enumerate(batch):
             self.requests.send_to(identity, ActionReply(
                 request_id=req.request_id, action=np.asarray(actions[i]),
                 env_action=np.asarray(env_actions[i]),
                 log_prob=log_probs[i], value=values[i], policy_version=self.version,
             ))  # fmt: skip
+
+    @torch.inference_mode()
+    def _act_torch(self, obs: dict[str, np.ndarray]) -> NumpyActOutput:
+        batch = {key: torch.from_numpy(value).to(self.device) for key, value in obs.items()}
+        out = self.active.act(batch, deterministic=self.greedy)
+        return NumpyActOutput(
+            action=out.action.cpu().numpy(),
+            env_action=self.active.to_env_action(out.action).cpu().numpy(),
+            log_prob=out.log_prob.cpu().numpy(),
+            value=out.value.cpu().numpy(),
+        )
 
     def shutdown(self) -> None:
         if hasattr(self, "requests"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -49,6 +50,21 @@ class EvalOutput:
     value: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NumpyActOutput:
+    """``act`` followed by ``to_env_action``, as numpy arrays (a serving fast path's result).
+
+    Attributes:
+        action, log_prob, value: as in ``ActOutput``.
+        env_action: what the env steps with.
+    """
+
+    action: np.ndarray
+    env_action: np.ndarray
+    log_prob: np.ndarray
+    value: np.ndarray
+
+
 class ActorCritic(nn.Module, abc.ABC):
     """A policy with a value head. Subclasses implement ``act`` and ``evaluate``."""
 
@@ -59,6 +75,14 @@ class ActorCritic(nn.Module, abc.ABC):
     @abc.abstractmethod
     def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
         """Log-probability, entropy and value for given observations and actions."""
+
+    def act_numpy(
+        self, obs: dict[str, np.ndarray], deterministic: bool, rng: np.random.Generator
+    ) -> NumpyActOutput | None:
+        """Optional serving fast path: ``act`` + ``to_env_action`` in numpy, for policies small
+        enough that torch's per-op overhead dominates. Same distribution as ``act``; None when
+        the policy has no such path (the caller then uses ``act``)."""
+        return None
 
     def to_env_action(self, action: torch.Tensor) -> torch.Tensor:
         """What the env steps with, given an action from ``act`` (identity unless overridden)."""

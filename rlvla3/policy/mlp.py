@@ -9,13 +9,15 @@ separate MLPs, initialised orthogonally as in cleanrl's ``ppo.py``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from rlvla3.policy.base import ActorCritic, ActOutput, EvalOutput, ObsBatch
+from rlvla3.policy.base import ActorCritic, ActOutput, EvalOutput, NumpyActOutput, ObsBatch
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -79,6 +81,7 @@ class MLPPolicy(ActorCritic):
             raise TypeError(f"MLPPolicy supports Discrete or 1-D Box actions, got {action_space}")
         self.actor = _mlp(obs_dim, tuple(hidden_sizes), self.action_dim, activation, 0.01)
         self.critic = _mlp(obs_dim, tuple(hidden_sizes), 1, activation, 1.0)
+        self._numpy: _NumpyActorCritic | None = None  # built on first ``act_numpy``
 
     def _dist(self, state: torch.Tensor) -> Categorical | Normal:
         """The action distribution for float32[B, obs_dim] states."""
@@ -141,6 +144,44 @@ class MLPPolicy(ActorCritic):
         log_prob, entropy = self._log_prob_entropy(dist, action)
         return EvalOutput(log_prob=log_prob, entropy=entropy, value=self._value(state))
 
+    def act_numpy(
+        self, obs: dict[str, np.ndarray], deterministic: bool, rng: np.random.Generator
+    ) -> NumpyActOutput | None:
+        """``act`` + ``to_env_action`` in numpy, for a rollout server on CPU.
+
+        At serving batch sizes the MLP is a few tiny matrix products, and torch's per-op and
+        per-module overhead is most of the time: on the CI machine ``act`` took 263 µs for one
+        CartPole state and this path ~90 µs, which shortens every env's action round trip.
+        Weights are read through zero-copy views of the parameters (rebuilt if their storage
+        moves), so in-place weight updates are seen at once. None on GPU or for GELU (numpy has
+        no erf); the caller then uses ``act``.
+        """
+        if self._numpy is None or not self._numpy.current():
+            self._numpy = _NumpyActorCritic.of(self)
+            if self._numpy is None:
+                return None
+        state = np.asarray(obs["state"], dtype=np.float32)
+        out = self._numpy.actor(state)
+        value = self._numpy.critic(state)[:, 0]
+        if self.discrete:
+            log_p = out - _logsumexp(out)
+            if deterministic:
+                action = log_p.argmax(-1)
+            else:  # Gumbel-max, as in ``act``: -log(Exp(1)) is Gumbel noise
+                noise = rng.standard_exponential(log_p.shape, dtype=np.float32)
+                action = (log_p - np.log(noise)).argmax(-1)
+            log_prob = np.take_along_axis(log_p, action[:, None], -1)[:, 0]
+            return NumpyActOutput(action=action, env_action=action, log_prob=log_prob, value=value)
+        log_std = self._numpy.log_std
+        if deterministic:
+            action = out
+        else:
+            action = out + np.exp(log_std) * rng.standard_normal(out.shape, dtype=np.float32)
+        z = (action - out) * np.exp(-log_std)
+        log_prob = (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1, dtype=np.float32)
+        env_action = np.clip(action, self._numpy.low, self._numpy.high)
+        return NumpyActOutput(action=action, env_action=env_action, log_prob=log_prob, value=value)
+
     def to_env_action(self, action: torch.Tensor) -> torch.Tensor:
         """The action the env steps with: Gaussian samples clipped to the Box bounds.
 
@@ -149,3 +190,62 @@ class MLPPolicy(ActorCritic):
         if self.discrete:
             return action
         return torch.clamp(action, self.action_low, self.action_high)
+
+
+_HALF_LOG_2PI = np.float32(0.5 * math.log(2 * math.pi))
+_NUMPY_ACTIVATIONS: dict[type[nn.Module], Callable[[np.ndarray], np.ndarray]] = {
+    nn.Tanh: np.tanh,
+    nn.ReLU: lambda x: np.maximum(x, np.float32(0)),
+}
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    peak = x.max(-1, keepdims=True)
+    return peak + np.log(np.exp(x - peak).sum(-1, keepdims=True))
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    return t.detach().numpy()  # shares the parameter's memory
+
+
+class _NumpyMLP:
+    """An ``nn.Sequential`` of Linear and activation layers, run on numpy views of its weights."""
+
+    def __init__(self, seq: nn.Sequential) -> None:
+        self.steps: list[tuple[np.ndarray, np.ndarray] | Callable[[np.ndarray], np.ndarray]] = []
+        for layer in seq:
+            if isinstance(layer, nn.Linear):
+                self.steps.append((_view(layer.weight).T, _view(layer.bias)))
+            else:
+                self.steps.append(_NUMPY_ACTIVATIONS[type(layer)])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        for step in self.steps:
+            x = x @ step[0] + step[1] if type(step) is tuple else step(x)
+        return x
+
+
+class _NumpyActorCritic:
+    """Numpy views of an ``MLPPolicy``'s weights, valid while the parameters stay put."""
+
+    def __init__(self, policy: MLPPolicy) -> None:
+        self.params = list(policy.parameters())
+        self.pointers = [p.data_ptr() for p in self.params]
+        self.actor, self.critic = _NumpyMLP(policy.actor), _NumpyMLP(policy.critic)
+        if not policy.discrete:
+            self.log_std = _view(policy.log_std)
+            self.low, self.high = _view(policy.action_low), _view(policy.action_high)
+
+    @staticmethod
+    def of(policy: MLPPolicy) -> _NumpyActorCritic | None:
+        """The numpy view of ``policy``, or None where it cannot have one (GPU, GELU)."""
+        if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in policy.parameters()):
+            return None
+        layers = [*policy.actor, *policy.critic]
+        if any(not isinstance(m, nn.Linear) and type(m) not in _NUMPY_ACTIVATIONS for m in layers):
+            return None
+        return _NumpyActorCritic(policy)
+
+    def current(self) -> bool:
+        """False once a parameter's storage moved (e.g. bound to a flat buffer): rebuild."""
+        return all(p.data_ptr() == ptr for p, ptr in zip(self.params, self.pointers, strict=True))
