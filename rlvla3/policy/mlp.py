@@ -170,7 +170,7 @@ class MLPPolicy(ActorCritic):
             else:  # Gumbel-max, as in ``act``: -log(Exp(1)) is Gumbel noise
                 noise = rng.standard_exponential(log_p.shape, dtype=np.float32)
                 action = (log_p - np.log(noise)).argmax(-1)
-            log_prob = np.take_along_axis(log_p, action[:, None], -1)[:, 0]
+            log_prob = log_p[np.arange(len(action)), action]  # (take_along_axis: 3x slower)
             return NumpyActOutput(action=action, env_action=action, log_prob=log_prob, value=value)
         log_std = self._numpy.log_std
         if deterministic:
