@@ -114,12 +114,16 @@ class PolicyConfig:
 
     ``init_checkpoint``: a trainer checkpoint (e.g. from an SFT run) whose model weights a trainer
     starts from when it has no checkpoint of its own.
+    ``init_launch``: the launch YAML whose run produces ``init_checkpoint`` (e.g. an SFT run).
+    When ``init_checkpoint`` holds no checkpoint yet, ``rlvla3 launch`` runs it first, into that
+    directory, so one command does both stages.
     """
 
     kind: Literal["mlp", "vla"] = "mlp"
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     vla: dict[str, Any] = field(default_factory=dict)
     init_checkpoint: str | None = None
+    init_launch: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,5 +277,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("env.num_envs_per_worker: must be >= 1")
     if cfg.env.chunk_len < 1:
         raise ConfigError("env.chunk_len: must be >= 1")
+    if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
+        raise ConfigError(
+            "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
+        )
     if cfg.sft.expert_noise < 0:
         raise ConfigError(f"sft.expert_noise: must be >= 0, got {cfg.sft.expert_noise}")

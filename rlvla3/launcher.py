@@ -288,9 +288,38 @@ def launch(
     deleted); ``resume`` keeps it, so the trainer continues from its checkpoints.
     """
     cfg = load_config(config_path, overrides)
+    if node is None and cfg.policy.init_launch:
+        code = _run_init_launch(cfg, config_path, echo)
+        if code != 0:
+            return code
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
     if not resume and node is None and (run_dir / "run.json").exists():
         moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(moved)
         echo(f"moved the earlier run in {run_dir} to {moved}")
     return Launcher(cfg, run_dir, node=node, echo=echo).run()
+
+
+def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:
+    """Run ``policy.init_launch`` into ``policy.init_checkpoint`` unless a checkpoint is there.
+
+    Returns its exit code (0 when nothing had to run). The first stage's config is its own file
+    as written: ``--set`` overrides apply to the stage they were given for.
+    """
+    init_dir = Path(cfg.policy.init_checkpoint or "")
+    if _holds_checkpoint(init_dir):
+        return 0
+    first = Path(cfg.policy.init_launch or "")
+    if config_path is not None and first.resolve() == Path(config_path).resolve():
+        raise ConfigError(f"policy.init_launch: {first} is this launch file itself")
+    echo(f"no checkpoint in {init_dir} yet: running {first} first to make one")
+    code = launch(str(first), out=str(init_dir), echo=echo)
+    if code == 0 and not _holds_checkpoint(init_dir):
+        echo(f"{first} ended without writing a checkpoint into {init_dir}")
+        return 1
+    return code
+
+
+def _holds_checkpoint(run_dir: Path) -> bool:
+    """Whether ``load_checkpoint`` would find one there (globbed here: no torch import)."""
+    return any(run_dir.glob("checkpoints/ckpt_*.pt")) or any(run_dir.glob("ckpt_*.pt"))

@@ -28,6 +28,7 @@ def test_launch_file_builds_its_policy(path: Path) -> None:
 def test_rl_yaml_loads_the_weights_its_sft_yaml_writes(first: str, then: str) -> None:
     sft, rl = load_config(LAUNCH / first), load_config(LAUNCH / then)
     assert rl.policy.init_checkpoint == f"{sft.run.output_dir}/{sft.run.name}"
+    assert rl.policy.init_launch == f"launch/{first}"  # one command runs both stages
     # Same architecture and env spaces, or the checkpoint's tensors would not fit.
     a, b = build_policy(sft, env_spaces(sft)), build_policy(rl, env_spaces(rl))
     shapes = {k: v.shape for k, v in a.state_dict().items()}

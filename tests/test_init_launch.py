@@ -1,0 +1,68 @@
+"""``policy.init_launch``: one ``rlvla3 launch`` runs the stage that makes the init checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlvla3 import launcher
+from rlvla3.config import load_config
+from rlvla3.typed_load import ConfigError
+
+
+def _second_stage(tmp_path: Path, **policy: str) -> Path:
+    fields = "\n".join(f"  {k}: {v}" for k, v in policy.items())
+    path = tmp_path / "second.yaml"
+    path.write_text(f"run: {{name: second}}\npolicy:\n{fields}\n")
+    return path
+
+
+@pytest.fixture
+def first_stage_calls(monkeypatch):
+    """Replace the recursive ``launch`` of the first stage; it writes a checkpoint by default."""
+    calls: list[tuple[str, str]] = []
+    behaviour = {"code": 0, "writes": True}
+
+    def fake_launch(config_path, overrides=(), *, out=None, echo=print, **_):
+        calls.append((config_path, out))
+        if behaviour["writes"]:
+            (Path(out) / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (Path(out) / "checkpoints" / "ckpt_00000001.pt").write_bytes(b"")
+        return behaviour["code"]
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    return calls, behaviour
+
+
+def test_runs_the_first_stage_into_the_init_dir_once(tmp_path, first_stage_calls):
+    calls, _ = first_stage_calls
+    init_dir = tmp_path / "sft_run"
+    path = _second_stage(tmp_path, init_checkpoint=str(init_dir), init_launch="first.yaml")
+    cfg = load_config(path)
+    assert launcher._run_init_launch(cfg, str(path), echo=lambda _: None) == 0
+    assert calls == [("first.yaml", str(init_dir))]
+    # A checkpoint is there now: a second launch goes straight to its own roles.
+    assert launcher._run_init_launch(cfg, str(path), echo=lambda _: None) == 0
+    assert len(calls) == 1
+
+
+def test_a_failed_or_checkpointless_first_stage_stops_the_launch(tmp_path, first_stage_calls):
+    _, behaviour = first_stage_calls
+    path = _second_stage(tmp_path, init_checkpoint=str(tmp_path / "a"), init_launch="first.yaml")
+    behaviour.update(code=3, writes=False)
+    assert launcher._run_init_launch(load_config(path), str(path), echo=lambda _: None) == 3
+    behaviour.update(code=0, writes=False)
+    said: list[str] = []
+    assert launcher._run_init_launch(load_config(path), str(path), echo=said.append) == 1
+    assert "without writing a checkpoint" in said[-1]
+
+
+def test_init_launch_needs_init_checkpoint_and_may_not_name_itself(tmp_path):
+    path = _second_stage(tmp_path, init_launch="first.yaml")
+    with pytest.raises(ConfigError, match="policy.init_launch: needs policy.init_checkpoint"):
+        load_config(path)
+    itself = str(tmp_path / "second.yaml")
+    path = _second_stage(tmp_path, init_checkpoint=str(tmp_path / "x"), init_launch=itself)
+    with pytest.raises(ConfigError, match="is this launch file itself"):
+        launcher._run_init_launch(load_config(path), str(path), echo=lambda _: None)
