@@ -135,7 +135,10 @@ class AlgoConfig:
     steps). Samples more than ``max_staleness`` versions behind the trainer are dropped and
     counted; ``correction`` reweights the rest. The first ``value_warmup_updates`` updates
     train the critic only: after an SFT warm start the value head is untrained, and advantages
-    from it would first undo the pretrained policy.
+    from it would first undo the pretrained policy. ``ref_kl_coef`` > 0 adds
+    ``ref_kl_coef * KL(policy || reference)`` to the loss, the reference being the weights of
+    ``policy.init_checkpoint`` (frozen): it keeps RL fine-tuning near the warm start while the
+    critic is still too poor for its advantages to beat noise.
     """
 
     lr: float = 2.5e-4
@@ -154,6 +157,7 @@ class AlgoConfig:
     publish_every: int = 1
     checkpoint_every: int = 50
     value_warmup_updates: int = 0
+    ref_kl_coef: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,6 +281,12 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("env.num_envs_per_worker: must be >= 1")
     if cfg.env.chunk_len < 1:
         raise ConfigError("env.chunk_len: must be >= 1")
+    if cfg.algo.ref_kl_coef < 0:
+        raise ConfigError(f"algo.ref_kl_coef: must be >= 0, got {cfg.algo.ref_kl_coef}")
+    if cfg.algo.ref_kl_coef > 0 and not cfg.policy.init_checkpoint:
+        raise ConfigError(
+            "algo.ref_kl_coef: needs policy.init_checkpoint (the reference policy's weights)"
+        )
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"

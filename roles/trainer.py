@@ -14,6 +14,7 @@ sequence. Metrics go to ``metrics.jsonl`` and TensorBoard (``tb/``) in the run d
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -23,6 +24,7 @@ from rlvla3.algo.ppo import ppo_update
 from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvla3.messages import TrajectoryChunk
 from rlvla3.metrics_log import MetricsLog
+from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy
 from rlvla3.role import RateMeter, Role, main
 from transport import sockets
@@ -42,6 +44,7 @@ class Trainer(Role):
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.version, self.updates, self.samples_trained = -1, 0, 0
+        self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
         self._resume()
         self.chunks = sockets.pull(
             hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame
@@ -129,6 +132,7 @@ class Trainer(Role):
             clip_coef=a.clip_coef, vf_coef=a.vf_coef, ent_coef=a.ent_coef,
             max_grad_norm=a.max_grad_norm,
             policy_coef=0.0 if self.updates < a.value_warmup_updates else 1.0,
+            reference=self.reference, ref_kl_coef=a.ref_kl_coef,
         )  # fmt: skip
         self.updates += 1
         samples = sum(len(c.rewards) for c in chunks)
@@ -172,10 +176,16 @@ class Trainer(Role):
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.ckpt_dir)
+        init = None
+        if self.cfg.policy.init_checkpoint and (path is None or self.cfg.algo.ref_kl_coef > 0):
+            init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)["model"]
+        if init is not None and self.cfg.algo.ref_kl_coef > 0:
+            # The KL regulariser's reference: the warm start's weights, frozen (also on resume).
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            self.reference.load_state_dict(init)
         if path is None:
-            if self.cfg.policy.init_checkpoint:  # e.g. RL continuing from an SFT run
-                init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)
-                self.policy.load_state_dict(init["model"])
+            if init is not None:  # e.g. RL continuing from an SFT run
+                self.policy.load_state_dict(init)
                 self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
             return
         state = load_checkpoint(path, self.device)

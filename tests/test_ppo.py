@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import gymnasium as gym
@@ -294,3 +295,38 @@ def test_value_warmup_leaves_the_actor_untouched():
     state = policy.state_dict()
     assert all(torch.equal(state[k], v) for k, v in actor.items())
     assert not all(torch.equal(state[k], v) for k, v in critic.items())
+
+
+def test_reference_kl_pulls_the_policy_back_to_the_reference():
+    """With ``ref_kl_coef`` and no advantage signal, updates move the policy towards the frozen
+    reference: its KL to the reference falls. A reference equal to the policy costs nothing."""
+    torch.manual_seed(0)
+    reference = MLPPolicy(4, gym.spaces.Discrete(3), hidden_sizes=(16,)).requires_grad_(False)
+    reference.actor[-1].weight.mul_(200)  # peaked, so far from the near-uniform new policy
+    policy = MLPPolicy(4, gym.spaces.Discrete(3), hidden_sizes=(16,))
+    batch = _fixed_batch(policy)
+    batch["advantages"] = torch.zeros_like(batch["advantages"])  # no reward signal at all
+    kw = dict(epochs=1, minibatch_size=64, max_grad_norm=10.0, clip_coef=0.2, vf_coef=0.0,
+              ent_coef=0.0)  # fmt: skip
+    twin = copy.deepcopy(reference).requires_grad_(True)
+    same = ppo_update(twin, torch.optim.SGD(twin.parameters(), lr=0.0), batch,
+                      reference=reference, ref_kl_coef=1.0, **kw)  # fmt: skip
+    assert same["ref_kl"] == pytest.approx(0.0, abs=1e-7)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    first = ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=1.0, **kw)
+    for _ in range(30):
+        last = ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=1.0, **kw)
+    assert first["ref_kl"] > 0.01
+    assert last["ref_kl"] < 0.2 * first["ref_kl"]
+    no_ref = ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=0.0, **kw)
+    assert "ref_kl" not in no_ref  # coefficient 0: the reference is not even evaluated
+
+
+def test_ref_kl_coef_needs_an_init_checkpoint():
+    from rlvla3.config import load_config
+    from rlvla3.typed_load import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.ref_kl_coef: needs policy.init_checkpoint"):
+        load_config(None, ["algo.ref_kl_coef=0.5"])
+    cfg = load_config(None, ["algo.ref_kl_coef=0.5", "policy.init_checkpoint=runs/sft"])
+    assert cfg.algo.ref_kl_coef == 0.5

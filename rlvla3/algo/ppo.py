@@ -243,15 +243,33 @@ def _index_batch(batch: dict[str, object], idx: Tensor) -> dict[str, object]:
     return out
 
 
+def reference_kl(new_log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """Scalar estimate of KL(pi_theta || pi_ref) from actions the policy took (k3 estimator:
+    ``mean((r - 1) - log r)`` with ``r = pi_ref(a) / pi_theta(a)``; unbiased, never negative).
+
+    The actions come from the behaviour policy, a version or two behind ``pi_theta``: close
+    enough for a regulariser. Gradients flow through ``new_log_probs`` only.
+    """
+    log_r = ref_log_probs.detach() - new_log_probs
+    return (log_r.exp() - 1.0 - log_r).mean()
+
+
 def _minibatch_loss(
-    policy: ActorCritic, mb: dict[str, object], *, norm_adv: bool, **loss_kwargs: object
+    policy: ActorCritic,
+    mb: dict[str, object],
+    *,
+    norm_adv: bool,
+    reference: ActorCritic | None = None,
+    ref_kl_coef: float = 0.0,
+    **loss_kwargs: object,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Re-evaluate the policy on one minibatch and return ``ppo_loss`` for it."""
+    """Re-evaluate the policy on one minibatch and return ``ppo_loss`` for it (plus
+    ``ref_kl_coef * reference_kl`` when a reference policy is given)."""
     out = policy.evaluate(mb["obs"], mb["actions"])
     advantages = mb["advantages"]
     if norm_adv:
         advantages = normalize_advantages(advantages)
-    return ppo_loss(
+    loss, metrics = ppo_loss(
         out.log_prob,
         mb["log_probs"],
         advantages,
@@ -262,6 +280,14 @@ def _minibatch_loss(
         is_weights=mb.get("is_weights"),
         **loss_kwargs,
     )
+    if reference is not None:
+        with torch.no_grad():
+            ref_log_probs = reference.evaluate(mb["obs"], mb["actions"]).log_prob
+        kl = reference_kl(out.log_prob, ref_log_probs)
+        loss = loss + loss_kwargs.get("policy_coef", 1.0) * ref_kl_coef * kl
+        metrics["ref_kl"] = kl.item()
+        metrics["loss"] = loss.item()
+    return loss, metrics
 
 
 def explained_variance(values: Tensor, returns: Tensor) -> float:
@@ -288,6 +314,8 @@ def ppo_update(
     target_kl: float | None = None,
     generator: torch.Generator | None = None,
     policy_coef: float = 1.0,
+    reference: ActorCritic | None = None,
+    ref_kl_coef: float = 0.0,
 ) -> dict[str, float]:
     """Run ``epochs`` passes of shuffled minibatch PPO updates over one flat batch.
 
@@ -305,6 +333,8 @@ def ppo_update(
         target_kl: stop the remaining epochs once a minibatch's approx_kl exceeds this.
         generator: RNG for the shuffles, for reproducibility.
         policy_coef: see ``ppo_loss`` (0: update the critic only).
+        reference: a frozen policy; with ``ref_kl_coef`` > 0 the loss adds
+            ``policy_coef * ref_kl_coef * reference_kl`` (metric ``ref_kl``).
 
     Returns:
         The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
@@ -325,6 +355,8 @@ def ppo_update(
                 ent_coef=ent_coef,
                 clip_vloss=clip_vloss,
                 policy_coef=policy_coef,
+                reference=reference if ref_kl_coef > 0 else None,
+                ref_kl_coef=ref_kl_coef,
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
