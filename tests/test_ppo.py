@@ -16,6 +16,7 @@ from rlvla3.algo.ppo import (
     normalize_advantages,
     ppo_loss,
     ppo_update,
+    reference_kl,
     truncated_importance_weights,
     vtrace,
 )
@@ -330,3 +331,35 @@ def test_ref_kl_coef_needs_an_init_checkpoint():
         load_config(None, ["algo.ref_kl_coef=0.5"])
     cfg = load_config(None, ["algo.ref_kl_coef=0.5", "policy.init_checkpoint=runs/sft"])
     assert cfg.algo.ref_kl_coef == 0.5
+
+
+def test_reference_kl_holds_a_shared_trunk_during_value_warmup():
+    """Critic-only updates (``policy_coef=0``) through a trunk shared with the actor move the
+    actor too; the KL term still applies then and keeps it near the reference."""
+    torch.manual_seed(0)
+
+    class SharedTrunk(MLPPolicy):  # actor and critic read the same first layer, as in the VLA
+        def __init__(self) -> None:
+            super().__init__(4, gym.spaces.Discrete(3), hidden_sizes=(16,))
+            self.critic[0] = self.actor[0]
+            with torch.no_grad():  # a confident actor, whose output the trunk really drives
+                self.actor[-1].weight.mul_(100)
+
+    def drift(ref_kl_coef: float) -> float:
+        torch.manual_seed(1)
+        policy = SharedTrunk()
+        reference = copy.deepcopy(policy).requires_grad_(False)
+        batch = _fixed_batch(policy)
+        batch["returns"] = batch["values"] + 5 * torch.randn_like(batch["values"])
+        optimizer = torch.optim.Adam(policy.parameters(), lr=3e-2)
+        kw = dict(epochs=4, minibatch_size=16, max_grad_norm=10.0, clip_coef=0.2, vf_coef=1.0,
+                  ent_coef=0.0, policy_coef=0.0)  # fmt: skip
+        for _ in range(10):
+            ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=ref_kl_coef,
+                       **kw)  # fmt: skip
+        with torch.no_grad():
+            new = policy.evaluate(batch["obs"], batch["actions"]).log_prob
+            ref = reference.evaluate(batch["obs"], batch["actions"]).log_prob
+        return float(reference_kl(new, ref))
+
+    assert drift(ref_kl_coef=10.0) < 0.5 * drift(ref_kl_coef=0.0)

@@ -284,7 +284,9 @@ def _minibatch_loss(
         with torch.no_grad():
             ref_log_probs = reference.evaluate(mb["obs"], mb["actions"]).log_prob
         kl = reference_kl(out.log_prob, ref_log_probs)
-        loss = loss + loss_kwargs.get("policy_coef", 1.0) * ref_kl_coef * kl
+        # Not scaled by policy_coef: during a critic-only warm-up the value loss still moves a
+        # trunk shared with the actor (the VLA's), and the KL term is what holds the actor.
+        loss = loss + ref_kl_coef * kl
         metrics["ref_kl"] = kl.item()
         metrics["loss"] = loss.item()
     return loss, metrics
@@ -334,7 +336,7 @@ def ppo_update(
         generator: RNG for the shuffles, for reproducibility.
         policy_coef: see ``ppo_loss`` (0: update the critic only).
         reference: a frozen policy; with ``ref_kl_coef`` > 0 the loss adds
-            ``policy_coef * ref_kl_coef * reference_kl`` (metric ``ref_kl``).
+            ``ref_kl_coef * reference_kl`` (metric ``ref_kl``), also when ``policy_coef`` is 0.
 
     Returns:
         The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
