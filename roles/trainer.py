@@ -10,6 +10,10 @@ After every ``algo.publish_every`` updates the weights go to the broadcaster as 
 Checkpoints (model, optimizer, version, update count) are written every ``algo.checkpoint_every``
 updates and at exit; a restarted trainer resumes from the newest one, continuing the version
 sequence. Metrics go to ``metrics.jsonl`` and TensorBoard (``tb/``) in the run dir, and to Redis.
+
+A warm start (``policy.init_checkpoint``) loads its weights when there is no checkpoint of the
+run's own; with ``algo.ref_kl_coef`` > 0 a frozen copy of them is the reference policy of the
+loss's KL term, kept across restarts.
 """
 
 from __future__ import annotations
