@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvla3.checkpoints import find_checkpoint
 from rlvla3.config import Config, dump_config, load_config
 from rlvla3.redis_server import EmbeddedRedis
 from rlvla3.registry import Registry
@@ -307,19 +308,14 @@ def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str],
     as written: ``--set`` overrides apply to the stage they were given for.
     """
     init_dir = Path(cfg.policy.init_checkpoint or "")
-    if _holds_checkpoint(init_dir):
+    if find_checkpoint(init_dir) is not None:
         return 0
     first = Path(cfg.policy.init_launch or "")
     if config_path is not None and first.resolve() == Path(config_path).resolve():
         raise ConfigError(f"policy.init_launch: {first} is this launch file itself")
     echo(f"no checkpoint in {init_dir} yet: running {first} first to make one")
     code = launch(str(first), out=str(init_dir), echo=echo)
-    if code == 0 and not _holds_checkpoint(init_dir):
+    if code == 0 and find_checkpoint(init_dir) is None:
         echo(f"{first} ended without writing a checkpoint into {init_dir}")
         return 1
     return code
-
-
-def _holds_checkpoint(run_dir: Path) -> bool:
-    """Whether ``load_checkpoint`` would find one there (globbed here: no torch import)."""
-    return any(run_dir.glob("checkpoints/ckpt_*.pt")) or any(run_dir.glob("ckpt_*.pt"))
