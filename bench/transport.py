@@ -36,8 +36,9 @@ from transport.codec import encode  # noqa: E402
 
 def make_message(kind: str, i: int):
     if kind == "small":
-        return ActionReply(request_id=i, action=np.array(1, np.int64), env_action=np.array(1, np.int64), log_prob=-0.69, value=0.5,
-                           policy_version=3)  # fmt: skip
+        # A discrete action, as CartPole's rollout server sends it (env_action None: the same)
+        return ActionReply(request_id=i, action=np.array(i % 2, np.int64), log_prob=-0.69,
+                           value=0.5, policy_version=3)  # fmt: skip
     image = np.full((84, 84, 3), i % 255, np.uint8)
     return ObsRequest(env_key="0/0", request_id=i, obs={"image": image})
 

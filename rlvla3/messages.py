@@ -3,7 +3,8 @@
 Messages are frozen, slotted, keyword-only structs (``Message``). Array fields are numpy arrays
 (CPU torch tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
-field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays).
+field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays; 3: ``ActionReply.env_action``
+optional).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -15,7 +16,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Obs = dict[str, np.ndarray]
 
@@ -58,18 +59,26 @@ class ActionReply(Message):
         request_id: the request's id.
         action: the policy's action, as the trainer re-scores it: int64[] (discrete), int64[D]
             (action bins) or float32[D] (continuous).
-        env_action: what the env steps with (bin centres for binned actions; else = action).
         log_prob: log-probability of ``action`` under the behaviour policy (nats).
         value: the critic's value estimate of the observation.
         policy_version: version of the weights that produced this reply.
+        env_action: what the env steps with when it differs from ``action`` (bin centres for
+            binned actions, clipped Gaussian samples); None when the env steps with ``action``
+            itself, as for discrete actions: one array less to encode and decode on the hottest
+            message. Read it through ``env_step_action``.
     """
 
     request_id: int
     action: np.ndarray
-    env_action: np.ndarray
     log_prob: float
     value: float
     policy_version: int
+    env_action: np.ndarray | None = None  # last: defaults follow the required fields
+
+    @property
+    def env_step_action(self) -> np.ndarray:
+        """What the env steps with: ``env_action``, or ``action`` when that is None."""
+        return self.action if self.env_action is None else self.env_action
 
 
 class TrajectoryChunk(Message):

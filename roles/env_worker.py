@@ -179,7 +179,7 @@ class EnvRunner:
         versions = (reply.policy_version, reply.policy_version)
         while not w.stop_event.is_set():
             stepped = time.perf_counter()
-            next_obs, reward, terminated, truncated, info = env.step(reply.env_action)
+            next_obs, reward, terminated, truncated, info = env.step(reply.env_step_action)
             w.count("env_step_us", round((time.perf_counter() - stepped) * 1e6))
             self.steps.append({"obs": obs, "action": reply.action, "reward": reward,
                                "terminated": terminated, "truncated": truncated,

@@ -172,11 +172,12 @@ class RolloutServer(Role):
         if out is None:
             out = self._act_torch(obs)
         actions, env_actions = out.action, out.env_action
+        same = env_actions is actions  # the env steps with the action itself: send it once
         log_probs, values = out.log_prob.tolist(), out.value.tolist()  # (not a[i]: slow)
         for i, (identity, req) in enumerate(batch):
             self.requests.send_to(identity, ActionReply(
                 request_id=req.request_id, action=np.asarray(actions[i]),
-                env_action=np.asarray(env_actions[i]),
+                env_action=None if same else np.asarray(env_actions[i]),
                 log_prob=log_probs[i], value=values[i], policy_version=self.version,
             ))  # fmt: skip
 
@@ -184,9 +185,11 @@ class RolloutServer(Role):
     def _act_torch(self, obs: dict[str, np.ndarray]) -> NumpyActOutput:
         batch = {key: torch.from_numpy(value).to(self.device) for key, value in obs.items()}
         out = self.active.act(batch, deterministic=self.greedy)
+        action = out.action.cpu().numpy()
+        env_action = self.active.to_env_action(out.action)
         return NumpyActOutput(
-            action=out.action.cpu().numpy(),
-            env_action=self.active.to_env_action(out.action).cpu().numpy(),
+            action=action,
+            env_action=action if env_action is out.action else env_action.cpu().numpy(),
             log_prob=out.log_prob.cpu().numpy(),
             value=out.value.cpu().numpy(),
         )

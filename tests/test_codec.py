@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rlvla3 import messages as m
+from rlvla3.messages import SCHEMA_VERSION as V
 from transport.codec import (
     ZERO_COPY_MIN_BYTES,
     CodecLimits,
@@ -36,7 +37,7 @@ obs = st.dictionaries(st.sampled_from(["state", "image", "instruction", "proprio
 MESSAGES = {
     
     m.ObsRequest: st.builds(m.ObsRequest, env_key=st.text(), request_id=ints, obs=obs),
-    m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, env_action=arrays,
+    m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, env_action=st.none() | arrays,
                              log_prob=floats,
                              value=floats, policy_version=ints),
     m.TrajectoryChunk: st.builds(
@@ -95,6 +96,19 @@ def test_small_arrays_travel_inline_in_one_frame() -> None:
     assert_same(decode(frames), reply)
 
 
+def test_reply_without_env_action_steps_with_the_action() -> None:
+    reply = m.ActionReply(request_id=1, action=np.array(1), log_prob=-0.7, value=0.1,
+                          policy_version=3)  # fmt: skip
+    back = decode(encode(reply))
+    assert back.env_action is None and back.env_step_action is back.action
+    with_env = m.ActionReply(request_id=1, action=np.array([3]), env_action=np.array([0.5]),
+                             log_prob=-0.7, value=0.1, policy_version=3)  # fmt: skip
+    np.testing.assert_array_equal(decode(encode(with_env)).env_step_action, [0.5])
+    with pytest.raises(TypeError, match="ActionReply.env_action: expected an array or None"):
+        encode(m.ActionReply(request_id=1, action=np.array(1), env_action=[0.5], log_prob=-0.7,
+                             value=0.1, policy_version=3))  # fmt: skip
+
+
 def test_cpu_tensors_are_sent_and_arrive_as_numpy_arrays() -> None:
     t = torch.randn(3, 4)
     back = decode(encode(m.WeightsUpdate(version=0, layout="x", flat=t)))
@@ -127,7 +141,7 @@ def _header(version: object, name: object, values: list) -> bytes:
 
 
 def _update(flat: object) -> bytes:
-    return _header(2, "WeightsUpdate", [1, "s", flat])
+    return _header(V, "WeightsUpdate", [1, "s", flat])
 
 
 @pytest.mark.parametrize(
@@ -137,27 +151,27 @@ def _update(flat: object) -> bytes:
         ([b"\xc1garbage"], MalformedFrame, "not a valid msgpack"),
         ([b"\x92\x02"], MalformedFrame, "not a valid msgpack"),  # truncated header
         ([msgpack.packb(5)], MalformedFrame, "must be \\[version, message\\]"),
-        ([msgpack.packb([2, {"command": "x"}])], MalformedFrame, "must be \\[name, \\*field values\\]"),
+        ([msgpack.packb([V, {"command": "x"}])], MalformedFrame, "must be \\[name, \\*field values\\]"),
         (_big_frames()[:1], MalformedFrame, "WeightsUpdate.flat: array refers to frame 1"),
         ([_big_frames()[0], _big_frames()[1][:7]], MalformedFrame, "needs 65536 bytes, got 7"),
         ([*_big_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
         ([_header(99, "WeightsUpdate", [])], SchemaMismatch, "schema version 99"),
-        ([_header(2, "Evil", [])], UnknownMessage, "'Evil'"),
-        ([_header(2, "Control", ["x", 1, 2])], MalformedFrame, "Control: expected 1 to 2 field values, got 3"),
-        ([_header(2, "Control", [])], MalformedFrame, "Control: expected 1 to 2 field values, got 0"),
-        ([_header(2, "Control", [5, 1])], MalformedFrame, "Control.command: Expected `str`"),
-        ([_header(2, "WeightsAvailable", ["1"])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
-        ([_header(2, "WeightsAvailable", [True])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
+        ([_header(V, "Evil", [])], UnknownMessage, "'Evil'"),
+        ([_header(V, "Control", ["x", 1, 2])], MalformedFrame, "Control: expected 1 to 2 field values, got 3"),
+        ([_header(V, "Control", [])], MalformedFrame, "Control: expected 1 to 2 field values, got 0"),
+        ([_header(V, "Control", [5, 1])], MalformedFrame, "Control.command: Expected `str`"),
+        ([_header(V, "WeightsAvailable", ["1"])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
+        ([_header(V, "WeightsAvailable", [True])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
         ([_update(["object", [1], b"x"])], MalformedFrame, "WeightsUpdate.flat: array dtype 'object'"),
         ([_update(5)], MalformedFrame, "WeightsUpdate.flat: expected an array"),
         ([_update(["float32", [4], b"123"])], MalformedFrame, "needs 16 bytes, got 3"),
         ([_update(["float32", [-1], b""])], MalformedFrame, "non-negative ints"),
         ([_update(["float32", 4, b""])], MalformedFrame, "is not a list"),
-        ([_header(2, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x"]}])], MalformedFrame,
+        ([_header(V, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x"]}])], MalformedFrame,
          "ObsRequest.obs: Expected `str`, got `bytes` \\(a key\\)"),
-        ([_header(2, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x"]}])],
+        ([_header(V, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x"]}])],
          MalformedFrame, "ObsRequest.obs\\[...\\]: array uint8\\[2\\] needs 2 bytes"),
-        ([_header(2, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1]] * 7, 0.0]),
+        ([_header(V, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1]] * 7, 0.0]),
           b"\x00" * 65536], MalformedFrame, "TrajectoryChunk.rewards: array refers to frame 1"),
     ],
 )  # fmt: skip

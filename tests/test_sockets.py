@@ -79,7 +79,7 @@ def test_router_dealer_request_reply_across_two_servers(pair) -> None:
             if got is not None:
                 identity, req = got
                 seen[k] += 1
-                reply = ActionReply(request_id=req.request_id, action=np.array(1), env_action=np.array(1), log_prob=-0.1,
+                reply = ActionReply(request_id=req.request_id, action=np.array(1), log_prob=-0.1,
                                     value=0.5, policy_version=3)  # fmt: skip
                 assert server.send_to(identity, reply)
     assert seen == {0: 2, 1: 2}  # a DEALER spreads requests round-robin over its servers
@@ -131,5 +131,34 @@ def test_without_a_handler_bad_frames_raise(pair) -> None:
         raw.send(b"junk")
         with pytest.raises(CodecError):
             receiver.recv(timeout_s=5)
+    finally:
+        raw.close()
+
+
+def test_multi_part_messages_are_received_whole_on_router_and_pull(pair) -> None:
+    """Big arrays travel as extra parts; junk parts are consumed with their message, so the
+    next message is intact (parts are read until ZeroMQ says none follow)."""
+    big = ping(1, n=1 << 15)  # 128 KiB: its own zero-copy data frame
+    errors: list[CodecError] = []
+    server = pair(sockets.RouterSocket, on_bad_frame=errors.append)
+    client = pair(sockets.dealer)
+    client.connect(server.bind())
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(server.addresses[0])
+    try:
+        raw.send_multipart([b"\xc1junk", b"more junk", b"and more"])
+        raw.send_multipart([b"\xc1junk again"])
+        assert server.recv_from(timeout_s=5) is None  # the first junk, whole
+        assert server.recv_from(timeout_s=5) is None  # (else this would be "more junk")
+        assert len(errors) == 2
+        client.send(big)
+        client.send(ping(2))
+        identity, got = server.recv_from(timeout_s=5)
+        np.testing.assert_array_equal(got.flat, big.flat)
+        assert server.recv_from(timeout_s=5)[1].version == 2
+        assert len(errors) == 2
+        server.send_to(identity, big)
+        np.testing.assert_array_equal(client.recv(timeout_s=5).flat, big.flat)
     finally:
         raw.close()

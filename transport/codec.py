@@ -1,6 +1,6 @@
 """Message codec: one msgpack header frame, plus one raw frame per large array. Never pickle.
 
-Wire format (``rlvla3.messages.SCHEMA_VERSION`` 2)::
+Wire format (``rlvla3.messages.SCHEMA_VERSION`` 3)::
 
     frame 0:  msgpack [version, [message_name, value of each field, in schema order]]
     frame 1+: raw bytes of each array of at least ZERO_COPY_MIN_BYTES (sent without copying)
@@ -13,7 +13,7 @@ copy of a small array.
 
 The header is written and read by msgspec's C msgpack codec against the message structs of
 ``rlvla3/messages.py``: field types are checked in C while decoding, and only arrays go through
-Python (``_Coder.decode_array``). Measured on the 2-core CI machine for an ``ActionReply``: the
+Python (``Codec.decode_array``). Measured on the 2-core CI machine for an ``ActionReply``: the
 first codec (3 frames, msgpack-python, checks in Python) took 13 µs to encode and 23 µs to
 decode; this one takes ~3 and ~4 µs. Error paths are not hot: when msgspec rejects a header,
 ``_diagnose`` re-reads it with msgpack-python to say exactly what is wrong, by field name.
@@ -84,84 +84,85 @@ class CodecLimits:
 DEFAULT_LIMITS = CodecLimits()
 _DTYPES = {name: np.dtype(name) for name in _ALLOWED_DTYPES}
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-# Per message class, the fields that hold an array (False) or an observation dict (True).
+# Per message class, the names of its array fields, optional array fields and observation-dict
+# fields: encode checks them (msgspec would write a list given for an array as a plain list).
+_FIELD_KINDS = {np.ndarray: "arrays", np.ndarray | None: "optional", Obs: "obs"}
 _ARRAY_FIELDS = {
     cls: tuple(
-        (f.name, f.type == Obs) for f in msgspec.structs.fields(cls) if f.type in (np.ndarray, Obs)
+        tuple(f.name for f in msgspec.structs.fields(cls) if _FIELD_KINDS.get(f.type) == kind)
+        for kind in ("arrays", "optional", "obs")
     )
     for cls in MESSAGE_TYPES.values()
 }
 _HEADER_TYPE = tuple[int, Union[tuple(MESSAGE_TYPES.values())]]  # noqa: UP007 (runtime Union)
+_NONE: frozenset[int] = frozenset()
 _OVERSIZED = "oversized: "  # marks limit violations that msgspec wraps into ValidationError
 
 
 def encode(msg: Any) -> list[Any]:
-    """Frames for ``msg``: ``[header, *large_array_buffers]``.
-
-    Arrays of at least ``ZERO_COPY_MIN_BYTES`` are memoryviews of the caller's data (zero-copy:
-    do not modify them until sent); smaller ones are copied into the header.
-
-    Raises:
-        TypeError: ``msg`` is not a message, or a field holds something the codec cannot carry.
-    """
-    array_fields = _ARRAY_FIELDS.get(type(msg))
-    if array_fields is None:
-        raise TypeError(f"encode: {type(msg).__name__} is not a message type of rlvla3.messages")
-    # msgspec would write a list given for an array field as a plain msgpack list, for the
-    # receiver to reject: refuse it here, where the mistake is made.
-    for name, is_obs in array_fields:
-        value = getattr(msg, name)
-        if is_obs:
-            if type(value) is not dict or not all(map(_is_array, value.values())):
-                raise TypeError(f"encode {type(msg).__name__}.{name}: expected a dict of arrays")
-        elif not _is_array(value):
-            raise TypeError(
-                f"encode {type(msg).__name__}.{name}: expected an array, got {type(value).__name__}"
-            )
-    return _coder().encode(msg)
+    """Frames for ``msg`` (``Codec.encode`` with this thread's codec)."""
+    return _codec().encode(msg)
 
 
 def decode(frames: Sequence[Any], limits: CodecLimits = DEFAULT_LIMITS) -> Any:
-    """Rebuild a message from ``frames`` (bytes, memoryviews or zmq Frames).
-
-    Raises:
-        CodecError: a subclass saying what is wrong; the frames are never partially trusted.
-    """
-    if not frames:
-        raise MalformedFrame("empty message: no header frame")
-    if len(frames) > limits.max_frames:
-        raise OversizedFrame(f"{len(frames)} frames exceed max_frames={limits.max_frames}")
-    header = frames[0] if type(frames[0]) is bytes else _buffer(frames[0])
-    if len(header) > limits.max_header_bytes:
-        raise OversizedFrame(f"header of {len(header)} bytes exceeds {limits.max_header_bytes}")
-    return _coder().decode(header, frames, limits)
+    """A message from ``frames`` (``Codec.decode`` with this thread's codec)."""
+    return _codec().decode(frames, limits)
 
 
-def _coder() -> _Coder:
-    # msgspec encoders/decoders are cheap to call but not to build, and the array hooks need
-    # per-call state (the frames being decoded): one coder per thread.
-    coder = getattr(_local, "coder", None)
-    if coder is None:
-        coder = _local.coder = _Coder()
-    return coder
+def _codec() -> Codec:
+    codec = getattr(_local, "codec", None)
+    if codec is None:
+        codec = _local.codec = Codec()
+    return codec
 
 
 _local = threading.local()
 
 
-class _Coder:
-    """One thread's msgspec encoder and decoder, and the array hooks they call."""
+class Codec:
+    """Encodes and decodes messages: msgspec's encoder and decoder and the array hooks they call.
 
-    def __init__(self) -> None:
+    Not thread-safe (the hooks keep per-call state, e.g. the frames being decoded): use one per
+    thread. Each ``MessageSocket`` owns one, as a socket belongs to one thread anyway; the
+    module's ``encode``/``decode`` use one per thread. Building one costs ~50 µs, calling it ~2.
+
+    Args:
+        limits: the default decode bounds.
+    """
+
+    def __init__(self, limits: CodecLimits = DEFAULT_LIMITS) -> None:
         self.encoder = msgspec.msgpack.Encoder(enc_hook=self.encode_array)
         self.decoder = msgspec.msgpack.Decoder(_HEADER_TYPE, dec_hook=self.decode_array)
+        self.default_limits = limits
         self.buffers: list[Any] = []
         self.frames: Sequence[Any] = ()
         self.used: set[int] = set()
-        self.limits = DEFAULT_LIMITS
+        self.limits = limits
 
-    # --- encode ---------------------------------------------------------------------------------
     def encode(self, msg: Any) -> list[Any]:
+        """Frames for ``msg``: ``[header, *large_array_buffers]``.
+
+        Arrays of at least ``ZERO_COPY_MIN_BYTES`` are memoryviews of the caller's data
+        (zero-copy: do not modify them until sent); smaller ones are copied into the header.
+
+        Raises:
+            TypeError: ``msg`` is not a message, or a field holds something the codec cannot
+                carry (named).
+        """
+        fields = _ARRAY_FIELDS.get(type(msg))
+        if fields is None:
+            raise TypeError(f"encode: {type(msg).__name__} is not a message type of rlvla3.messages")
+        arrays, optional, obs = fields
+        for name in arrays:
+            if type(getattr(msg, name)) is not np.ndarray:  # (the common case, checked fast)
+                _check_array(msg, name, optional=False)
+        for name in optional:
+            if getattr(msg, name) is not None:
+                _check_array(msg, name, optional=True)
+        for name in obs:
+            value = getattr(msg, name)
+            if type(value) is not dict or not all(map(_is_array, value.values())):
+                raise TypeError(f"encode {type(msg).__name__}.{name}: expected a dict of arrays")
         self.buffers = buffers = []
         try:
             header = self.encoder.encode((SCHEMA_VERSION, msg))
@@ -170,8 +171,42 @@ class _Coder:
             raise TypeError(f"encode {where}: {err}") from None
         finally:
             self.buffers = []
-        return [header, *buffers]
+        return [header, *buffers] if buffers else [header]
 
+    def decode(self, frames: Sequence[Any], limits: CodecLimits | None = None) -> Any:
+        """Rebuild a message from ``frames`` (bytes, memoryviews or zmq Frames).
+
+        Raises:
+            CodecError: a subclass saying what is wrong; the frames are never partially trusted.
+        """
+        limits = limits or self.default_limits
+        if not frames:
+            raise MalformedFrame("empty message: no header frame")
+        if len(frames) > limits.max_frames:
+            raise OversizedFrame(f"{len(frames)} frames exceed max_frames={limits.max_frames}")
+        header = frames[0] if type(frames[0]) is bytes else _buffer(frames[0])
+        if len(header) > limits.max_header_bytes:
+            raise OversizedFrame(
+                f"header of {len(header)} bytes exceeds {limits.max_header_bytes}"
+            )
+        # (a set only where data frames can be referenced: most messages are one frame)
+        self.frames, self.used, self.limits = frames, set() if len(frames) > 1 else _NONE, limits
+        try:
+            version, msg = self.decoder.decode(header)
+        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+            raise _diagnose(header, err) from None
+        finally:
+            self.frames = ()
+        if version != SCHEMA_VERSION:
+            raise SchemaMismatch(f"schema version {version!r}, this side speaks {SCHEMA_VERSION}")
+        if len(self.used) != len(frames) - 1:
+            raise MalformedFrame(
+                f"{type(msg).__name__}: {len(frames) - 1} data frames but "
+                f"{len(self.used)} referenced"
+            )
+        return msg
+
+    # --- array hooks ---------------------------------------------------------------------------
     def encode_array(self, value: Any) -> Any:
         """msgspec hook for what it cannot encode itself: arrays, tensors, numpy scalars."""
         if type(value) is np.ndarray:
@@ -198,24 +233,6 @@ class _Coder:
             self.buffers.append(arr.reshape(-1).data)
             data = len(self.buffers)
         return (dtype, arr.shape, data)
-
-    # --- decode ---------------------------------------------------------------------------------
-    def decode(self, header: Any, frames: Sequence[Any], limits: CodecLimits) -> Any:
-        self.frames, self.used, self.limits = frames, set(), limits
-        try:
-            version, msg = self.decoder.decode(header)
-        except (msgspec.ValidationError, msgspec.DecodeError) as err:
-            raise _diagnose(header, err) from None
-        finally:
-            self.frames = ()
-        if version != SCHEMA_VERSION:
-            raise SchemaMismatch(f"schema version {version!r}, this side speaks {SCHEMA_VERSION}")
-        if len(self.used) != len(frames) - 1:
-            raise MalformedFrame(
-                f"{type(msg).__name__}: {len(frames) - 1} data frames but "
-                f"{len(self.used)} referenced"
-            )
-        return msg
 
     def decode_array(self, kind: type, v: Any) -> Any:
         """msgspec hook: the array a ``[dtype, shape, data]`` descriptor holds (read-only).
@@ -303,13 +320,22 @@ def _diagnose(header: Any, err: Exception) -> CodecError:
 
 def _field_of_encode_error(msg: Any) -> str:
     """``.field`` of the first field of ``msg`` the codec cannot carry ('' if none found)."""
-    probe = msgspec.msgpack.Encoder(enc_hook=_Coder().encode_array)
+    probe = msgspec.msgpack.Encoder(enc_hook=Codec().encode_array)
     for field in msgspec.structs.fields(msg):
         try:
             probe.encode(getattr(msg, field.name))
         except (TypeError, ValueError):
             return f".{field.name}"
     return ""
+
+
+def _check_array(msg: Any, name: str, *, optional: bool) -> None:
+    value = getattr(msg, name)
+    if not _is_array(value):
+        raise TypeError(
+            f"encode {type(msg).__name__}.{name}: expected an array"
+            f"{' or None' if optional else ''}, got {type(value).__name__}"
+        )
 
 
 def _as_array(obj: Any) -> np.ndarray | None:

@@ -56,7 +56,8 @@ class NumpyActOutput:
 
     Attributes:
         action, log_prob, value: as in ``ActOutput``.
-        env_action: what the env steps with.
+        env_action: what the env steps with; ``action`` itself (the same object) when the
+            policy steps with its actions unchanged, so servers can send it once.
     """
 
     action: np.ndarray
