@@ -2,7 +2,7 @@
 
 Reads the same YAML as ``rlvla3 launch`` (``env``, ``policy``, ``algo``, ``run.seed``; ``--set``
 overrides as there) and runs the trainer's own code path (``build_policy``, ``build_batch``,
-``ppo_update``, Adam with eps 1e-5, ``policy.init_checkpoint``) on ``env.num_envs_per_worker * roles.env_worker.count`` envs
+``ppo_update``, ``build_optimizer``, ``policy.init_checkpoint`` and the KL reference) on ``env.num_envs_per_worker * roles.env_worker.count`` envs
 stepped as one batch in this process, ``env.chunk_len`` steps per round, one update per round: no
 processes, sockets or staleness, so it isolates *learning* from *system* throughput. Every
 ``--report-every`` updates it prints the success rate of the last 100 finished (sampled-action)
@@ -15,6 +15,7 @@ episodes; at the end it measures the greedy policy on ``--eval-episodes`` fresh 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -30,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from bench.sft_tabletop_probe import evaluate  # noqa: E402
 from rlvla3.algo.batch import build_batch  # noqa: E402
+from rlvla3.algo.optim import build_optimizer  # noqa: E402
 from rlvla3.algo.ppo import ppo_update  # noqa: E402
 from rlvla3.checkpoints import load_checkpoint  # noqa: E402
 from rlvla3.config import Config, load_config  # noqa: E402
@@ -122,7 +124,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cfg.policy.init_checkpoint:  # as the trainer does without a checkpoint of its own
         policy.load_state_dict(load_checkpoint(cfg.policy.init_checkpoint, torch.device("cpu"))["model"])
     a = cfg.algo
-    optimizer = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
+    optimizer = build_optimizer(policy, a)
+    reference = None
+    if cfg.policy.init_checkpoint and a.ref_kl_coef > 0:  # the trainer's frozen KL reference
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
     workers = cfg.roles["env_worker"].count if "env_worker" in cfg.roles else 1
     rollouts = Rollouts(cfg, workers * cfg.env.num_envs_per_worker)
     started, updates, curve = time.perf_counter(), 0, []
@@ -136,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              minibatch_size=a.minibatch_size, clip_coef=a.clip_coef,
                              vf_coef=a.vf_coef, ent_coef=a.ent_coef,
                              max_grad_norm=a.max_grad_norm,
-                             policy_coef=0.0 if updates < a.value_warmup_updates else 1.0)  # fmt: skip
+                             policy_coef=0.0 if updates < a.value_warmup_updates else 1.0,
+                             reference=reference, ref_kl_coef=a.ref_kl_coef)  # fmt: skip
         act_s += t1 - t0
         train_s += time.perf_counter() - t1
         updates += 1

@@ -138,10 +138,14 @@ class AlgoConfig:
     from it would first undo the pretrained policy. ``ref_kl_coef`` > 0 adds
     ``ref_kl_coef * KL(policy || reference)`` to the loss, the reference being the weights of
     ``policy.init_checkpoint`` (frozen): it keeps RL fine-tuning near the warm start while the
-    critic is still too poor for its advantages to beat noise.
+    critic is still too poor for its advantages to beat noise. ``value_lr`` is the learning
+    rate of the parameters only the value estimate uses (the VLA's value head, the MLP's
+    critic; None: ``lr``): fine-tuning keeps ``lr`` small to stay near the warm start, and at
+    that rate a freshly initialised value head barely moves.
     """
 
     lr: float = 2.5e-4
+    value_lr: float | None = None
     lr_anneal_samples: int = 0
     gamma: float = 0.99
     lam: float = 0.95
@@ -281,6 +285,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("env.num_envs_per_worker: must be >= 1")
     if cfg.env.chunk_len < 1:
         raise ConfigError("env.chunk_len: must be >= 1")
+    if cfg.algo.value_lr is not None and not cfg.algo.value_lr > 0:
+        raise ConfigError(f"algo.value_lr: must be > 0, got {cfg.algo.value_lr}")
     if cfg.algo.ref_kl_coef < 0:
         raise ConfigError(f"algo.ref_kl_coef: must be >= 0, got {cfg.algo.ref_kl_coef}")
     if cfg.algo.ref_kl_coef > 0 and not cfg.policy.init_checkpoint:

@@ -24,6 +24,7 @@ import time
 import torch
 
 from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
+from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import ppo_update
 from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvla3.messages import TrajectoryChunk
@@ -45,7 +46,7 @@ class Trainer(Role):
         torch.set_num_threads(self.settings.num_threads)
         self.device = torch.device(self.settings.device)
         self.policy = build_policy(self.cfg).to(self.device)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
+        self.optimizer = build_optimizer(self.policy, self.cfg.algo)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.version, self.updates, self.samples_trained = -1, 0, 0
         self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
@@ -128,9 +129,9 @@ class Trainer(Role):
         started = time.perf_counter()
         batch = build_batch(chunks, self.policy, self.cfg.algo, self.device)
         a = self.cfg.algo
-        lr = self._learning_rate()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        scale = self._lr_scale()
+        scale_learning_rate(self.optimizer, scale)
+        lr = a.lr * scale
         metrics = ppo_update(
             self.policy, self.optimizer, batch, epochs=a.epochs, minibatch_size=a.minibatch_size,
             clip_coef=a.clip_coef, vf_coef=a.vf_coef, ent_coef=a.ent_coef,
@@ -155,11 +156,12 @@ class Trainer(Role):
                        train_s=time.perf_counter() - started, t=time.time())  # fmt: skip
         self._log_metrics(metrics)
 
-    def _learning_rate(self) -> float:
+    def _lr_scale(self) -> float:
+        """The learning rates' share of their full value (linear annealing, if configured)."""
         a = self.cfg.algo
         if not a.lr_anneal_samples:
-            return a.lr
-        return a.lr * max(0.0, 1.0 - self.samples_trained / a.lr_anneal_samples)
+            return 1.0
+        return max(0.0, 1.0 - self.samples_trained / a.lr_anneal_samples)
 
     def _publish(self) -> None:
         self.version = self.publisher.publish(self.policy)
@@ -194,7 +196,10 @@ class Trainer(Role):
             return
         state = load_checkpoint(path, self.device)
         self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as err:  # written with other parameter groups (e.g. before value_lr)
+            self.log.warning("%s: optimizer state not restored (%s); Adam starts afresh", path, err)
         self.updates = int(state["updates"])
         self.samples_trained = int(state.get("samples_trained", 0))
         # Versions only grow: continue after whatever was published before the restart.

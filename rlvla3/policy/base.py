@@ -77,6 +77,11 @@ class ActorCritic(nn.Module, abc.ABC):
     def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
         """Log-probability, entropy and value for given observations and actions."""
 
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The parameters only the value estimate uses (they get ``algo.value_lr``); none
+        unless overridden."""
+        return []
+
     def act_numpy(
         self, obs: dict[str, np.ndarray], deterministic: bool, rng: np.random.Generator
     ) -> NumpyActOutput | None:

@@ -129,6 +129,10 @@ class MLPPolicy(ActorCritic):
         log_prob, _ = self._log_prob_entropy(dist, action)
         return ActOutput(action=action, log_prob=log_prob, value=self._value(state))
 
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The critic network's parameters (actor and critic share nothing)."""
+        return list(self.critic.parameters())
+
     def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
         """Log-prob, entropy and value for given states and actions.
 

@@ -397,6 +397,10 @@ class VLAPolicy(ActorCritic):
         action = dist.mode if deterministic else dist.sample()
         return ActOutput(action=action, log_prob=self._reduce(dist.log_prob(action)), value=value)
 
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The value head's parameters (the trunk is shared with the action head)."""
+        return list(self.value_head.parameters())
+
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
         """Log-prob float32[B], entropy float32[B] and value float32[B] of given actions."""
         dist, value = self.distribution(obs)

@@ -1,0 +1,29 @@
+"""The RL trainer's optimizer: Adam over the policy, with the value-only parameters in their own
+parameter group so that they can learn at ``algo.value_lr``."""
+
+from __future__ import annotations
+
+import torch
+
+from rlvla3.config import AlgoConfig
+from rlvla3.policy.base import ActorCritic
+
+
+def build_optimizer(policy: ActorCritic, algo: AlgoConfig) -> torch.optim.Adam:
+    """Adam (eps 1e-5) with one group at ``algo.lr`` and, where the policy has value-only
+    parameters, a second at ``algo.value_lr`` (``lr`` when None). Each group keeps its full
+    rate as ``base_lr`` for ``scale_learning_rate``."""
+    value_ids = {id(p) for p in policy.value_parameters()}
+    shared = [p for p in policy.parameters() if id(p) not in value_ids]
+    value = [p for p in policy.parameters() if id(p) in value_ids]
+    value_lr = algo.lr if algo.value_lr is None else algo.value_lr
+    groups = [{"params": shared, "lr": algo.lr, "base_lr": algo.lr}]
+    if value:
+        groups.append({"params": value, "lr": value_lr, "base_lr": value_lr})
+    return torch.optim.Adam(groups, eps=1e-5)
+
+
+def scale_learning_rate(optimizer: torch.optim.Optimizer, scale: float) -> None:
+    """Set every group's rate to ``scale`` times its ``base_lr`` (linear annealing)."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * scale
