@@ -110,6 +110,8 @@ def test_bad_frames_go_to_the_handler_and_receiving_carries_on(pair) -> None:
     try:
         raw.send_multipart([b"\xc1not msgpack"])
         raw.send_multipart([b"\x93\x01"])
+        raw.send_multipart([b"\xc1" * 5000])  # large: decoded from a view of the frame
+        assert receiver.recv(timeout_s=5) is None
         assert receiver.recv(timeout_s=5) is None
         assert receiver.recv(timeout_s=5) is None
         sender = pair(sockets.push)
@@ -118,7 +120,7 @@ def test_bad_frames_go_to_the_handler_and_receiving_carries_on(pair) -> None:
         assert receiver.recv(timeout_s=5).version == 5
     finally:
         raw.close()
-    assert len(errors) == 2 and all(isinstance(e, CodecError) for e in errors)
+    assert len(errors) == 3 and all(isinstance(e, CodecError) for e in errors)
 
 
 def test_without_a_handler_bad_frames_raise(pair) -> None:
@@ -162,3 +164,15 @@ def test_multi_part_messages_are_received_whole_on_router_and_pull(pair) -> None
         np.testing.assert_array_equal(client.recv(timeout_s=5).flat, big.flat)
     finally:
         raw.close()
+
+
+def test_an_image_observation_arrives_intact(pair) -> None:
+    """An 84x84x3 image travels inline in a header large enough to be decoded from a view."""
+    receiver = pair(sockets.pull)
+    sender = pair(sockets.push)
+    sender.connect(receiver.bind())
+    image = np.random.default_rng(0).integers(0, 255, (84, 84, 3), dtype=np.uint8)
+    sender.send(ObsRequest(env_key="1/2", request_id=7, obs={"image": image}))
+    got = receiver.recv(timeout_s=5)
+    np.testing.assert_array_equal(got.obs["image"], image)
+    assert got.env_key == "1/2" and got.request_id == 7
