@@ -57,7 +57,9 @@ class Rollouts:
     """``n`` envs stepped as one batch; ``collect`` returns one ``TrajectoryChunk`` per env."""
 
     def __init__(self, cfg: Config, n: int) -> None:
-        self.envs = [make_env(cfg.env.id, seed=cfg.run.seed + i, **cfg.env.kwargs) for i in range(n)]
+        self.envs = [
+            make_env(cfg.env.id, seed=cfg.run.seed + i, **cfg.env.kwargs) for i in range(n)
+        ]
         self.obs = [env.reset(seed=cfg.run.seed + i)[0] for i, env in enumerate(self.envs)]
         self.returns, self.lengths = np.zeros(n), np.zeros(n, int)
         self.finished: deque[tuple[float, bool]] = deque(maxlen=100)
@@ -122,7 +124,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(cfg.run.seed)
     policy = build_policy(cfg)
     if cfg.policy.init_checkpoint:  # as the trainer does without a checkpoint of its own
-        policy.load_state_dict(load_checkpoint(cfg.policy.init_checkpoint, torch.device("cpu"))["model"])
+        policy.load_state_dict(
+            load_checkpoint(cfg.policy.init_checkpoint, torch.device("cpu"))["model"]
+        )
     a = cfg.algo
     optimizer = build_optimizer(policy, a)
     reference = None

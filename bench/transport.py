@@ -84,9 +84,7 @@ def measure(kind: str, count: int, ours: bool) -> tuple[float, float, float]:
         address = f"tcp://127.0.0.1:{receiver.bind_to_random_port('tcp://127.0.0.1')}"
     target = ours_sender if ours else raw_sender
     cpu_recv, cpu_send = mp.get_context("spawn").Pipe(duplex=False)
-    proc = mp.get_context("spawn").Process(
-        target=target, args=(address, kind, count + 1, cpu_send)
-    )
+    proc = mp.get_context("spawn").Process(target=target, args=(address, kind, count + 1, cpu_send))
     proc.start()
     if ours:
         receiver.recv()  # the first message: connection is up, start the clock
@@ -124,7 +122,10 @@ def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, float]]:
             "raw_gb_per_s": round(raw * size / 1e9, 4),
             "ratio": round(ours / raw, 3),
             "ours_cpu_us_per_msg": {"send": round(cpu[True][0], 2), "recv": round(cpu[True][1], 2)},
-            "raw_cpu_us_per_msg": {"send": round(cpu[False][0], 2), "recv": round(cpu[False][1], 2)},
+            "raw_cpu_us_per_msg": {
+                "send": round(cpu[False][0], 2),
+                "recv": round(cpu[False][1], 2),
+            },
         }
     return results
 

@@ -92,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="dataset directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     p.add_argument("--obs-mode", default="rgb", choices=("rgb", "state"))
-    p.add_argument("--expert-noise", type=float, default=0.0, help="std of noise on the executed action; the clean action is recorded (DART)")
+    p.add_argument(
+        "--expert-noise",
+        type=float,
+        default=0.0,
+        help="std of noise on the executed action; the clean action is recorded (DART)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     p.set_defaults(func=_demos)
     return parser  # fmt: skip

@@ -151,7 +151,9 @@ class Codec:
         """
         fields = _ARRAY_FIELDS.get(type(msg))
         if fields is None:
-            raise TypeError(f"encode: {type(msg).__name__} is not a message type of rlvla3.messages")
+            raise TypeError(
+                f"encode: {type(msg).__name__} is not a message type of rlvla3.messages"
+            )
         arrays, optional, obs = fields
         for name in arrays:
             if type(getattr(msg, name)) is not np.ndarray:  # (the common case, checked fast)
@@ -186,9 +188,7 @@ class Codec:
             raise OversizedFrame(f"{len(frames)} frames exceed max_frames={limits.max_frames}")
         header = frames[0] if type(frames[0]) is bytes else _buffer(frames[0])
         if len(header) > limits.max_header_bytes:
-            raise OversizedFrame(
-                f"header of {len(header)} bytes exceeds {limits.max_header_bytes}"
-            )
+            raise OversizedFrame(f"header of {len(header)} bytes exceeds {limits.max_header_bytes}")
         # (a set only where data frames can be referenced: most messages are one frame)
         self.frames, self.used, self.limits = frames, set() if len(frames) > 1 else _NONE, limits
         try:
