@@ -126,10 +126,17 @@ def write_report(
     if recent_rate is not None:
         summary["success_rate"] = recent_rate
     evaluation = evaluation_summary(registry)
-    if evaluation is not None:
+    if evaluation is not None and evaluation["episodes"]:
+        # Measured on fresh episodes of the final weights: it decides, over all of them (the
+        # last-window rule would judge only the last return_window of them).
         summary["evaluation"] = evaluation
-        if "success_rate" in evaluation:  # measured on fresh episodes of the final weights
+        if "success_rate" in evaluation:
             summary["success_rate"] = evaluation["success_rate"]
+        summary["solved"] = (target is not None and evaluation["mean_return"] >= target) or (
+            rate_target is not None and evaluation.get("success_rate", -1.0) >= rate_target
+        )
+    elif evaluation is not None:
+        summary["evaluation"] = evaluation
     last = registry.series("metrics", last=1)
     if last and "loss" in last[-1]:
         summary["final_loss"] = last[-1]["loss"]

@@ -1,4 +1,5 @@
-"""summary.json: ``solved`` follows whichever target stopped the run."""
+"""summary.json: ``solved`` follows whichever target stopped the run, or the end-of-run
+evaluation over all its episodes when one ran."""
 
 from __future__ import annotations
 
@@ -30,4 +31,23 @@ def test_success_rate_target_counts_as_solved(tmp_path, redis_url) -> None:
 
 def test_no_target_is_never_solved(tmp_path, redis_url) -> None:
     summary = _summary(tmp_path, redis_url, "rep_none", {"return_window": 3}, [True] * 5)
+    assert summary["solved"] is False
+
+
+def test_an_evaluation_decides_over_all_its_episodes(tmp_path, redis_url) -> None:
+    """200 evaluation episodes at 0.75 against a target of 0.8: not solved, even though the
+    last return_window (50) of them reach 0.8."""
+    name = "rep_eval"
+    cfg = config_from_dict({"run": {"name": name, "redis_url": redis_url, "stop": {
+        "target_success_rate": 0.8, "return_window": 50, "eval_episodes": 200}}})  # fmt: skip
+    registry = Registry(redis_url, name)
+    registry.start_evaluation(7)
+    outcomes = [True] * 110 + [False] * 40 + [True] * 40 + [False] * 10  # 0.75; last 50: 0.8
+    registry.append("episodes", [
+        {"return": 5.0 if ok else 0.0, "length": 5, "success": ok, "t": float(i),
+         "env_steps": 5 * i, "min_version": 7, "max_version": 7}
+        for i, ok in enumerate(outcomes)
+    ])  # fmt: skip
+    summary = write_report(registry, cfg, tmp_path, 1.0, "test")
+    assert summary["success_rate"] == 0.75 and summary["evaluation"]["episodes"] == 200
     assert summary["solved"] is False
