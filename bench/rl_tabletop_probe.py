@@ -15,7 +15,6 @@ episodes; at the end it measures the greedy policy on ``--eval-episodes`` fresh 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -32,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from bench.sft_tabletop_probe import evaluate  # noqa: E402
 from rlvla3.algo.batch import build_batch  # noqa: E402
 from rlvla3.algo.optim import build_optimizer  # noqa: E402
-from rlvla3.algo.ppo import ppo_update  # noqa: E402
+from rlvla3.algo.ppo import frozen_reference, ppo_update  # noqa: E402
 from rlvla3.checkpoints import load_checkpoint  # noqa: E402
 from rlvla3.config import Config, load_config  # noqa: E402
 from rlvla3.messages import TrajectoryChunk  # noqa: E402
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     optimizer = build_optimizer(policy, a)
     reference = None
     if cfg.policy.init_checkpoint and a.ref_kl_coef > 0:  # the trainer's frozen KL reference
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        reference = frozen_reference(policy)  # (it holds the init weights now)
     workers = cfg.roles["env_worker"].count if "env_worker" in cfg.roles else 1
     rollouts = Rollouts(cfg, workers * cfg.env.num_envs_per_worker)
     started, updates, curve = time.perf_counter(), 0, []

@@ -3,8 +3,8 @@
 Messages are frozen, slotted, keyword-only structs (``Message``). Array fields are numpy arrays
 (CPU torch tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
-field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays; 3: ``ActionReply.env_action``
-optional).
+field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
+3: ``ActionReply.env_action`` optional).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and

@@ -47,6 +47,19 @@ def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | N
     return None
 
 
+def meets_target(stop: Any, mean_return: float | None, success_rate: float | None) -> bool:
+    """Whether a mean return or success rate reaches ``run.stop``'s target (None: unmeasured)."""
+    return (
+        stop.target_mean_return is not None
+        and mean_return is not None
+        and mean_return >= stop.target_mean_return
+    ) or (
+        stop.target_success_rate is not None
+        and success_rate is not None
+        and success_rate >= stop.target_success_rate
+    )
+
+
 def evaluation_episodes(registry: Registry, version: int) -> list[dict[str, Any]]:
     """Episodes acted on entirely by weights of ``version`` or newer (fresh since evaluation)."""
     return [
@@ -98,8 +111,6 @@ def write_report(
     window = cfg.run.stop.return_window
     recent = episodes[-window:]
     final_mean = sum(e["return"] for e in recent) / len(recent) if recent else None
-    target = cfg.run.stop.target_mean_return
-    rate_target = cfg.run.stop.target_success_rate
     recent_rate = (
         sum(bool(e.get("success")) for e in recent) / len(recent)
         if recent and "success" in recent[-1]
@@ -111,10 +122,7 @@ def write_report(
         "mode": cfg.run.mode,
         "stop_reason": reason,
         # Either target reached over a full window of the last episodes (what stops the run).
-        "solved": full_window and (
-            (target is not None and final_mean is not None and final_mean >= target)
-            or (rate_target is not None and recent_rate is not None and recent_rate >= rate_target)
-        ),
+        "solved": full_window and meets_target(cfg.run.stop, final_mean, recent_rate),
         "env_steps": counters.get("env_steps", 0),
         "wall_s": round(wall_s, 3),
         "final_mean_return": final_mean,
@@ -132,8 +140,8 @@ def write_report(
         summary["evaluation"] = evaluation
         if "success_rate" in evaluation:
             summary["success_rate"] = evaluation["success_rate"]
-        summary["solved"] = (target is not None and evaluation["mean_return"] >= target) or (
-            rate_target is not None and evaluation.get("success_rate", -1.0) >= rate_target
+        summary["solved"] = meets_target(
+            cfg.run.stop, evaluation["mean_return"], evaluation.get("success_rate")
         )
     elif evaluation is not None:
         summary["evaluation"] = evaluation

@@ -18,14 +18,13 @@ loss's KL term, kept across restarts.
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
 
 from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
-from rlvla3.algo.ppo import ppo_update
+from rlvla3.algo.ppo import frozen_reference, ppo_update
 from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvla3.messages import TrajectoryChunk
 from rlvla3.metrics_log import MetricsLog
@@ -187,8 +186,7 @@ class Trainer(Role):
             init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)["model"]
         if init is not None and self.cfg.algo.ref_kl_coef > 0:
             # The KL regulariser's reference: the warm start's weights, frozen (also on resume).
-            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
-            self.reference.load_state_dict(init)
+            self.reference = frozen_reference(self.policy, init)
         if path is None:
             if init is not None:  # e.g. RL continuing from an SFT run
                 self.policy.load_state_dict(init)

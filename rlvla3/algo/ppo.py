@@ -12,6 +12,8 @@ Every function here is pure torch and works on CPU tensors; nothing here knows a
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -241,6 +243,15 @@ def _index_batch(batch: dict[str, object], idx: Tensor) -> dict[str, object]:
     for key, value in batch.items():
         out[key] = _index_batch(value, idx) if isinstance(value, dict) else value[idx]
     return out
+
+
+def frozen_reference(policy: ActorCritic, state: dict[str, Tensor] | None = None) -> ActorCritic:
+    """A frozen copy of ``policy`` (eval mode, no gradients), with ``state``'s weights if given:
+    the reference policy of ``reference_kl``."""
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    if state is not None:
+        reference.load_state_dict(state)
+    return reference
 
 
 def reference_kl(new_log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
