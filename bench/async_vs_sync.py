@@ -44,7 +44,7 @@ MODES = ("sync", "async_rollout", "async")
 
 def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
     per_worker = args.num_envs // args.num_workers
-    return {
+    cfg = {
         "run": {"name": f"bench_{mode}", "mode": mode, "redis_url": redis_url, "transport": args.transport,
                 "progress_interval_s": 3600, "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120}},
         "roles": {
@@ -59,6 +59,22 @@ def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
                               "sigma": args.latency_sigma}},
         "algo": {"epochs": 2, "minibatch_size": 256},
     }  # fmt: skip
+    for role, cpus in args.cpus:
+        cfg["roles"][role]["cpus"] = cpus
+    return cfg
+
+
+def role_cpus(text: str) -> tuple[str, list[int]]:
+    """``--cpus`` entry ``ROLE=ID[,ID...]``, e.g. ``rollout_server=1``."""
+    role, sep, ids = text.partition("=")
+    if not sep or role not in ("env_worker", "rollout_server", "trainer", "weight_broadcaster"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected ROLE=ID[,ID...], e.g. rollout_server=1"
+        )
+    try:
+        return role, [int(i) for i in ids.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: CPU ids must be integers") from None
 
 
 def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: Path) -> dict:
@@ -132,6 +148,14 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1", help="any env id make_env accepts")
     parser.add_argument("--env-kwargs", default="{}", help='JSON, e.g. \'{"obs_mode": "state"}\'')
     parser.add_argument("--transport", default="tcp", choices=("tcp", "ipc"))
+    parser.add_argument(
+        "--cpus",
+        nargs="+",
+        type=role_cpus,
+        default=[],
+        metavar="ROLE=IDS",
+        help="pin roles to CPUs (roles.<role>.cpus), e.g. env_worker=0 rollout_server=1",
+    )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from rlvla3.config import Config, load_config
 from rlvla3.registry import Registry
 from rlvla3.signals import install_stop_signals
+from rlvla3.typed_load import ConfigError
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
@@ -219,6 +220,21 @@ class Role(abc.ABC):
         install_stop_signals(on_signal)
 
 
+def pin_to_cpus(cpus: list[int] | None, field: str = "cpus") -> None:
+    """Restrict this process (and the threads it starts later) to ``cpus``; None: no change.
+
+    Raises:
+        ConfigError: a CPU id this node does not have (names ``field`` and the usable CPUs).
+    """
+    if cpus is None:
+        return
+    available = sorted(os.sched_getaffinity(0))
+    missing = [c for c in cpus if c not in available]
+    if missing:
+        raise ConfigError(f"{field}: this node has no CPU {missing} (usable: {available})")
+    os.sched_setaffinity(0, cpus)
+
+
 def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     """Command-line entry of a role process (what the launcher runs)."""
     parser = argparse.ArgumentParser(prog=f"python -m roles.{role_cls.name}")
@@ -234,5 +250,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
+    if role_cls.name in cfg.roles:
+        pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
     role = role_cls(cfg, args.index, node=args.node or cfg.nodes[0].name, run_dir=run_dir)
     sys.exit(role.run())

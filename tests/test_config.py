@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
 from rlvla3.config import Config, config_from_dict, dump_config, load_config
+from rlvla3.role import pin_to_cpus
 from rlvla3.typed_load import ConfigError
 
 
@@ -37,6 +40,9 @@ def test_defaults_load_without_a_file() -> None:
         ({"nodes": [{"host": "a"}]}, "nodes[0].name: missing required key"),
         ({"bogus": 1}, "bogus: unknown key"),
         ({"sft": {"expert_noise": -0.1}}, "sft.expert_noise: must be >= 0"),
+        ({"roles": {"trainer": {"cpus": []}}}, "roles.trainer.cpus: a non-empty list"),
+        ({"roles": {"trainer": {"cpus": [-1]}}}, "roles.trainer.cpus: a non-empty list"),
+        ({"roles": {"trainer": {"cpus": ["a"]}}}, "roles.trainer.cpus[0]: expected int"),
     ],
 )
 def test_errors_name_the_key_path(raw: dict, message: str) -> None:
@@ -75,3 +81,11 @@ def test_placement_spreads_round_robin() -> None:
 def test_a_settings_value_check_names_where_it_failed() -> None:
     with pytest.raises(ConfigError, match=r"^roles\.env_worker\.settings: max_chunks_queued"):
         config_from_dict({"roles": {"env_worker": {"settings": {"max_chunks_queued": -1}}}})
+
+
+def test_pinning_to_a_cpu_the_node_lacks_names_the_field() -> None:
+    before = os.sched_getaffinity(0)
+    pin_to_cpus(None)  # no pinning: nothing changes
+    with pytest.raises(ConfigError, match=r"roles.trainer.cpus: this node has no CPU \[100000\]"):
+        pin_to_cpus([0, 100_000], "roles.trainer.cpus")
+    assert os.sched_getaffinity(0) == before  # refused before anything changed

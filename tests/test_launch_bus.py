@@ -24,7 +24,7 @@ def tiny_run(tmp_path: Path, name: str, redis_url: str | None, **stop: object) -
                 "stop": {"max_wall_s": 180, **stop}},
         "roles": {
             "env_worker": {"count": 2, "restart": {"max_restarts": 2, "backoff_s": 0.1}},
-            "rollout_server": {"count": 1}, "trainer": {"count": 1},
+            "rollout_server": {"count": 1}, "trainer": {"count": 1, "cpus": [0]},
             "weight_broadcaster": {"count": 1},
         },
         "env": {"id": "CartPole-v1", "num_envs_per_worker": 1, "chunk_len": 16},
@@ -57,6 +57,11 @@ def test_launch_flow_restart_monitor_and_clean_stop(tmp_path, redis_url) -> None
         wait_until(lambda: registry.counters().get("chunks_produced", 0) > 5, 60, "data flow")
         assert (run_dir / "config.yaml").is_file()
         assert (run_dir / "logs" / "trainer-0.log").is_file()
+        trainer = next(r for r in recs if r.role == "trainer")
+        assert os.sched_getaffinity(trainer.pid) == {0}  # roles.trainer.cpus, threads included
+        assert all(
+            os.sched_getaffinity(r.pid) == os.sched_getaffinity(0) for r in recs if r != trainer
+        )
 
         snap = monitor_json(run_dir)
         assert {(r["role"], r["index"]) for r in snap["roles"]} == ROLES

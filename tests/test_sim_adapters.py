@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import sys
+import threading
 import time
 from typing import Any
 
@@ -277,6 +280,33 @@ def test_straggler_really_blocks() -> None:
     for _ in range(10):
         env.step(0)
     assert time.perf_counter() - start >= 0.02  # a lower bound only: never flaky
+
+
+def _timer_slack_ns(set_to: int | None = None) -> int:
+    """The calling thread's timer slack (PR_GET_TIMERSLACK), after setting it if asked."""
+    libc = ctypes.CDLL(None)
+    if set_to is not None:
+        libc.prctl(29, ctypes.c_ulong(set_to), 0, 0, 0)  # PR_SET_TIMERSLACK
+    return libc.prctl(30, 0, 0, 0, 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_straggler_tightens_the_timer_slack_of_the_thread_that_steps() -> None:
+    """Its sleeps end on time instead of up to the default 50 µs late."""
+    seen: dict[str, int] = {}
+
+    def step_in_a_thread() -> None:  # a thread of its own: slack is per thread
+        env = StragglerAdapter(
+            _CountingEnv(), StragglerConfig(distribution="constant", mean_ms=0.1)
+        )
+        seen["before"] = _timer_slack_ns(set_to=50_000)  # Linux's default
+        env.step(0)
+        seen["after"] = _timer_slack_ns()
+
+    thread = threading.Thread(target=step_in_a_thread)
+    thread.start()
+    thread.join(timeout=30)
+    assert seen == {"before": 50_000, "after": 1}
 
 
 def test_make_env_with_straggler_wraps_and_seeds() -> None:

@@ -168,13 +168,17 @@ class MLPPolicy(ActorCritic):
         out = self._numpy.actor(state)
         value = self._numpy.critic(state)[:, 0]
         if self.discrete:
-            log_p = out - _logsumexp(out)
+            # Log-softmax from the shifted logits, reduced through the ufuncs (ndarray.max and
+            # .sum add a Python wrapper per call): at batch 1 the head is a dozen tiny calls.
+            shifted = out - np.maximum.reduce(out, axis=-1, keepdims=True)
+            log_norm = np.log(np.add.reduce(np.exp(shifted), axis=-1))
             if deterministic:
-                action = log_p.argmax(-1)
+                action = shifted.argmax(-1)
             else:  # Gumbel-max, as in ``act``: -log(Exp(1)) is Gumbel noise
-                noise = rng.standard_exponential(log_p.shape, dtype=np.float32)
-                action = (log_p - np.log(noise)).argmax(-1)
-            log_prob = log_p[np.arange(len(action)), action]  # (take_along_axis: 3x slower)
+                noise = rng.standard_exponential(shifted.shape, dtype=np.float32)
+                action = (shifted - np.log(noise)).argmax(-1)
+            # (indexing, not take_along_axis: 3x faster at these sizes)
+            log_prob = shifted[np.arange(len(action)), action] - log_norm
             return NumpyActOutput(action=action, env_action=action, log_prob=log_prob, value=value)
         log_std = self._numpy.log_std
         if deterministic:
@@ -201,11 +205,6 @@ _NUMPY_ACTIVATIONS: dict[type[nn.Module], Callable[[np.ndarray], np.ndarray]] = 
     nn.Tanh: np.tanh,
     nn.ReLU: lambda x: np.maximum(x, np.float32(0)),
 }
-
-
-def _logsumexp(x: np.ndarray) -> np.ndarray:
-    peak = x.max(-1, keepdims=True)
-    return peak + np.log(np.exp(x - peak).sum(-1, keepdims=True))
 
 
 def _view(t: torch.Tensor) -> np.ndarray:
