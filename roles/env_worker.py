@@ -46,6 +46,10 @@ class EnvWorker(Role):
         self.latest_version = self.registry.weight_version()
         self.may_produce = threading.Event()  # cleared while too many chunks are in flight
         self.may_produce.set()
+        # Finished episodes wait here for the main loop to write them to Redis in one call:
+        # an env thread never waits on Redis between two steps.
+        self.episode_lock = threading.Lock()
+        self.finished_episodes: list[dict[str, Any]] = []
         self.runners = [EnvRunner(self, i) for i in range(num_envs)]
         for runner in self.runners:
             runner.thread.start()
@@ -65,6 +69,7 @@ class EnvWorker(Role):
                 self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
             self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
         self.gauge("steps_per_s", self.step_rate.rate())
+        self._write_episodes()
         for runner in self.runners:
             if runner.error is not None:
                 raise RuntimeError(f"env {runner.env_index} failed") from runner.error
@@ -108,24 +113,49 @@ class EnvWorker(Role):
             self.barrier.abort()
         for runner in getattr(self, "runners", []):
             runner.thread.join(timeout=30)
+        if hasattr(self, "finished_episodes"):
+            try:
+                self._write_episodes()  # the last ones too: a stop loses no finished episode
+            except Exception as err:  # Redis already gone: say what was lost, stop cleanly
+                self.log.warning(
+                    "%d finished episodes not recorded: %s", len(self.finished_episodes), err
+                )
 
     def record_episode(
         self, ret: float, length: int, success: bool | None, versions: tuple[int, int]
     ) -> None:
-        """Count a finished episode and append it to the run's learning curve.
+        """Count a finished episode and queue it for the run's learning curve.
 
         ``versions``: the oldest and newest weight version that chose its actions; the end-of-run
-        evaluation counts only episodes acted on entirely by the evaluated version.
+        evaluation counts only episodes acted on entirely by the evaluated version. Called from
+        env threads; the main loop writes the queue to Redis (``_write_episodes``).
         """
         point: dict[str, Any] = {
             "return": ret, "length": length, "worker": self.index, "t": time.time(),
-            "env_steps": self.registry.counters().get("env_steps", 0),
             "min_version": versions[0], "max_version": versions[1],
         }  # fmt: skip
         if success is not None:
             point["success"] = success
-        self.registry.append("episodes", [point])
+        with self.episode_lock:
+            self.finished_episodes.append(point)
         self.count("episodes")
+
+    def _write_episodes(self) -> None:
+        """Append the queued episodes to the run's ``episodes`` series, stamped with the
+        run-wide env step count (read once per write; it lags by a counter flush anyway)."""
+        with self.episode_lock:
+            points, self.finished_episodes = self.finished_episodes, []
+        if not points:
+            return
+        try:
+            env_steps = self.registry.counters().get("env_steps", 0)
+            for point in points:
+                point["env_steps"] = env_steps
+            self.registry.append("episodes", points)
+        except Exception:
+            with self.episode_lock:  # back in the queue, oldest first, for the next write
+                self.finished_episodes[:0] = points
+            raise
 
 
 class EnvRunner:

@@ -57,6 +57,9 @@ def test_short_run_trains_and_stops_cleanly(tmp_path, redis_url, mode: str) -> N
         + c.get("chunks_dropped", 0)
         + c.get("chunks_in_flight_at_exit", 0)
     )
+    # ... and every finished episode reached the learning curve, the last ones at shutdown.
+    episodes = registry.series("episodes")
+    assert len(episodes) == c["episodes"] > 0
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     versions = [m["version"] for m in metrics]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
