@@ -40,6 +40,23 @@ def _next_values_and_masks(
     return next_values, not_done
 
 
+def _backward_scan(deltas: Tensor, decays: Tensor) -> Tensor:
+    """float32[T] ``x_t = deltas_t + decays_t * x_{t+1}`` with ``x_T = 0``: the recursion that
+    GAE and V-trace share.
+
+    It is sequential, so it runs over Python floats (in float64): one torch op per element
+    costs microseconds, and the per-step tensor version took ~1 ms per 32-step chunk, a third of
+    the trainer's CPU time.
+    """
+    out = deltas.tolist()
+    factors = decays.tolist()
+    last = 0.0
+    for t in range(len(out) - 1, -1, -1):
+        last = out[t] + factors[t] * last
+        out[t] = last
+    return torch.tensor(out, dtype=deltas.dtype, device=deltas.device)
+
+
 @torch.no_grad()
 def compute_gae(
     rewards: Tensor,
@@ -66,11 +83,7 @@ def compute_gae(
     """
     next_values, not_done = _next_values_and_masks(values, bootstrap_value, dones)
     deltas = rewards + gamma * next_values * not_done - values
-    advantages = torch.zeros_like(values)
-    last = torch.zeros((), dtype=values.dtype, device=values.device)
-    for t in reversed(range(values.shape[0])):
-        last = deltas[t] + gamma * lam * not_done[t] * last
-        advantages[t] = last
+    advantages = _backward_scan(deltas, gamma * lam * not_done)
     return advantages, advantages + values
 
 
@@ -113,12 +126,7 @@ def vtrace(
     cs = ratios.clamp(max=c_bar)
     next_values, not_done = _next_values_and_masks(values, bootstrap_value, dones)
     deltas = rhos * (rewards + gamma * next_values * not_done - values)
-    vs_minus_v = torch.zeros_like(values)
-    last = torch.zeros((), dtype=values.dtype, device=values.device)
-    for t in reversed(range(values.shape[0])):
-        last = deltas[t] + gamma * cs[t] * not_done[t] * last
-        vs_minus_v[t] = last
-    vs = vs_minus_v + values
+    vs = _backward_scan(deltas, gamma * cs * not_done) + values
     next_vs = torch.cat([vs[1:], next_values[-1:]])
     pg_advantages = rhos * (rewards + gamma * next_vs * not_done - values)
     return vs, pg_advantages
