@@ -46,8 +46,8 @@ class SftTrainer(Role):
                             instruction_tokens=vla.instruction_token_counts)  # fmt: skip
         self.log.info("%d demo frames from %d episodes", len(self.data), self.data.num_episodes)
         s = self.cfg.sft
-        self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay
+        self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
+            self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
         )
         self.precision = autocast_context(self.device)
         if s.fp8 and self.device.type == "cuda":
