@@ -77,6 +77,11 @@ class Registry:
             pipe.hset(keys.role_stats(self.run_id, role, index), mapping=stats)
         pipe.execute()
 
+    def publish_stats(self, role: str, index: int, stats: dict[str, float]) -> None:
+        """Publish the role's stats without refreshing its heartbeat (e.g. its last ones)."""
+        if stats:
+            self.redis.hset(keys.role_stats(self.run_id, role, index), mapping=stats)
+
     def set_status(self, role: str, index: int, status: str) -> None:
         """Record a lifecycle transition."""
         self.redis.hset(keys.role_record(self.run_id, role, index), "status", status)

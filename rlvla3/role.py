@@ -166,6 +166,10 @@ class Role(abc.ABC):
             self.log.exception("shutdown failed")
             code = 1
         self._flush_counters()
+        try:  # the last gauges, not those of the last heartbeat (up to a second old)
+            self.registry.publish_stats(self.name, self.index, self.stats())
+        except Exception as err:
+            self.log.warning("could not publish final stats: %s", err)
         self._set_status("error" if code else "done")
         self.log.info("stopped (%s)", "error" if code else "done")
         return code

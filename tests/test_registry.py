@@ -41,6 +41,9 @@ def test_register_heartbeat_and_expiry(registry) -> None:
     )
     assert rec.stats == {"queue_depth": 4.0}
     wait_until(lambda: not registry.roles()[0].alive, 10, "heartbeat TTL to expire")
+    registry.publish_stats("demo_sink", 0, {"queue_depth": 0})  # a stopping role's last gauges
+    rec = registry.roles()[0]
+    assert rec.stats == {"queue_depth": 0.0} and not rec.alive  # no heartbeat refreshed
 
 
 def test_endpoints_are_found_only_for_live_roles(registry) -> None:
