@@ -134,17 +134,16 @@ def write_report(
     if recent_rate is not None:
         summary["success_rate"] = recent_rate
     evaluation = evaluation_summary(registry)
+    if evaluation is not None:
+        summary["evaluation"] = evaluation
     if evaluation is not None and evaluation["episodes"]:
         # Measured on fresh episodes of the final weights: it decides, over all of them (the
         # last-window rule would judge only the last return_window of them).
-        summary["evaluation"] = evaluation
         if "success_rate" in evaluation:
             summary["success_rate"] = evaluation["success_rate"]
         summary["solved"] = meets_target(
             cfg.run.stop, evaluation["mean_return"], evaluation.get("success_rate")
         )
-    elif evaluation is not None:
-        summary["evaluation"] = evaluation
     last = registry.series("metrics", last=1)
     if last and "loss" in last[-1]:
         summary["final_loss"] = last[-1]["loss"]
