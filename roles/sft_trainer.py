@@ -46,9 +46,6 @@ class SftTrainer(Role):
                             instruction_tokens=vla.instruction_token_counts)  # fmt: skip
         self.log.info("%d demo frames from %d episodes", len(self.data), self.data.num_episodes)
         s = self.cfg.sft
-        self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
-            self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
-        )
         self.precision = autocast_context(self.device)
         if s.fp8 and self.device.type == "cuda":
             if s.fp8_backend in fp8_backends(self.device):
@@ -57,6 +54,10 @@ class SftTrainer(Role):
             else:
                 self.log.info("FP8 off: sft.fp8_backend=%s is not usable on %s (available: %s)",
                               s.fp8_backend, self.device, fp8_backends(self.device) or "none")  # fmt: skip
+        # after enable_fp8, which may give the linears new parameters (Transformer Engine)
+        self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
+            self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
+        )
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
         self._resume()

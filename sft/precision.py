@@ -4,8 +4,13 @@ FP8 needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper) and one of two
 chosen by ``fp8_backend``:
 
 - ``transformer_engine`` (preferred when it imports): ``enable_fp8`` swaps every ``nn.Linear``
-  whose sizes FP8 GEMMs accept for ``transformer_engine.pytorch.Linear`` (same weights) and trains
-  under ``te.fp8_autocast`` with the block-wise scaling recipe.
+  whose sizes FP8 GEMMs accept for a ``transformer_engine.pytorch.Linear`` (same weights, new
+  parameters: build the optimizer afterwards) and trains under ``te.autocast`` inside bf16
+  autocast, with the block-wise scaling recipe (``Float8BlockScaling``: 1x128 blocks for
+  activations and gradients, 128x128 for weights) where TE says the GPU supports it, else
+  per-tensor current scaling. The swapped linears keep ``nn.Linear``'s interface: any leading
+  dimensions, token counts that are not a multiple of 16 (TE's FP8 GEMMs need one; the rows are
+  zero-padded), and the same state-dict keys (TE's FP8 metadata is left out of checkpoints).
 - ``torch_scaled_mm`` (no extra install): every such linear becomes a ``Float8Linear``, which runs
   its three GEMMs (forward, input gradient, weight gradient) through ``torch._scaled_mm`` with
   dynamic per-tensor scaling: inputs and weights in e4m3, gradients in e5m2 (more range, less
@@ -19,7 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 Context = Callable[[], contextlib.AbstractContextManager[Any]]
+
+_log = logging.getLogger(__name__)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 _FP8_ALIGN = 16  # FP8 GEMMs need every matrix dimension divisible by 16
@@ -60,21 +68,16 @@ def fp8_backend(device: torch.device) -> str | None:
 def enable_fp8(model: nn.Module, backend: str | None = None) -> Context:
     """Swap the model's FP8-sized linears in place; return the context to train under.
 
-    ``backend`` defaults to ``fp8_backend`` of the model's device.
+    ``backend`` defaults to ``fp8_backend`` of the model's device. Call it before building the
+    optimizer: Transformer Engine's linears hold new parameters (``torch_scaled_mm`` keeps them).
     """
     if backend is None:
         backend = fp8_backend(next(model.parameters()).device)
     if backend == "transformer_engine":
         import transformer_engine.pytorch as te
-        from transformer_engine.common import recipe
 
         _swap_linears(model, lambda old: _te_linear(te, old))
-        fp8_recipe = (
-            recipe.Float8BlockScaling()
-            if hasattr(recipe, "Float8BlockScaling")
-            else recipe.DelayedScaling()
-        )
-        return lambda: te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
+        return _te_context(te, te_recipe(te))
     if backend == "torch_scaled_mm":
         _swap_linears(model, Float8Linear.from_linear)
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
@@ -94,14 +97,82 @@ def _swap_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> 
             _swap_linears(child, make)
 
 
+def te_recipe(te: Any) -> Any:
+    """The FP8 recipe for Transformer Engine module ``te`` (``transformer_engine.pytorch``).
+
+    ``Float8BlockScaling`` where TE reports the GPU supports it (Hopper and later, CUDA >= 12.9);
+    else ``Float8CurrentScaling`` (per-tensor, computed on the fly); TE releases older than both
+    get ``DelayedScaling``. The choice and TE's reason are logged.
+    """
+    from transformer_engine.common import recipe
+
+    reason = "this Transformer Engine has no block-wise recipe"
+    if hasattr(recipe, "Float8BlockScaling") and hasattr(te, "is_fp8_block_scaling_available"):
+        available, reason = te.is_fp8_block_scaling_available(return_reason=True)
+        if available:
+            _log.info("FP8 recipe: Float8BlockScaling (Transformer Engine)")
+            return recipe.Float8BlockScaling()
+    fallback = getattr(recipe, "Float8CurrentScaling", None) or recipe.DelayedScaling
+    _log.info("FP8 recipe: %s, not block-wise scaling: %s", fallback.__name__, reason)
+    return fallback()
+
+
+def _te_context(te: Any, fp8_recipe: Any) -> Context:
+    """bf16 autocast around TE's FP8 autocast (``te.autocast``; ``te.fp8_autocast`` before TE 2.9).
+
+    bf16 autocast covers what TE does not run in FP8 (attention, norms, the small linears)."""
+
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        if hasattr(te, "autocast"):
+            fp8 = te.autocast(enabled=True, recipe=fp8_recipe)
+        else:
+            fp8 = te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
+        with torch.autocast("cuda", dtype=torch.bfloat16), fp8:
+            yield
+
+    return context
+
+
 def _te_linear(te: Any, old: nn.Linear) -> nn.Module:
-    new = te.Linear(old.in_features, old.out_features, bias=old.bias is not None,
-                    params_dtype=old.weight.dtype, device=old.weight.device)  # fmt: skip
+    new = _te_linear_class(te)(
+        old.in_features, old.out_features, bias=old.bias is not None,
+        params_dtype=old.weight.dtype, device=old.weight.device,
+    )  # fmt: skip
     with torch.no_grad():
         new.weight.copy_(old.weight)
         if old.bias is not None:
             new.bias.copy_(old.bias)
     return new
+
+
+@functools.cache
+def _te_linear_class(te: Any) -> type[nn.Module]:
+    """A ``te.Linear`` with ``nn.Linear``'s interface (made once per TE module, which is optional
+    and so cannot be subclassed at import)."""
+
+    class PaddedTELinear(te.Linear):  # type: ignore[misc,name-defined]
+        """``te.Linear`` that takes any ``[..., in_features]`` input and any token count.
+
+        TE's FP8 GEMMs need the token count divisible by 8 (and 16 is what the GEMMs like); a
+        packed batch has whatever count its documents add up to, so zero rows are appended and
+        their outputs dropped (zero inputs add nothing to the weight gradient). TE's extra state
+        (FP8 scaling metadata) is left out of the state dict, so checkpoints keep ``nn.Linear``'s
+        keys and load into the same policy without TE (the RL trainer, the rollout servers).
+        """
+
+        get_extra_state = nn.Module.get_extra_state
+        set_extra_state = nn.Module.set_extra_state
+
+        def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+            rows = x.reshape(-1, self.in_features)
+            pad = -rows.shape[0] % _FP8_ALIGN
+            out = super().forward(F.pad(rows, (0, 0, 0, pad)) if pad else rows)
+            if pad:
+                out = out[: rows.shape[0]]
+            return out.reshape(*x.shape[:-1], self.out_features)
+
+    return PaddedTELinear
 
 
 def quantize(x: Tensor, dtype: torch.dtype, pad_rows: int = 0) -> tuple[Tensor, Tensor, Tensor]:
