@@ -44,13 +44,29 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _demos(args: argparse.Namespace) -> int:
-    from sft.demos import generate_demos
+    from sft.demos import EXPERT_ENVS, generate_demos
 
-    stats = generate_demos(args.env, args.episodes, args.out, args.seed,
-                           expert_noise=args.expert_noise, overwrite=args.overwrite,
-                           obs_mode=args.obs_mode)  # fmt: skip
-    print(stats)
+    if args.env not in EXPERT_ENVS:
+        return _usage_error(f"--env: no scripted expert for {args.env!r} (have: "
+                            f"{', '.join(EXPERT_ENVS)})")  # fmt: skip
+    if args.episodes < 1:
+        return _usage_error(f"--episodes: need at least 1, got {args.episodes}")
+    if args.expert_noise < 0:
+        return _usage_error(f"--expert-noise: must be >= 0, got {args.expert_noise}")
+    try:
+        stats = generate_demos(args.env, args.episodes, args.out, args.seed,
+                               expert_noise=args.expert_noise, overwrite=args.overwrite,
+                               obs_mode=args.obs_mode)  # fmt: skip
+    except (FileExistsError, NotADirectoryError, PermissionError) as err:
+        return _usage_error(f"--out: {err}")
+    print(f"wrote {stats.num_episodes} episodes ({stats.num_frames} frames) to {stats.root}; "
+          f"expert success rate {stats.success_rate:.2f} over {stats.num_attempts} attempts")  # fmt: skip
     return 0
+
+
+def _usage_error(message: str) -> int:
+    print(f"rlvla3: {message}", file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="std of noise on the executed action; the clean action is recorded (DART)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace an existing LeRobot dataset (never deletes any other directory)",
+    )  # fmt: skip
     p.set_defaults(func=_demos)
     return parser  # fmt: skip
 

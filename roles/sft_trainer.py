@@ -46,6 +46,7 @@ class SftTrainer(Role):
                             instruction_tokens=vla.instruction_token_counts)  # fmt: skip
         self.log.info("%d demo frames from %d episodes", len(self.data), self.data.num_episodes)
         s = self.cfg.sft
+        self.data.check_budget(s.token_budget)
         self.precision = autocast_context(self.device)
         if s.fp8 and self.device.type == "cuda":
             if s.fp8_backend in fp8_backends(self.device):
@@ -85,7 +86,10 @@ class SftTrainer(Role):
         return root
 
     def step(self) -> None:
-        if self.finished:
+        if self.finished or self.steps >= self.cfg.sft.max_steps:  # also: resumed when done
+            if not self.finished:
+                self.finished = True
+                self.registry.request_stop(f"sft finished {self.steps} steps")
             self.stop_event.wait(0.5)  # the launcher evaluates and stops the run
             return
         metrics = self._train_step()

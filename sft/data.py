@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sft.lerobot import LeRobotDataset
+from sft.lerobot import DatasetError, LeRobotDataset
 from sft.packing import pack
 
 
@@ -45,6 +45,11 @@ class DemoSet:
         instruction_tokens: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         dataset = LeRobotDataset(root)
+        if not dataset.episodes:
+            raise DatasetError(f"{root}: the dataset has no episodes")
+        if "action" not in dataset.features:
+            raise DatasetError(f"{root}: no 'action' feature to learn (features: "
+                               f"{sorted(dataset.features)})")  # fmt: skip
         episodes = [dataset.episode(e.episode_index) for e in dataset.episodes]
         prefix = "observation."
         keys = [k for k in episodes[0] if k.startswith(prefix)]
@@ -62,6 +67,16 @@ class DemoSet:
 
     def __len__(self) -> int:
         return len(self.actions)
+
+    def check_budget(self, budget: int) -> None:
+        """Raise ValueError if a sample is longer than ``budget`` tokens (it could never be
+        packed), naming the first such frame."""
+        too_long = np.flatnonzero(self.lengths > budget)
+        if too_long.size:
+            frame = int(too_long[0])
+            raise ValueError(f"sft.token_budget: {budget} tokens, but frame {frame} of the "
+                             f"dataset needs {int(self.lengths[frame])} ({too_long.size} frames "
+                             "are too long)")  # fmt: skip
 
     def packed_batch(self, budget: int, rng: np.random.Generator) -> PackedIndices:
         """The fullest packed bin over a random pool of about four budgets' worth of samples."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sft.lerobot import Feature, LeRobotWriter
+from sft.lerobot import Feature, LeRobotWriter, image_feature
 from sim.adapter import SimAdapter, make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
 from sim.tabletop import CONTROL_HZ
@@ -49,12 +49,19 @@ class DemoStats:
     success_rate: float
 
 
+def _is_image(space: spaces.Space) -> bool:
+    """A camera image: uint8 ``[H, W, 1|3|4]`` (stored as PNG, LeRobot's ``image`` dtype)."""
+    shape = getattr(space, "shape", None) or ()
+    return space.dtype == np.uint8 and len(shape) == 3 and shape[2] in (1, 3, 4)
+
+
 def demo_features(env: SimAdapter) -> dict[str, Feature]:
     """LeRobot features for recording ``env``: one per observation key, action, reward, done."""
     features = {
-        f"observation.{key}": Feature(dtype=space.dtype.name, shape=tuple(space.shape))
+        f"observation.{key}": image_feature(space.shape) if _is_image(space)
+        else Feature(dtype=space.dtype.name, shape=tuple(space.shape))
         for key, space in env.observation_space.spaces.items()
-    }
+    }  # fmt: skip
     act = env.action_space
     if isinstance(act, spaces.Discrete):
         features["action"] = Feature(dtype="int64", shape=(1,))

@@ -1,25 +1,30 @@
-"""Demonstration datasets in the LeRobot (v2.0) on-disk layout.
+"""Demonstration datasets in the LeRobot on-disk layout: a writer (v2.1) and a reader (v2.x, v3.0).
 
-::
+What :class:`LeRobotWriter` writes (LeRobot's v2.1 layout, which LeRobot loads as is and converts
+to v3.0 with its own converter)::
 
     root/
-      data/chunk-000/episode_000000.parquet   one row per frame
-      meta/info.json                          fps, features (dtype, shape), totals, paths
+      data/chunk-000/episode_000000.parquet   one row per frame, one file per episode
+      meta/info.json                          codebase_version, fps, features, totals, paths
       meta/episodes.jsonl                     {"episode_index", "tasks", "length"} per line
       meta/tasks.jsonl                        {"task_index", "task"} per line
+      meta/episodes_stats.jsonl               per episode, per feature: min/max/mean/std/count
 
-Every feature, images included, is stored as an array column in the parquet files (images are
-``uint8[H, W, 3]`` flattened into a fixed-size list column and reshaped on read from the shape in
-``info.json``), not as PNG/MP4 files under ``images/``/``videos/``: simpler, no codec, and the
-small images of our tasks compress well with zstd. Per frame, the writer adds the LeRobot
-bookkeeping columns ``episode_index``, ``frame_index``, ``index`` (global frame), ``timestamp``
-(``frame_index / fps``, seconds) and ``task_index``.
+Camera images are ``dtype: image`` features, PNG bytes inside the parquet files, as LeRobot
+stores them (so LeRobot sees them as visual features); other features are numeric columns (see
+:mod:`sft.lerobot_format`). Per frame the writer adds LeRobot's bookkeeping columns
+``episode_index``, ``frame_index``, ``index`` (global frame), ``timestamp`` (``frame_index / fps``,
+seconds) and ``task_index``.
+
+:class:`LeRobotDataset` reads that, LeRobot's own v2.0/v2.1 datasets, and v3.0 ones (several
+episodes per ``data/chunk-NNN/file-NNN.parquet``, episodes in ``meta/episodes/``, tasks in
+``meta/tasks.parquet``). Video features are not supported; any dataset that cannot be read as
+declared raises :class:`DatasetError` naming the file and the field.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -29,9 +34,24 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-CODEBASE_VERSION = "v2.0"
+from sft.lerobot_format import (
+    IMAGE,
+    IMAGE_NAMES,
+    DatasetError,
+    Feature,
+    episode_stats,
+    from_column,
+    hf_features,
+    to_column,
+)
+
+__all__ = ["DatasetError", "EpisodeInfo", "Feature", "LeRobotDataset", "LeRobotWriter",
+           "image_feature", "to_policy_obs"]  # fmt: skip
+
+CODEBASE_VERSION = "v2.1"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 INDEX_COLUMNS = {
     "timestamp": "float32",
@@ -40,64 +60,20 @@ INDEX_COLUMNS = {
     "index": "int64",
     "task_index": "int64",
 }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Feature:
-    """One per-frame column.
-
-    Attributes:
-        dtype: numpy dtype name (``"float32"``, ``"uint8"``, ``"int32"``, ``"int64"``, ``"bool"``).
-        shape: per-frame shape, e.g. ``(64, 64, 3)`` for an image, ``(1,)`` for a reward.
-        names: optional names of the last axis' entries (LeRobot's ``names``).
-    """
-
-    dtype: str
-    shape: tuple[int, ...]
-    names: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        np.dtype(self.dtype)  # raises TypeError on unknown dtypes
-        if any(int(d) < 1 for d in self.shape):
-            raise ValueError(f"feature shape must be positive, got {self.shape}")
-
-    def to_json(self) -> dict[str, Any]:
-        names = list(self.names) if self.names is not None else None
-        return {"dtype": self.dtype, "shape": list(self.shape), "names": names}
-
-    @staticmethod
-    def from_json(obj: Mapping[str, Any]) -> Feature:
-        names = obj.get("names")
-        names = tuple(names) if isinstance(names, list) else None
-        return Feature(dtype=obj["dtype"], shape=tuple(obj["shape"]), names=names)
+INDEX_FEATURES = {name: Feature(dtype=dtype, shape=(1,)) for name, dtype in INDEX_COLUMNS.items()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EpisodeInfo:
-    """One line of ``meta/episodes.jsonl``: index, task strings, length in frames."""
+    """One episode: index, task strings, length in frames."""
 
     episode_index: int
     tasks: tuple[str, ...]
     length: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "episode_index": self.episode_index,
-            "tasks": list(self.tasks),
-            "length": self.length,
-        }
-
-    @staticmethod
-    def from_json(obj: Mapping[str, Any]) -> EpisodeInfo:
-        return EpisodeInfo(
-            episode_index=int(obj["episode_index"]),
-            tasks=tuple(obj["tasks"]),
-            length=int(obj["length"]),
-        )
-
-
-def _is_scalar(feature: Feature) -> bool:
-    return math.prod(feature.shape) == 1 and len(feature.shape) <= 1
+        return {"episode_index": self.episode_index, "tasks": list(self.tasks),
+                "length": self.length}  # fmt: skip
 
 
 def _stack_frames(
@@ -119,25 +95,10 @@ def _stack_frames(
     out = {}
     for key, feature in features.items():
         arr = cols[key]
-        if arr.shape[1:] != feature.shape and not (_is_scalar(feature) and arr.size == length):
+        if arr.shape[1:] != feature.shape and not (feature.is_scalar and arr.size == length):
             raise ValueError(f"{key}: frames of shape {arr.shape[1:]}, declared {feature.shape}")
-        out[key] = arr.reshape(length, *feature.shape).astype(feature.dtype, copy=False)
+        out[key] = arr.reshape(length, *feature.shape).astype(feature.numpy_dtype, copy=False)
     return out
-
-
-def _to_column(arr: np.ndarray, feature: Feature) -> pa.Array:
-    if _is_scalar(feature):
-        return pa.array(arr.reshape(len(arr)))
-    flat = pa.array(np.ascontiguousarray(arr).reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(flat, math.prod(feature.shape))
-
-
-def _from_column(column: pa.ChunkedArray, feature: Feature) -> np.ndarray:
-    arr = column.combine_chunks()
-    if isinstance(arr, pa.FixedSizeListArray):
-        arr = arr.flatten()
-    values = arr.to_numpy(zero_copy_only=False)
-    return values.astype(feature.dtype, copy=False).reshape(len(column), *feature.shape)
 
 
 class LeRobotWriter:
@@ -145,13 +106,14 @@ class LeRobotWriter:
 
     Args:
         root: dataset directory (created).
-        features: per-frame features, e.g. ``{"observation.image": Feature(dtype="uint8",
-            shape=(64, 64, 3)), "action": Feature(dtype="float32", shape=(2,))}``. Names must not
-            clash with the bookkeeping columns (``INDEX_COLUMNS``).
+        features: per-frame features, e.g. ``{"observation.image": Feature(dtype="image",
+            shape=(64, 64, 3), names=IMAGE_NAMES), "action": Feature(dtype="float32",
+            shape=(2,))}``. Names must not clash with the bookkeeping columns (``INDEX_COLUMNS``).
         fps: frames per second of the recording (``timestamp = frame_index / fps``).
         robot_type: stored in ``info.json``.
         chunks_size: episodes per ``data/chunk-NNN`` directory.
-        overwrite: delete an existing ``root`` instead of raising FileExistsError.
+        overwrite: replace an existing dataset at ``root``. Only a LeRobot dataset (a directory
+            with ``meta/info.json``) is ever deleted; any other non-empty directory raises.
     """
 
     def __init__(
@@ -168,16 +130,23 @@ class LeRobotWriter:
         clash = set(features) & set(INDEX_COLUMNS)
         if clash:
             raise ValueError(f"feature names clash with bookkeeping columns: {sorted(clash)}")
-        if self.root.exists() and any(self.root.iterdir()):
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
             if not overwrite:
-                raise FileExistsError(f"{self.root} exists and is not empty")
+                raise FileExistsError(f"{self.root} exists and is not empty (overwrite replaces "
+                                      "an earlier dataset)")  # fmt: skip
+            if not (self.root / "meta" / "info.json").is_file():
+                raise FileExistsError(f"{self.root} is not a LeRobot dataset (no meta/info.json): "
+                                      "not deleting it")  # fmt: skip
             shutil.rmtree(self.root)
         self.features = dict(features)
         self.fps, self.robot_type, self.chunks_size = fps, robot_type, chunks_size
         self.episodes: list[EpisodeInfo] = []
+        self._stats: list[dict[str, Any]] = []
         self._task_index: dict[str, int] = {}
         self._num_frames = 0
         self._finalized = False
+        all_features = {**self.features, **INDEX_FEATURES}
+        self._schema_metadata = {b"huggingface": hf_features(all_features)}
 
     def add_episode(
         self, frames: Sequence[Mapping[str, Any]] | Mapping[str, Any], task: str
@@ -196,28 +165,29 @@ class LeRobotWriter:
         index = len(self.episodes)
         task_index = self._task_index.setdefault(task, len(self._task_index))
         frame_index = np.arange(length, dtype=np.int64)
-        table = {key: _to_column(cols[key], f) for key, f in self.features.items()}
-        table["timestamp"] = pa.array((frame_index / self.fps).astype(np.float32))
-        table["frame_index"] = pa.array(frame_index)
-        table["episode_index"] = pa.array(np.full(length, index, np.int64))
-        table["index"] = pa.array(frame_index + self._num_frames)
-        table["task_index"] = pa.array(np.full(length, task_index, np.int64))
+        cols["timestamp"] = (frame_index / self.fps).astype(np.float32)
+        cols["frame_index"] = frame_index
+        cols["episode_index"] = np.full(length, index, np.int64)
+        cols["index"] = frame_index + self._num_frames
+        cols["task_index"] = np.full(length, task_index, np.int64)
+        all_features = {**self.features, **INDEX_FEATURES}
+        table = pa.table({key: to_column(cols[key], f) for key, f in all_features.items()})
         path = self.root / DATA_PATH.format(
             episode_chunk=index // self.chunks_size, episode_index=index
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(table), path, compression="zstd")
+        pq.write_table(table.replace_schema_metadata(self._schema_metadata), path,
+                       compression="zstd")  # fmt: skip
         self.episodes.append(EpisodeInfo(episode_index=index, tasks=(task,), length=length))
+        self._stats.append({"episode_index": index, "stats": episode_stats(cols, all_features)})
         self._num_frames += length
         return index
 
     def finalize(self) -> None:
-        """Write ``meta/info.json``, ``meta/episodes.jsonl`` and ``meta/tasks.jsonl``."""
+        """Write ``meta/info.json``, ``episodes.jsonl``, ``tasks.jsonl``, ``episodes_stats.jsonl``."""
         meta = self.root / "meta"
         meta.mkdir(parents=True, exist_ok=True)
-        features = {k: f.to_json() for k, f in self.features.items()}
-        for name, dtype in INDEX_COLUMNS.items():
-            features[name] = {"dtype": dtype, "shape": [1], "names": None}
+        features = {k: f.to_json() for k, f in {**self.features, **INDEX_FEATURES}.items()}
         num_episodes = len(self.episodes)
         info = {
             "codebase_version": CODEBASE_VERSION,
@@ -235,15 +205,10 @@ class LeRobotWriter:
             "features": features,
         }
         (meta / "info.json").write_text(json.dumps(info, indent=2) + "\n")
-        lines = [
-            json.dumps(
-                {"episode_index": e.episode_index, "tasks": list(e.tasks), "length": e.length}
-            )
-            for e in self.episodes
-        ]
-        _write_lines(meta / "episodes.jsonl", lines)
-        tasks = [json.dumps({"task_index": i, "task": t}) for t, i in self._task_index.items()]
-        _write_lines(meta / "tasks.jsonl", tasks)
+        _write_jsonl(meta / "episodes.jsonl", [e.to_json() for e in self.episodes])
+        tasks = [{"task_index": i, "task": t} for t, i in self._task_index.items()]
+        _write_jsonl(meta / "tasks.jsonl", tasks)
+        _write_jsonl(meta / "episodes_stats.jsonl", self._stats)
         self._finalized = True
 
     def __enter__(self) -> LeRobotWriter:
@@ -254,54 +219,155 @@ class LeRobotWriter:
             self.finalize()
 
 
-def _write_lines(path: Path, lines: list[str]) -> None:
-    path.write_text("".join(line + "\n" for line in lines))
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(_read_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{number}: not JSON ({e})") from e
+    return rows
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def _read_table(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: cannot read parquet ({e})") from e
+
+
+def _field(obj: Mapping[str, Any], key: str, where: str) -> Any:
+    try:
+        return obj[key]
+    except (KeyError, TypeError):
+        raise DatasetError(f"{where}: missing field {key!r}") from None
 
 
 class LeRobotDataset:
-    """Reads a dataset written by :class:`LeRobotWriter` (or any array-only LeRobot v2 dataset).
+    """Reads a LeRobot dataset (v2.0, v2.1 or v3.0; numeric and image features).
 
     ``dataset[i]`` is global frame ``i``: ``{feature: np.ndarray of feature.shape}`` for the
     declared features, the bookkeeping columns as numpy scalars, and ``"task"`` (the instruction
-    string). Episodes are read whole and the last ``cache_episodes`` are kept in memory.
+    string). Episodes are read whole and the last ``cache_episodes`` are kept in memory. Every
+    episode read is checked against the metadata (its length, its ``episode_index``).
 
     Args:
         root: dataset directory.
         cache_episodes: how many decoded episodes to keep.
+
+    Raises:
+        DatasetError: naming the file and field that does not match the LeRobot layout.
     """
 
     def __init__(self, root: str | Path, *, cache_episodes: int = 8) -> None:
         self.root = Path(root)
-        self.info: dict[str, Any] = json.loads((self.root / "meta" / "info.json").read_text())
-        all_features = {k: Feature.from_json(v) for k, v in self.info["features"].items()}
+        info_path = self.root / "meta" / "info.json"
+        try:
+            self.info: dict[str, Any] = json.loads(_read_text(info_path))
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{info_path}: not JSON ({e})") from e
+        self.version = str(self.info.get("codebase_version", "v2.0"))
+        if self.version not in ("v2.0", "v2.1", "v3.0"):
+            raise DatasetError(f"{info_path}: codebase_version {self.version!r} is not supported "
+                               "(v2.0, v2.1 or v3.0)")  # fmt: skip
+        all_features = {}
+        for key, spec in dict(_field(self.info, "features", str(info_path))).items():
+            try:
+                all_features[key] = Feature.from_json(spec)
+            except (DatasetError, KeyError, TypeError, ValueError) as e:
+                raise DatasetError(f"{info_path}: features.{key}: {e}") from e
         self.features = {k: f for k, f in all_features.items() if k not in INDEX_COLUMNS}
-        self.fps: int = self.info["fps"]
-        tasks = _read_jsonl(self.root / "meta" / "tasks.jsonl")
-        self.tasks = [t["task"] for t in sorted(tasks, key=lambda t: t["task_index"])]
-        self.episodes = [
-            EpisodeInfo(
-                episode_index=e["episode_index"], tasks=tuple(e["tasks"]), length=e["length"]
-            )
-            for e in _read_jsonl(self.root / "meta" / "episodes.jsonl")
-        ]
+        self.fps: int = _field(self.info, "fps", str(info_path))
+        self._data_path = str(_field(self.info, "data_path", str(info_path)))
+        self._chunks_size = int(self.info.get("chunks_size", 1000))
+        if self.version == "v3.0":
+            self.tasks, self.episodes, self._files = self._read_v3_meta()
+        else:
+            self.tasks, self.episodes = self._read_v2_meta()
+            self._files = {}
         lengths = np.array([e.length for e in self.episodes], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)])
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._cache_size = max(cache_episodes, 1)
+        self._file_cache: tuple[Path, pa.Table] | None = None
+
+    def _read_v2_meta(self) -> tuple[list[str], list[EpisodeInfo]]:
+        tasks_path = self.root / "meta" / "tasks.jsonl"
+        rows = _read_jsonl(tasks_path)
+        where = str(tasks_path)
+        tasks = [str(_field(t, "task", where)) for t in
+                 sorted(rows, key=lambda t: _field(t, "task_index", where))]  # fmt: skip
+        episodes_path = self.root / "meta" / "episodes.jsonl"
+        episodes = []
+        for number, e in enumerate(_read_jsonl(episodes_path), 1):
+            where = f"{episodes_path}:{number}"
+            episodes.append(EpisodeInfo(episode_index=int(_field(e, "episode_index", where)),
+                                        tasks=tuple(_field(e, "tasks", where)),
+                                        length=int(_field(e, "length", where))))  # fmt: skip
+        return tasks, episodes
+
+    def _read_v3_meta(self) -> tuple[list[str], list[EpisodeInfo], dict[int, Path]]:
+        tasks_path = self.root / "meta" / "tasks.parquet"
+        table = _read_table(tasks_path)
+        # written from a pandas frame indexed by the task string: the index is a column too
+        names = [n for n in table.column_names if n != "task_index"]
+        if "task_index" not in table.column_names or not names:
+            raise DatasetError(f"{tasks_path}: expected a task string column and 'task_index'")
+        by_index = dict(zip(table.column("task_index").to_pylist(),
+                            table.column(names[0]).to_pylist(), strict=True))  # fmt: skip
+        tasks = [str(by_index[i]) for i in sorted(by_index)]
+        episodes, files = [], {}
+        paths = sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))
+        if not paths:
+            raise DatasetError(f"{self.root / 'meta' / 'episodes'}: no episode parquet files")
+        for path in paths:
+            rows = _read_table(path).to_pylist()
+            for row in rows:
+                where = f"{path}: episode {row.get('episode_index')}"
+                index = int(_field(row, "episode_index", where))
+                episodes.append(EpisodeInfo(episode_index=index,
+                                            tasks=tuple(_field(row, "tasks", where)),
+                                            length=int(_field(row, "length", where))))  # fmt: skip
+                chunk, file = _field(row, "data/chunk_index", where), row.get("data/file_index")
+                files[index] = self.root / self._data_path.format(chunk_index=chunk,
+                                                                  file_index=file)  # fmt: skip
+        episodes.sort(key=lambda e: e.episode_index)
+        return tasks, episodes, files
 
     def __len__(self) -> int:
         """Total number of frames."""
         return int(self._starts[-1])
 
     def episode_path(self, episode_index: int) -> Path:
-        chunk = episode_index // self.info["chunks_size"]
-        return self.root / self.info["data_path"].format(
-            episode_chunk=chunk, episode_index=episode_index
-        )
+        """The parquet file that holds the episode's frames."""
+        if self.version == "v3.0":
+            return self._files[episode_index]
+        chunk = episode_index // self._chunks_size
+        return self.root / self._data_path.format(episode_chunk=chunk, episode_index=episode_index)
+
+    def _episode_table(self, episode_index: int) -> pa.Table:
+        path = self.episode_path(episode_index)
+        if self.version != "v3.0":
+            return _read_table(path)
+        if self._file_cache is None or self._file_cache[0] != path:  # episodes share a file
+            self._file_cache = (path, _read_table(path))
+        table = self._file_cache[1]
+        if "episode_index" not in table.column_names:
+            raise DatasetError(f"{path}: missing column 'episode_index'")
+        mask = pc.equal(table.column("episode_index"), episode_index)
+        return table.filter(mask)
 
     def episode(self, episode_index: int) -> dict[str, np.ndarray]:
         """All frames of one episode: ``{feature: array[T, *shape]}``, bookkeeping as ``[T]``."""
@@ -309,17 +375,34 @@ class LeRobotDataset:
         if cached is not None:
             self._cache.move_to_end(episode_index)
             return cached
-        table = pq.read_table(self.episode_path(episode_index))
-        missing = set(self.features) - set(table.column_names)
+        path = self.episode_path(episode_index)
+        table = self._episode_table(episode_index)
+        missing = (set(self.features) | set(INDEX_COLUMNS)) - set(table.column_names)
         if missing:
-            raise KeyError(f"episode {episode_index} lacks columns {sorted(missing)}")
-        out = {k: _from_column(table.column(k), f) for k, f in self.features.items()}
+            raise DatasetError(f"{path}: episode {episode_index} lacks columns {sorted(missing)}")
+        expected = self.episodes[self._position(episode_index)].length
+        if table.num_rows != expected:
+            raise DatasetError(f"{path}: episode {episode_index} has {table.num_rows} frames, "
+                               f"the metadata says length {expected}")  # fmt: skip
+        out = {k: from_column(table.column(k), f, f"{path}: {k}") for k, f in self.features.items()}
         for name, dtype in INDEX_COLUMNS.items():
             out[name] = table.column(name).to_numpy().astype(dtype, copy=False)
+        if np.any(out["episode_index"] != episode_index):
+            raise DatasetError(f"{path}: rows of another episode than {episode_index} "
+                               "(column episode_index)")  # fmt: skip
         self._cache[episode_index] = out
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return out
+
+    def _position(self, episode_index: int) -> int:
+        episode = self.episodes[episode_index] if episode_index < len(self.episodes) else None
+        if episode is not None and episode.episode_index == episode_index:
+            return episode_index
+        for i, e in enumerate(self.episodes):
+            if e.episode_index == episode_index:
+                return i
+        raise DatasetError(f"{self.root}: no episode {episode_index} in the metadata")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not -len(self) <= index < len(self):
@@ -331,6 +414,11 @@ class LeRobotDataset:
         item: dict[str, Any] = {k: v[offset] for k, v in data.items()}
         item["task"] = self.tasks[int(item["task_index"])]
         return item
+
+
+def image_feature(shape: Sequence[int]) -> Feature:
+    """A LeRobot camera-image feature of ``[height, width, channels]``."""
+    return Feature(dtype=IMAGE, shape=tuple(shape), names=IMAGE_NAMES)
 
 
 def to_policy_obs(sample: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -183,3 +183,51 @@ def test_torch_varlen_causal_flag_follows_its_signature(monkeypatch):
         attn_mod._torch_varlen(x, x, x, cu, 4, causal=False)
     assert calls == [{"window_size": (-1, 0)}, {"window_size": (-1, -1)},
                      {"is_causal": True}, {"is_causal": False}]  # fmt: skip
+
+
+def _explicit_block_diagonal(q, k, v, lengths: list[int], causal: bool) -> torch.Tensor:
+    """Attention written out by hand (no SDPA): softmax(q k^T / sqrt(Dh)) over one dense
+    [total, total] score matrix where a query sees only its own document's keys (and, if causal,
+    the ones before it). An independent reference for the packed path."""
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    allowed = doc[:, None] == doc[None, :]
+    if causal:
+        allowed &= torch.ones_like(allowed).tril()
+    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_matches_explicit_block_diagonal_softmax(causal):
+    lengths = [5, 1, 12, 12, 3]
+    g = torch.Generator().manual_seed(7)
+    leaves = [torch.randn(sum(lengths), H, DH, generator=g, dtype=torch.float64) for _ in range(3)]
+    packed = [x.clone().requires_grad_() for x in leaves]
+    ref = [x.clone().requires_grad_() for x in leaves]
+    out = attention(*packed, cu_seqlens=_cu(lengths), causal=causal)
+    ref_out = _explicit_block_diagonal(*ref, lengths, causal)
+    torch.testing.assert_close(out, ref_out, atol=1e-10, rtol=1e-10)
+    weight = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out * weight).sum().backward()
+    (ref_out * weight).sum().backward()
+    for a, b in zip(packed, ref, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_documents_with_wider_values_and_gradients(causal):
+    """Zero-length documents anywhere, values wider than queries: same result and gradients as
+    without the empty documents."""
+    g = torch.Generator().manual_seed(8)
+    leaves = [torch.randn(9, H, d, generator=g) for d in (DH, DH, 2 * DH)]
+    with_empty = [x.clone().requires_grad_() for x in leaves]
+    without = [x.clone().requires_grad_() for x in leaves]
+    out = attention(*with_empty, cu_seqlens=_cu([0, 4, 0, 5, 0]), causal=causal)
+    ref = attention(*without, cu_seqlens=_cu([4, 5]), causal=causal)
+    assert out.shape == (9, H, 2 * DH)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    for a, b in zip(with_empty, without, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)

@@ -6,18 +6,26 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sft.demos import generate_demos, rollout_episode
-from sft.lerobot import Feature, LeRobotDataset, LeRobotWriter, to_policy_obs
+from sft.lerobot import (
+    DatasetError,
+    Feature,
+    LeRobotDataset,
+    LeRobotWriter,
+    image_feature,
+    to_policy_obs,
+)
 from sim.adapter import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
 
 FEATURES = {
-    "observation.image": Feature(dtype="uint8", shape=(8, 6, 3)),
+    "observation.image": image_feature((8, 6, 3)),
     "observation.state": Feature(dtype="float32", shape=(5,), names=("a", "b", "c", "d", "e")),
     "observation.instruction": Feature(dtype="int32", shape=(12,)),
     "action": Feature(dtype="float32", shape=(2,)),
@@ -55,12 +63,12 @@ def test_round_trip_and_meta(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     assert (root / "data" / "chunk-000" / "episode_000002.parquet").is_file()
     info = json.loads((root / "meta" / "info.json").read_text())
-    assert info["codebase_version"] == "v2.0" and info["fps"] == 5
+    assert info["codebase_version"] == "v2.1" and info["fps"] == 5
     assert (info["total_episodes"], info["total_frames"], info["total_tasks"]) == (3, 14, 2)
     assert info["features"]["observation.image"] == {
-        "dtype": "uint8",
+        "dtype": "image",
         "shape": [8, 6, 3],
-        "names": None,
+        "names": ["height", "width", "channel"],
     }
     assert info["features"]["observation.state"]["names"] == ["a", "b", "c", "d", "e"]
     assert info["features"]["episode_index"]["dtype"] == "int64"
@@ -121,10 +129,16 @@ def test_writer_rejects_bad_input(tmp_path: Path) -> None:
     writer.finalize()
     with pytest.raises(RuntimeError):
         writer.add_episode(_episode(rng, 2), "t")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError, match="overwrite"):
         LeRobotWriter(tmp_path / "ds", FEATURES)
     LeRobotWriter(tmp_path / "ds", FEATURES, overwrite=True).finalize()
     assert len(LeRobotDataset(tmp_path / "ds")) == 0
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a LeRobot dataset"):
+        LeRobotWriter(notes, FEATURES, overwrite=True)  # overwrite deletes datasets only
+    assert (notes / "keep.txt").read_text() == "mine"
 
 
 def test_chunking(tmp_path: Path) -> None:
@@ -212,3 +226,146 @@ def test_noisy_demos_record_the_clean_expert_action() -> None:
         differs |= not np.array_equal(executed, clean)
         obs, *_ = replay.step(executed)
     assert differs
+
+
+def test_stats_and_datasets_metadata(tmp_path: Path) -> None:
+    """What LeRobot reads besides the frames: per-episode stats (images per channel in [0, 1]),
+    and the ``datasets`` feature types in the parquet schema (images as PNG ``Image`` structs)."""
+    ep = _episode(np.random.default_rng(3), 5)
+    with LeRobotWriter(tmp_path, FEATURES) as writer:
+        writer.add_episode(ep, "t")
+    (line,) = _read_jsonl(tmp_path / "meta" / "episodes_stats.jsonl")
+    assert line["episode_index"] == 0
+    image = line["stats"]["observation.image"]
+    assert np.array(image["mean"]).shape == (3, 1, 1) and image["count"] == [5]
+    np.testing.assert_allclose(np.array(image["max"]).ravel(),
+                               ep["observation.image"].max(axis=(0, 1, 2)) / 255.0)  # fmt: skip
+    action = line["stats"]["action"]
+    np.testing.assert_allclose(action["min"], ep["action"].min(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(action["std"], ep["action"].std(axis=0), rtol=1e-5)
+    assert line["stats"]["frame_index"]["max"] == [4.0]
+    table = pq.read_table(tmp_path / "data" / "chunk-000" / "episode_000000.parquet")
+    hf = json.loads(table.schema.metadata[b"huggingface"])["info"]["features"]
+    assert hf["observation.image"] == {"_type": "Image"}
+    assert hf["action"] == {"feature": {"dtype": "float32", "_type": "Value"}, "length": 2,
+                            "_type": "Sequence"}  # fmt: skip
+    assert hf["next.reward"] == {"dtype": "float32", "_type": "Value"}
+    png = table.column("observation.image")[0].as_py()
+    assert png["bytes"].startswith(b"\x89PNG") and png["path"] is None
+
+
+def _v3_dataset(root: Path, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    """A LeRobot v3.0 dataset as LeRobot lays it out: episodes 0 and 1 share data file 0,
+    episode 2 is in file 1; a 2-d feature is stored as nested lists (``datasets.Array2D``)."""
+    lengths, episodes, meta_rows, start = [3, 4, 2], [], [], 0
+    for index, n in enumerate(lengths):
+        episodes.append({
+            "observation.image": rng.integers(0, 256, (n, 8, 6, 3), dtype=np.uint8),
+            "observation.grid": rng.normal(size=(n, 2, 3)).astype(np.float32),
+            "action": rng.normal(size=(n, 2)).astype(np.float32),
+        })  # fmt: skip
+        meta_rows.append({"episode_index": index, "tasks": [f"task {index % 2}"], "length": n,
+                          "data/chunk_index": 0, "data/file_index": 0 if index < 2 else 1,
+                          "dataset_from_index": start, "dataset_to_index": start + n})  # fmt: skip
+        start += n
+    features = {"observation.image": image_feature((8, 6, 3)),
+                "observation.grid": Feature(dtype="float32", shape=(2, 3)),
+                "action": Feature(dtype="float32", shape=(2,))}  # fmt: skip
+    from sft.lerobot import INDEX_FEATURES
+    from sft.lerobot_format import to_column
+
+    for file_index, members in [(0, [0, 1]), (1, [2])]:
+        cols: dict[str, list] = {}
+        for index in members:
+            n = lengths[index]
+            frame = np.arange(n)
+            data = {**episodes[index], "timestamp": (frame / 10).astype(np.float32),
+                    "frame_index": frame, "episode_index": np.full(n, index),
+                    "index": frame + sum(lengths[:index]),
+                    "task_index": np.full(n, index % 2)}  # fmt: skip
+            for key, feature in {**features, **INDEX_FEATURES}.items():
+                column = to_column(data[key].astype(feature.numpy_dtype), feature)
+                cols.setdefault(key, []).extend(column.to_pylist())
+        path = root / "data" / "chunk-000" / f"file-{file_index:03d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(cols), path)
+    (root / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(meta_rows),
+                   root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")  # fmt: skip
+    # pandas writes the task strings as the frame's index, a column named after it
+    pq.write_table(pa.table({"task_index": [1, 0], "task": ["task 1", "task 0"]}),
+                   root / "meta" / "tasks.parquet")  # fmt: skip
+    info = {
+        "codebase_version": "v3.0",
+        "fps": 10,
+        "chunks_size": 1000,
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "features": {k: f.to_json() for k, f in {**features, **INDEX_FEATURES}.items()},
+    }
+    (root / "meta" / "info.json").write_text(json.dumps(info))  # fmt: skip
+    return episodes
+
+
+def test_reads_lerobot_v3_layout(tmp_path: Path) -> None:
+    episodes = _v3_dataset(tmp_path, np.random.default_rng(4))
+    ds = LeRobotDataset(tmp_path)
+    assert ds.version == "v3.0" and ds.tasks == ["task 0", "task 1"] and len(ds) == 9
+    for index, data in enumerate(episodes):
+        whole = ds.episode(index)
+        for key, value in data.items():
+            np.testing.assert_array_equal(whole[key], value)
+    assert ds[7]["task"] == "task 0" and ds[7]["episode_index"] == 2
+
+
+def test_reader_errors_name_the_file_and_field(tmp_path: Path) -> None:
+    with LeRobotWriter(tmp_path / "ds", FEATURES) as writer:
+        writer.add_episode(_episode(np.random.default_rng(5), 3), "t")
+    meta = tmp_path / "ds" / "meta"
+    info = json.loads((meta / "info.json").read_text())
+    episodes = (meta / "episodes.jsonl").read_text()
+
+    def expect(match: str) -> None:
+        with pytest.raises(DatasetError, match=match):
+            LeRobotDataset(tmp_path / "ds").episode(0)
+
+    (meta / "episodes.jsonl").write_text(episodes.replace('"length": 3', '"length": 99'))
+    expect(r"episode_000000.parquet: episode 0 has 3 frames, the metadata says length 99")
+    (meta / "episodes.jsonl").write_text(episodes.replace('"length": 3', '"size": 3'))
+    expect(r"episodes.jsonl:1: missing field 'length'")
+    (meta / "episodes.jsonl").write_text(episodes)
+    for change, match in [
+        ({"codebase_version": "v4.0"}, r"info.json: codebase_version 'v4.0' is not supported"),
+        ({"features": {**info["features"], "action": {"dtype": "float32", "shape": [5]}}},
+         r"action: 2 values per frame, declared shape \[5\]"),
+        ({"features": {**info["features"], "action": {"dtype": "video", "shape": [2]}}},
+         r"action: video features .* are not supported"),
+        ({"features": {**info["features"], "action": {"dtype": "complex7", "shape": [2]}}},
+         r"features.action: unknown dtype 'complex7'"),
+    ]:  # fmt: skip
+        (meta / "info.json").write_text(json.dumps({**info, **change}))
+        expect(match)
+    del info["features"]
+    (meta / "info.json").write_text(json.dumps(info))
+    expect(r"info.json: missing field 'features'")
+
+
+def test_demo_set_names_what_it_cannot_train_on(tmp_path: Path) -> None:
+    from sft.data import DemoSet
+
+    LeRobotWriter(tmp_path / "empty", FEATURES).finalize()
+    with pytest.raises(DatasetError, match="no episodes"):
+        DemoSet(tmp_path / "empty", fixed_tokens=4)
+    no_action = {k: f for k, f in FEATURES.items() if k != "action"}
+    with LeRobotWriter(tmp_path / "no_action", no_action) as writer:
+        ep = _episode(np.random.default_rng(6), 2)
+        del ep["action"]
+        writer.add_episode(ep, "t")
+    with pytest.raises(DatasetError, match="no 'action' feature"):
+        DemoSet(tmp_path / "no_action", fixed_tokens=4)
+    with LeRobotWriter(tmp_path / "ok", FEATURES) as writer:
+        writer.add_episode(_episode(np.random.default_rng(7), 3), "t")
+    demos = DemoSet(tmp_path / "ok", fixed_tokens=4)
+    longest = int(demos.lengths.max())
+    demos.check_budget(longest)
+    with pytest.raises(ValueError, match=rf"sft.token_budget: {longest - 1} tokens, but frame"):
+        demos.check_budget(longest - 1)

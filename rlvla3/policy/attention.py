@@ -216,15 +216,16 @@ def _sdpa_per_segment(
             return x.view(n, length, *x.shape[1:]).transpose(1, 2)
 
         out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=causal)
-        return out.transpose(1, 2).reshape(q.shape)
+        return out.transpose(1, 2).reshape(q.shape[0], *v.shape[1:])
     groups: dict[int, list[int]] = {}  # length -> indices of the documents that long
     for i, length in enumerate(lengths):
         if length > 0:
             groups.setdefault(length, []).append(i)
+    out_shape = (q.shape[0], *v.shape[1:])  # values may be wider than queries and keys
     if not groups:
-        return q.new_empty(q.shape)
+        return q.new_empty(out_shape)
     segments = [torch.split(x, lengths) for x in (q, k, v)]
-    outs: list[Tensor] = [q.new_empty(0, *q.shape[1:])] * len(lengths)
+    outs: list[Tensor] = [v.new_empty(0, *v.shape[1:])] * len(lengths)
     for idx in groups.values():
         # [g, H, len, Dh] per input; one call for all g documents of this length
         qkv = [torch.stack([seg[i] for i in idx]).transpose(1, 2) for seg in segments]

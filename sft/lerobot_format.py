@@ -1,0 +1,202 @@
+"""LeRobot's per-frame features: their declaration, their parquet columns, their statistics.
+
+Shared by the writer and the reader in :mod:`sft.lerobot`. A feature is declared in
+``meta/info.json`` as ``{"dtype", "shape", "names"}``. How LeRobot (and the Hugging Face
+``datasets`` library under it) stores each kind in the parquet files, and so how we do:
+
+==================================  ============================================================
+feature                             parquet column
+==================================  ============================================================
+``dtype: image``, ``[H, W, C]``     struct ``{bytes: PNG, path: null}`` (``datasets.Image``)
+numeric, ``shape: [1]``             plain column (``datasets.Value``)
+numeric, ``shape: [n]``             fixed-size list of ``n`` (``datasets.Sequence(length=n)``)
+numeric, ``shape: [a, b, ...]``     nested lists, one level per axis (``datasets.Array2D``...)
+``dtype: video``                    not in the parquet files: MP4 under ``videos/`` (unsupported)
+==================================  ============================================================
+
+The reader also takes numeric N-d features flattened into one fixed-size list (what this project
+wrote before it wrote the ``datasets`` layout) and reshapes them from the declared shape.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+IMAGE, VIDEO = "image", "video"
+IMAGE_NAMES = ("height", "width", "channel")
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read or written as declared; the message names the file and the
+    field."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Feature:
+    """One per-frame column.
+
+    Attributes:
+        dtype: a numpy dtype name (``"float32"``, ``"uint8"``, ``"int64"``, ``"bool"``...) or
+            ``"image"`` (``uint8[H, W, C]`` frames stored as PNG, as LeRobot stores camera
+            images); ``"video"`` is readable from ``info.json`` but its frames are not.
+        shape: per-frame shape, e.g. ``(64, 64, 3)`` for an image, ``(1,)`` for a reward.
+        names: optional names of the axes or entries (LeRobot's ``names``).
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    names: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in (IMAGE, VIDEO):
+            try:
+                np.dtype(self.dtype)
+            except TypeError as e:
+                raise DatasetError(f"unknown dtype {self.dtype!r}") from e
+        if any(int(d) < 1 for d in self.shape):
+            raise DatasetError(f"shape must be positive, got {self.shape}")
+        if self.dtype == IMAGE and (len(self.shape) != 3 or self.shape[2] not in (1, 3, 4)):
+            raise DatasetError(f"an image's shape is [height, width, 1|3|4], got {self.shape}")
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The dtype of the arrays the reader returns (``uint8`` for images)."""
+        return np.dtype("uint8") if self.dtype in (IMAGE, VIDEO) else np.dtype(self.dtype)
+
+    @property
+    def is_scalar(self) -> bool:
+        """One value per frame: ``shape`` ``(1,)`` (LeRobot's) or ``()``."""
+        return len(self.shape) <= 1 and math.prod(self.shape) == 1
+
+    def to_json(self) -> dict[str, Any]:
+        names = list(self.names) if self.names is not None else None
+        return {"dtype": self.dtype, "shape": list(self.shape), "names": names}
+
+    @staticmethod
+    def from_json(obj: Mapping[str, Any]) -> Feature:
+        names = obj.get("names")
+        # LeRobot also writes names as {"motors": [...]}: kept only when it is a flat list
+        names = tuple(names) if isinstance(names, list) and all(
+            isinstance(n, str) for n in names) else None  # fmt: skip
+        return Feature(dtype=str(obj["dtype"]), shape=tuple(int(d) for d in obj["shape"]),
+                       names=names)  # fmt: skip
+
+
+def to_column(arr: np.ndarray, feature: Feature) -> pa.Array:
+    """``[T, *feature.shape]`` frames -> one parquet column (see the module's table)."""
+    rows = len(arr)
+    if feature.dtype == IMAGE:
+        return pa.array([{"bytes": _png(frame), "path": None} for frame in arr],
+                        type=IMAGE_STRUCT)  # fmt: skip
+    if feature.is_scalar:
+        return pa.array(arr.reshape(rows))
+    values: pa.Array = pa.array(np.ascontiguousarray(arr).reshape(-1))
+    if len(feature.shape) == 1:
+        return pa.FixedSizeListArray.from_arrays(values, feature.shape[0])
+    for size in reversed(feature.shape):  # innermost axis first
+        count = len(values) // size
+        values = pa.ListArray.from_arrays(pa.array(np.arange(count + 1) * size, pa.int32()),
+                                          values)  # fmt: skip
+    return values
+
+
+def from_column(column: pa.ChunkedArray | pa.Array, feature: Feature, where: str) -> np.ndarray:
+    """A parquet column -> ``[T, *feature.shape]`` array; ``where`` names it in errors."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    rows = len(arr)
+    if feature.dtype == VIDEO:
+        raise DatasetError(f"{where}: video features (MP4 under videos/) are not supported; "
+                           "store the frames as images")  # fmt: skip
+    if pa.types.is_struct(arr.type):
+        if feature.dtype != IMAGE or arr.type.get_field_index("bytes") < 0:
+            raise DatasetError(f"{where}: a struct column for a {feature.dtype} feature")
+        out = np.stack([_unpng(b, where) for b in arr.field("bytes").to_pylist()])
+    else:
+        while _is_list(arr.type):  # one level per axis (datasets' ArrayND) or one flat list
+            arr = arr.flatten()
+        out = arr.to_numpy(zero_copy_only=False)
+    size = math.prod(feature.shape)
+    if out.size != rows * size:
+        raise DatasetError(f"{where}: {out.size // max(rows, 1)} values per frame, declared "
+                           f"shape {list(feature.shape)}")  # fmt: skip
+    return out.reshape(rows, *feature.shape).astype(feature.numpy_dtype, copy=False)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or (
+        pa.types.is_large_list(kind))  # fmt: skip
+
+
+IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def _png(frame: np.ndarray) -> bytes:
+    from PIL import Image  # Pillow comes with matplotlib
+
+    buffer = io.BytesIO()
+    image = frame[..., 0] if frame.shape[-1] == 1 else frame
+    # compress_level 1: ~5x faster than the default 6, files about 10% larger
+    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(buffer, format="PNG",
+                                                                      compress_level=1)  # fmt: skip
+    return buffer.getvalue()
+
+
+def _unpng(data: bytes | None, where: str) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    if data is None:
+        raise DatasetError(f"{where}: an image without bytes (images stored as files by path "
+                           "are not supported)")  # fmt: skip
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            out = np.asarray(image)
+    except (UnidentifiedImageError, OSError) as e:
+        raise DatasetError(f"{where}: undecodable image ({e})") from e
+    return out[..., None] if out.ndim == 2 else out
+
+
+def hf_features(features: Mapping[str, Feature]) -> bytes:
+    """The ``huggingface`` parquet schema metadata: the ``datasets`` feature types, so that
+    ``datasets.load_dataset("parquet", ...)`` (LeRobot v2.1's loader) decodes images as images."""
+
+    def describe(f: Feature) -> dict[str, Any]:
+        if f.dtype == IMAGE:
+            return {"_type": "Image"}
+        value = {"dtype": f.dtype, "_type": "Value"}
+        if f.is_scalar:
+            return value
+        if len(f.shape) == 1:
+            return {"feature": value, "length": f.shape[0], "_type": "Sequence"}
+        return {"shape": list(f.shape), "dtype": f.dtype, "_type": f"Array{len(f.shape)}D"}
+
+    spec = {"info": {"features": {k: describe(f) for k, f in features.items()}}}
+    return json.dumps(spec).encode()
+
+
+def episode_stats(cols: Mapping[str, np.ndarray], features: Mapping[str, Feature]) -> dict:
+    """Per-feature ``min``/``max``/``mean``/``std``/``count`` of one episode, as LeRobot v2.1
+    writes them to ``meta/episodes_stats.jsonl``: images per channel, ``[C, 1, 1]`` in [0, 1];
+    other features per entry, in the feature's shape."""
+    stats: dict[str, dict[str, Any]] = {}
+    for key, feature in features.items():
+        arr = np.asarray(cols[key])
+        if feature.dtype == IMAGE:
+            values, axes, out_shape = arr.astype(np.float64) / 255.0, (0, 1, 2), (-1, 1, 1)
+        else:
+            values = arr.astype(np.float64).reshape(len(arr), *feature.shape)
+            axes, out_shape = (0,), feature.shape
+        stats[key] = {
+            name: reduce(values, axis=axes).reshape(out_shape).tolist()
+            for name, reduce in (("min", np.min), ("max", np.max), ("mean", np.mean),
+                                 ("std", np.std))
+        }  # fmt: skip
+        stats[key]["count"] = [len(arr)]
+    return stats
