@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("launch", help="start a run from a launch YAML and supervise it")
     p.add_argument(
-        "config", nargs="?", default=None, help="launch YAML (default: embedded defaults)"
+        "config",
+        nargs="?",
+        default=None,
+        help="launch YAML, e.g. launch/cartpole.yaml (without one: the defaults of "
+        "rlvla3/config.py plus --set; a run needs at least one role)",
     )
     p.add_argument(
         "--set",

@@ -6,6 +6,7 @@ applied to the raw YAML before validation, so they are checked exactly like file
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,7 +14,7 @@ from typing import Any, Literal
 import yaml
 
 from rlvla3.role_settings import ROLE_SETTINGS
-from rlvla3.typed_load import ConfigError, from_dict, to_dict
+from rlvla3.typed_load import ConfigError, bounded, from_dict, to_dict
 
 Fp8Backend = Literal["transformer_engine", "torch_scaled_mm"]
 Mode = Literal["sync", "async_rollout", "async"]
@@ -28,13 +29,13 @@ class StopConfig:
     success rate and mean return go to ``summary.json``.
     """
 
-    max_env_steps: int = 0
-    max_wall_s: float = 0.0
+    max_env_steps: int = bounded(0, ge=0)
+    max_wall_s: float = bounded(0.0, ge=0)
     target_mean_return: float | None = None
-    target_success_rate: float | None = None
-    return_window: int = 20
-    eval_episodes: int = 0
-    eval_timeout_s: float = 300.0
+    target_success_rate: float | None = bounded(None, ge=0, le=1)
+    return_window: int = bounded(20, ge=1)
+    eval_episodes: int = bounded(0, ge=0)
+    eval_timeout_s: float = bounded(300.0, gt=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,9 +52,9 @@ class RunConfig:
     output_dir: str = "runs"
     redis_url: str | None = None
     transport: Literal["tcp", "ipc"] = "tcp"
-    heartbeat_ttl_s: float = 5.0
-    progress_interval_s: float = 5.0
-    stop_timeout_s: float = 20.0
+    heartbeat_ttl_s: float = bounded(5.0, gt=0)
+    progress_interval_s: float = bounded(5.0, gt=0)
+    stop_timeout_s: float = bounded(20.0, gt=0)
     stop: StopConfig = field(default_factory=StopConfig)
 
 
@@ -70,8 +71,8 @@ class NodeConfig:
 class RestartPolicy:
     """How the launcher treats a role process that exits with an error."""
 
-    max_restarts: int = 3
-    backoff_s: float = 1.0
+    max_restarts: int = bounded(3, ge=0)
+    backoff_s: float = bounded(1.0, ge=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,8 +98,8 @@ class StragglerSettings:
     """Added per-step simulator latency, for measuring asynchrony (``none`` disables it)."""
 
     distribution: Literal["none", "lognormal", "constant"] = "none"
-    mean_ms: float = 20.0
-    sigma: float = 1.0
+    mean_ms: float = bounded(20.0, ge=0)
+    sigma: float = bounded(1.0, ge=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,23 +149,23 @@ class AlgoConfig:
     that rate a freshly initialised value head barely moves.
     """
 
-    lr: float = 2.5e-4
+    lr: float = bounded(2.5e-4, gt=0)
     value_lr: float | None = None
-    lr_anneal_samples: int = 0
-    gamma: float = 0.99
-    lam: float = 0.95
-    clip_coef: float = 0.2
-    vf_coef: float = 0.5
+    lr_anneal_samples: int = bounded(0, ge=0)
+    gamma: float = bounded(0.99, ge=0, le=1)
+    lam: float = bounded(0.95, ge=0, le=1)
+    clip_coef: float = bounded(0.2, gt=0)
+    vf_coef: float = bounded(0.5, ge=0)
     ent_coef: float = 0.01
-    max_grad_norm: float = 0.5
-    epochs: int = 4
-    minibatch_size: int = 256
-    batch_steps: int = 0
-    max_staleness: int = 2
+    max_grad_norm: float = bounded(0.5, gt=0)
+    epochs: int = bounded(4, ge=1)
+    minibatch_size: int = bounded(256, ge=1)
+    batch_steps: int = bounded(0, ge=0)
+    max_staleness: int = bounded(2, ge=0)
     correction: Literal["none", "truncated_is", "vtrace"] = "truncated_is"
-    publish_every: int = 1
-    checkpoint_every: int = 50
-    value_warmup_updates: int = 0
+    publish_every: int = bounded(1, ge=1)
+    checkpoint_every: int = bounded(50, ge=1)
+    value_warmup_updates: int = bounded(0, ge=0)
     ref_kl_coef: float = 0.0
 
 
@@ -184,15 +185,15 @@ class SftConfig:
     """
 
     dataset: str = "data/demos"
-    generate_demos: int = 0
+    generate_demos: int = bounded(0, ge=0)
     demo_seed: int = 12345
     expert_noise: float = 0.0
-    token_budget: int = 2048
-    lr: float = 3e-4
-    weight_decay: float = 0.01
-    max_steps: int = 1000
-    publish_every: int = 50
-    checkpoint_every: int = 200
+    token_budget: int = bounded(2048, ge=1)
+    lr: float = bounded(3e-4, gt=0)
+    weight_decay: float = bounded(0.01, ge=0)
+    max_steps: int = bounded(1000, ge=1)
+    publish_every: int = bounded(50, ge=1)
+    checkpoint_every: int = bounded(200, ge=1)
     fp8: bool = True
     fp8_backend: Fp8Backend = "transformer_engine"
 
@@ -233,9 +234,15 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = _parse_yaml(Path(path).read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+            raise ConfigError(f"{path}: cannot read the launch YAML ({reason})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping (run:, roles:, ...), "
+                              f"got a {type(raw).__name__}")  # fmt: skip
     for item in overrides:
         apply_override(raw, item)
     return config_from_dict(raw)
@@ -260,7 +267,41 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: is not a mapping, cannot set {key}")
         node = child
-    node[parts[-1]] = yaml.safe_load(text) if text else ""
+    try:
+        node[parts[-1]] = _parse_yaml(text) if text else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {err}") from None
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's plain scalars: ``3e-4`` and ``1e6`` are floats (YAML
+    1.1 wants a dot: ``3.0e-4``), and only true/false are booleans (``on``, ``yes``, ``no`` are
+    strings: a run named ``on`` stays a name)."""
+
+
+_BOOL, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Yaml12Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def _parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader: plain data only
 
 
 def dump_config(cfg: Config) -> str:
@@ -269,6 +310,10 @@ def dump_config(cfg: Config) -> str:
 
 
 def _validate(cfg: Config) -> None:
+    name = cfg.run.name
+    if not name or any(c in name for c in ":/\\") or any(c.isspace() for c in name):
+        raise ConfigError(f"run.name: {name!r} must be non-empty, without spaces, ':' or '/' "
+                          "(it names the run dir and the run's Redis keys)")  # fmt: skip
     names = [n.name for n in cfg.nodes]
     if not names:
         raise ConfigError("nodes: at least one node is required")

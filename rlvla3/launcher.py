@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from rlvla3.checkpoints import find_checkpoint
 from rlvla3.config import Config, dump_config, load_config
 from rlvla3.redis_server import EmbeddedRedis
@@ -31,6 +33,7 @@ from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
+_STOPPED_BY_SIGNAL = "stopped by signal"
 _HEAD_GRACE_S = 300.0  # a head launch mark younger than this counts as this run's
 # Producers stop first, so every queue is drained by its consumer before the consumer stops.
 STOP_ORDER = ("env_worker", "rollout_server", "trainer", "sft_trainer", "weight_broadcaster")
@@ -81,29 +84,46 @@ class Launcher:
         self.kill_requested = threading.Event()
         self.procs: list[RoleProcess] = []
         self.registry: Registry | None = None
+        self.redis_lost = False
+        if not any(node is None or n == node for role in cfg.roles for n in cfg.placement(role)):
+            where = f"on node {node!r}" if node is not None else "in this config"
+            raise ConfigError(f"roles: no role processes to start {where} (a run needs roles: "
+                              "see launch/cartpole.yaml)")  # fmt: skip
 
     # --- public ----------------------------------------------------------------------------------
     def run(self) -> int:
-        """Run to the end; returns 0 on a clean stop, 1 if a role failed for good."""
+        """Run to the end; returns 0 on a clean stop, 1 if a role failed for good or the run's
+        Redis was lost, 130 if stopped by a signal (Ctrl-C)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self._install_signal_handlers()
         with self._redis() as url:
             cfg = _with_redis_url(self.cfg, url)
-            config_path = self._write_run_files(cfg, url)
+            # the config as given (an embedded Redis's URL goes to run.json only), so that
+            # config.yaml can be launched again
+            config_path = self._write_run_files(self.cfg, url)
             self.registry = Registry(url, cfg.run.name)
-            self._join_run(cfg)
             started = time.monotonic()
             try:
+                self._join_run(cfg)
                 self._start_all(cfg, config_path)
                 reason = self._supervise(cfg, started)
+            except redis.exceptions.ConnectionError as err:
+                reason = f"lost the run's Redis at {url} ({err})"
+                self.redis_lost = True
             finally:
                 self._stop_all(cfg.run.stop_timeout_s)
             failed = [p for p in self.procs if p.failed]
-            write_report(self.registry, cfg, self.run_dir, time.monotonic() - started, reason)
+            wall_s = time.monotonic() - started
+            if self.redis_lost:
+                _write_partial_report(self.run_dir, cfg, wall_s, reason)
+            else:
+                write_report(self.registry, cfg, self.run_dir, wall_s, reason)
             self.echo(f"run {cfg.run.name} ended: {reason}; run dir {self.run_dir}")
             self.registry.close()
-        return 1 if failed else 0
+        if failed or self.redis_lost:
+            return 1
+        return 130 if reason == _STOPPED_BY_SIGNAL else 0
 
     # --- start and supervise -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -182,7 +202,7 @@ class Launcher:
             if now >= next_progress:
                 self.echo(progress_line(self.registry, cfg, now - started, self._restarts()))
                 next_progress = now + cfg.run.progress_interval_s
-        return "stopped by signal"
+        return _STOPPED_BY_SIGNAL
 
     def _evaluate(self, cfg: Config, reason: str) -> str:
         """Freeze training and wait for ``eval_episodes`` fresh episodes of the final weights."""
@@ -203,7 +223,7 @@ class Launcher:
                 return f"{reason}; evaluated on {done} episodes"
             if time.monotonic() > deadline:
                 return f"{reason}; evaluation timed out after {done} episodes"
-        return "stopped by signal"
+        return _STOPPED_BY_SIGNAL
 
     def _check_process(self, proc: RoleProcess, cfg: Config, now: float) -> str | None:
         if proc.popen is None or proc.finished or proc.restart_at is not None:
@@ -268,6 +288,13 @@ class Launcher:
         install_stop_signals(on_signal)
 
 
+def _write_partial_report(run_dir: Path, cfg: Config, wall_s: float, reason: str) -> None:
+    """``summary.json`` when the run's Redis is gone (counters and curves lived there)."""
+    summary = {"run_id": cfg.run.name, "mode": cfg.run.mode, "wall_s": round(wall_s, 2),
+               "stop_reason": reason, "solved": False, "complete": False}  # fmt: skip
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def _with_redis_url(cfg: Config, url: str) -> Config:
     from dataclasses import replace
 
@@ -292,13 +319,17 @@ def launch(
     if node is None and cfg.policy.init_launch:
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
-            return code
+            return code  # a failed or interrupted first stage stops the chain
+    elif cfg.policy.init_checkpoint and find_checkpoint(cfg.policy.init_checkpoint) is None:
+        raise ConfigError(f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
+                          "(a run dir with checkpoints/, or a .pt file)")  # fmt: skip
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
+    launcher = Launcher(cfg, run_dir, node=node, echo=echo)  # checks the placement first
     if not resume and node is None and (run_dir / "run.json").exists():
         moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(moved)
         echo(f"moved the earlier run in {run_dir} to {moved}")
-    return Launcher(cfg, run_dir, node=node, echo=echo).run()
+    return launcher.run()
 
 
 def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import argparse
 import collections
+import json
 import logging
 import os
 import sys
@@ -254,7 +255,20 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
+    if cfg.run.redis_url is None:  # an embedded Redis: its URL is in run.json, not the config
+        cfg = _with_run_redis(cfg, run_dir / "run.json")
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
     role = role_cls(cfg, args.index, node=args.node or cfg.nodes[0].name, run_dir=run_dir)
     sys.exit(role.run())
+
+
+def _with_run_redis(cfg: Config, run_json: Path) -> Config:
+    """``cfg`` with the Redis URL the launcher recorded in ``run.json`` (if it did)."""
+    from dataclasses import replace
+
+    try:
+        url = json.loads(run_json.read_text()).get("redis_url")
+    except (OSError, ValueError):
+        return cfg
+    return replace(cfg, run=replace(cfg.run, redis_url=url)) if url else cfg

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlvla3.typed_load import bounded
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EnvWorkerSettings:
@@ -22,13 +24,9 @@ class EnvWorkerSettings:
     alone let thousands of steps pile up, to be dropped as stale. Async modes only; 0: no limit.
     """
 
-    request_timeout_s: float = 10.0
-    chunk_queue_hwm: int = 64
-    max_chunks_queued: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_chunks_queued < 0:
-            raise ValueError(f"max_chunks_queued must be >= 0, got {self.max_chunks_queued}")
+    request_timeout_s: float = bounded(10.0, gt=0)
+    chunk_queue_hwm: int = bounded(64, ge=1)
+    max_chunks_queued: int = bounded(0, ge=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,11 +38,11 @@ class RolloutServerSettings:
     ``sync`` mode a batch waits for every env (or ``sync_max_wait_ms``).
     """
 
-    max_batch: int = 64
-    max_wait_ms: float = 0.0
-    sync_max_wait_ms: float = 500.0
+    max_batch: int = bounded(64, ge=1)
+    max_wait_ms: float = bounded(0.0, ge=0)
+    sync_max_wait_ms: float = bounded(500.0, ge=0)
     device: str = "cpu"
-    num_threads: int = 1
+    num_threads: int = bounded(1, ge=1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,9 +50,9 @@ class TrainerSettings:
     """Trainer: consumes trajectory chunks, runs PPO, publishes weights, checkpoints."""
 
     device: str = "cpu"
-    num_threads: int = 1
-    chunk_queue_hwm: int = 256
-    keep_checkpoints: int = 2
+    num_threads: int = bounded(1, ge=1)
+    chunk_queue_hwm: int = bounded(256, ge=1)
+    keep_checkpoints: int = bounded(2, ge=1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +60,7 @@ class WeightBroadcasterSettings:
     """Weight broadcaster: trainer → every rollout server over torch.distributed."""
 
     device: str = "cpu"
-    link_timeout_s: float = 60.0
+    link_timeout_s: float = bounded(60.0, gt=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +68,8 @@ class SftTrainerSettings:
     """SFT trainer: packed-sequence supervised training (the run's ``sft`` section)."""
 
     device: str = "cpu"
-    num_threads: int = 1
-    keep_checkpoints: int = 2
+    num_threads: int = bounded(1, ge=1)
+    keep_checkpoints: int = bounded(2, ge=1)
 
 
 ROLE_SETTINGS: dict[str, type] = {

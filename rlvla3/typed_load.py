@@ -17,6 +17,27 @@ class ConfigError(ValueError):
     """A config value is missing, unknown or of the wrong type. The message starts with its path."""
 
 
+def bounded(
+    default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None
+) -> Any:
+    """A dataclass field whose loaded value must lie in range (``ge <= value``, ``gt < value``,
+    ``value <= le``); ``from_dict`` rejects anything else with the key's path. None passes."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
+    return dataclasses.field(default=default, metadata={"bounds": bounds})
+
+
+def _check_bounds(field: dataclasses.Field, value: Any, path: str) -> None:
+    bounds = field.metadata.get("bounds")
+    if not bounds or value is None:
+        return
+    if "ge" in bounds and not value >= bounds["ge"]:
+        raise ConfigError(f"{path}: must be >= {bounds['ge']}, got {value!r}")
+    if "gt" in bounds and not value > bounds["gt"]:
+        raise ConfigError(f"{path}: must be > {bounds['gt']}, got {value!r}")
+    if "le" in bounds and not value <= bounds["le"]:
+        raise ConfigError(f"{path}: must be <= {bounds['le']}, got {value!r}")
+
+
 def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     """Build dataclass ``cls`` from a mapping, rejecting unknown keys and mistyped values."""
     if data is None:
@@ -32,6 +53,7 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     for name in fields:
         if name in data:
             kwargs[name] = convert(hints[name], data[name], _join(path, name))
+            _check_bounds(fields[name], kwargs[name], _join(path, name))
         elif _is_required(fields[name]):
             raise ConfigError(f"{_join(path, name)}: missing required key")
     try:

@@ -43,7 +43,20 @@ def test_defaults_load_without_a_file() -> None:
         ({"roles": {"trainer": {"cpus": []}}}, "roles.trainer.cpus: a non-empty list"),
         ({"roles": {"trainer": {"cpus": [-1]}}}, "roles.trainer.cpus: a non-empty list"),
         ({"roles": {"trainer": {"cpus": ["a"]}}}, "roles.trainer.cpus[0]: expected int"),
-    ],
+        ({"algo": {"lr": -1}}, "algo.lr: must be > 0, got -1"),
+        ({"algo": {"gamma": 2}}, "algo.gamma: must be <= 1, got 2"),
+        ({"run": {"stop": {"return_window": 0}}}, "run.stop.return_window: must be >= 1"),
+        (
+            {"roles": {"trainer": {"restart": {"max_restarts": -1}}}},
+            "roles.trainer.restart.max_restarts: must be >= 0",
+        ),
+        (
+            {"roles": {"rollout_server": {"settings": {"max_batch": 0}}}},
+            "roles.rollout_server.settings.max_batch: must be >= 1",
+        ),
+        ({"run": {"name": "my run"}}, "run.name: 'my run' must be non-empty, without spaces"),
+        ({"run": {"name": "a/b"}}, "run.name: 'a/b' must be non-empty"),
+    ],  # fmt: skip
 )
 def test_errors_name_the_key_path(raw: dict, message: str) -> None:
     assert _error(raw).startswith(message)
@@ -59,6 +72,28 @@ def test_overrides_are_typed_and_validated(tmp_path) -> None:
         load_config(path, ["roles.trainer.count=many"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(path, ["run.mode"])
+
+
+def test_yaml_reads_scalars_as_yaml_1_2_does(tmp_path) -> None:
+    """``3e-4`` is a float (PyYAML's YAML 1.1 reads a string), ``on`` is a string (not True)."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text("algo: {lr: 3e-4, gamma: 1e0}\nrun: {name: on}\n")
+    cfg = load_config(path, ["sft.lr=1e-3", "run.seed=7"])
+    assert (cfg.algo.lr, cfg.algo.gamma, cfg.sft.lr) == (3e-4, 1.0, 1e-3)
+    assert cfg.run.name == "on" and cfg.run.seed == 7
+
+
+def test_unreadable_or_misshapen_files_are_one_line_errors(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"nope.yaml: cannot read the launch YAML \(No such"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="cannot read the launch YAML"):
+        load_config(tmp_path)  # a directory
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- run\n- roles\n")
+    with pytest.raises(ConfigError, match="list.yaml: the top level must be a mapping"):
+        load_config(listed)
+    with pytest.raises(ConfigError, match="--set 'run.name=\\[': the value is not valid YAML"):
+        load_config(None, ["run.name=["])
 
 
 def test_resolved_dump_round_trips() -> None:
@@ -79,7 +114,9 @@ def test_placement_spreads_round_robin() -> None:
 
 
 def test_a_settings_value_check_names_where_it_failed() -> None:
-    with pytest.raises(ConfigError, match=r"^roles\.env_worker\.settings: max_chunks_queued"):
+    with pytest.raises(
+        ConfigError, match=r"^roles\.env_worker\.settings\.max_chunks_queued: must be >= 0"
+    ):
         config_from_dict({"roles": {"env_worker": {"settings": {"max_chunks_queued": -1}}}})
 
 
@@ -89,3 +126,14 @@ def test_pinning_to_a_cpu_the_node_lacks_names_the_field() -> None:
     with pytest.raises(ConfigError, match=r"roles.trainer.cpus: this node has no CPU \[100000\]"):
         pin_to_cpus([0, 100_000], "roles.trainer.cpus")
     assert os.sched_getaffinity(0) == before  # refused before anything changed
+
+
+def test_launch_refuses_a_run_without_roles_or_with_a_missing_checkpoint(tmp_path) -> None:
+    from rlvla3.launcher import launch
+
+    with pytest.raises(ConfigError, match="roles: no role processes to start in this config"):
+        launch(None, out=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="policy.init_checkpoint: no checkpoint at /nowhere"):
+        launch(None, ["roles.trainer.count=1", "policy.init_checkpoint=/nowhere"],
+               out=str(tmp_path / "run"))  # fmt: skip
+    assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import redis
 import zmq
 
 from rlvla3.registry import Registry
@@ -87,8 +88,8 @@ def test_launch_flow_restart_monitor_and_clean_stop(tmp_path, redis_url) -> None
         assert worker0["restarts"] == 1 and worker0["status"] == "running"
         pids = [r.pid for r in registry.roles()]
 
-        launcher.send_signal(signal.SIGINT)  # Ctrl-C: everything stops cleanly
-        assert launcher.wait(timeout=120) == 0, launcher_output(run_dir)
+        launcher.send_signal(signal.SIGINT)  # Ctrl-C: everything stops cleanly, exit 128 + 2
+        assert launcher.wait(timeout=120) == 130, launcher_output(run_dir)
         assert all(pid_gone(p) for p in pids)
         assert {r.status for r in registry.roles()} == {"done"}
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -127,3 +128,26 @@ def test_role_out_of_restarts_fails_the_run(tmp_path, redis_url) -> None:
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_losing_redis_ends_the_run_cleanly(tmp_path) -> None:
+    """The embedded Redis dies mid-run: the launcher stops every role, says why in one line,
+    writes a partial summary.json and exits 1 (no traceback, no orphans)."""
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(tiny_run(tmp_path, "bus4", None), run_dir)
+    try:
+        wait_until(lambda: (run_dir / "run.json").exists(), 60, "run.json")
+        url = json.loads((run_dir / "run.json").read_text())["redis_url"]
+        registry = Registry(url, "bus4")
+        recs = wait_until(lambda: running(registry), 120, "every role running")
+        redis_pid = redis.Redis.from_url(url).info("server")["process_id"]
+        os.kill(redis_pid, signal.SIGKILL)
+        assert launcher.wait(timeout=120) == 1, launcher_output(run_dir)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert all(pid_gone(r.pid) for r in recs)
+    output = launcher_output(run_dir)
+    assert "lost the run's Redis" in output and "Traceback" not in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is False and "lost the run's Redis" in summary["stop_reason"]
