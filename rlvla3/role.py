@@ -30,6 +30,7 @@ from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
 _FLUSH_PERIOD_S = 0.5
+_DROP_LOG_EVERY_S = 10.0  # a counter's dropped-message warnings are at most this frequent
 
 
 class RateMeter:
@@ -77,6 +78,7 @@ class Role(abc.ABC):
         self._gauges: dict[str, float] = {}
         self._pending: collections.Counter[str] = collections.Counter()
         self._pending_lock = threading.Lock()
+        self._drop_log: dict[str, tuple[float, int]] = {}  # counter -> (last logged, suppressed)
         self._heartbeat_stop = threading.Event()
 
     # --- the interface subclasses implement ----------------------------------------------------
@@ -107,8 +109,21 @@ class Role(abc.ABC):
 
     def count_bad_frame(self, err: CodecError) -> None:
         """Count and log a message that failed to decode; the role carries on."""
-        self.count("bad_frames")
-        self.log.warning("dropped a bad message: %s: %s", type(err).__name__, err)
+        self.drop("bad_frames", f"dropped a bad message: {type(err).__name__}: {err}")
+
+    def drop(self, counter: str, reason: str) -> None:
+        """Count a dropped message in ``counter`` and log why. Logged at most once per
+        ``_DROP_LOG_EVERY_S`` per counter, with how many were dropped since, so that a flood of
+        bad input cannot flood the log."""
+        self.count(counter)
+        now = time.monotonic()
+        last, suppressed = self._drop_log.get(counter, (-_DROP_LOG_EVERY_S, 0))
+        if now - last < _DROP_LOG_EVERY_S:
+            self._drop_log[counter] = (last, suppressed + 1)
+            return
+        more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
+        self.log.warning("%s%s", reason, more)
+        self._drop_log[counter] = (now, 0)
 
     def bind(self, endpoint: str, sock: MessageSocket) -> str:
         """Bind ``sock`` on this node and publish it in Redis as ``endpoint``."""

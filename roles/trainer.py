@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
+from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
 from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvla3.messages import TrajectoryChunk
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
-from rlvla3.policy.factory import build_policy
+from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, Role, main
 from transport import sockets
 from transport.weights import WeightPublisher
@@ -44,7 +46,9 @@ class Trainer(Role):
         torch.manual_seed(self.cfg.run.seed)
         torch.set_num_threads(self.settings.num_threads)
         self.device = torch.device(self.settings.device)
-        self.policy = build_policy(self.cfg).to(self.device)
+        spaces = env_spaces(self.cfg)
+        self.policy = build_policy(self.cfg, spaces).to(self.device)
+        self.obs_space, self.action_spec = spaces.observation, self.policy.action_spec()
         self.optimizer = build_optimizer(self.policy, self.cfg.algo)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.version, self.updates, self.samples_trained = -1, 0, 0
@@ -106,9 +110,16 @@ class Trainer(Role):
 
     def _accept(self, chunk: object) -> None:
         if not isinstance(chunk, TrajectoryChunk):
-            self.count("bad_frames")
+            self.drop("bad_frames", f"dropped a {type(chunk).__name__} on the chunk queue")
             return
         self.count("chunks_received")  # env workers' back-pressure reads this
+        problem = chunk_problem(chunk, self.obs_space, self.action_spec)
+        if problem is not None:  # dropped, and counted as such, so the chunk accounting adds up
+            self.drop("chunks_dropped", f"dropped chunk {chunk.chunk_id} of env worker "
+                      f"{chunk.worker_index}: {problem}")  # fmt: skip
+            self.count("bad_chunks")
+            self.count("samples_dropped", int(np.size(chunk.rewards)))
+            return
         staleness = chunk_staleness(chunk, self.version)
         on_policy_only = self.cfg.run.mode != "async"
         if not keep_chunk(staleness, max_staleness=self.cfg.algo.max_staleness,
@@ -138,6 +149,10 @@ class Trainer(Role):
             policy_coef=0.0 if self.updates < a.value_warmup_updates else 1.0,
             reference=self.reference, ref_kl_coef=a.ref_kl_coef,
         )  # fmt: skip
+        if metrics["skipped_minibatches"]:
+            self.drop("nonfinite_minibatches", f"update {self.updates + 1}: skipped "
+                      f"{metrics['skipped_minibatches']:.0f} minibatches with non-finite "
+                      "gradients (weights unchanged by them)")  # fmt: skip
         self.updates += 1
         samples = sum(len(c.rewards) for c in chunks)
         self.samples_trained += samples

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -114,3 +116,62 @@ def test_mlp_discrete_act_samples_its_categorical_and_scores_like_evaluate() -> 
     torch.testing.assert_close(out.log_prob, policy.evaluate(obs, out.action).log_prob)
     greedy = policy.act(obs, deterministic=True).action
     assert bool((greedy == 0).all())
+
+
+CARTPOLE_OBS = gym.spaces.Dict(
+    {"state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)}
+)  # fmt: skip
+
+
+def _with(base: TrajectoryChunk, **changes: object) -> TrajectoryChunk:
+    fields = {name: getattr(base, name) for name in base.__struct_fields__}
+    return TrajectoryChunk(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({}, None),
+        ({"rewards": np.ones(3, np.float32)}, r"log_probs: float32\[4\], expected \[3\]"),
+        ({"rewards": np.array([1, np.nan, 1, 1], np.float32)}, "rewards: not finite"),
+        ({"values": np.full(4, np.inf, np.float32)}, "values: not finite"),
+        ({"bootstrap_value": float("nan")}, "bootstrap_value: not finite"),
+        ({"terminated": np.zeros(4, np.float32)}, "terminated: float32"),
+        ({"policy_versions": np.zeros(0, np.int64)}, r"policy_versions: int64\[0\]"),
+        ({"obs": {"state": np.zeros((4, 7), np.float32)}}, r"obs\['state'\]: float32\[4, 7\]"),
+        ({"obs": {"state": np.full((4, 4), np.nan, np.float32)}}, r"obs\['state'\]: not finite"),
+        ({"obs": {"state": np.zeros((4, 4), np.float32), "x": np.zeros(4)}}, "obs: keys"),
+        ({"actions": np.array([0, 1, 7, 0])}, r"actions: values 0..7 outside \[0, 2\)"),
+        ({"actions": np.array([0, -1, 1, 0])}, r"actions: values -1..1 outside"),
+        ({"actions": np.zeros(4, np.float32)}, "actions: expected integers"),
+        ({"actions": np.zeros((4, 1), np.int64)}, r"actions: shape \[4, 1\], expected \[4\]"),
+    ],
+)
+def test_chunk_check_names_what_would_break_training(changes, problem) -> None:
+    from rlvla3.algo.chunk_check import chunk_problem
+
+    policy = MLPPolicy(4, gym.spaces.Discrete(2))
+    found = chunk_problem(_with(chunk([1, 1, 1, 1]), **changes), CARTPOLE_OBS,
+                          policy.action_spec())  # fmt: skip
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and re.match(problem, found), found
+
+
+def test_a_nan_minibatch_leaves_the_weights_finite() -> None:
+    from rlvla3.algo.ppo import ppo_update
+
+    policy = MLPPolicy(4, gym.spaces.Discrete(2))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    good = build_batch([chunk([0] * 8)], policy, AlgoConfig(), torch.device("cpu"))
+    bad = {**good, "advantages": torch.full_like(good["advantages"], float("nan"))}
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = ppo_update(policy, opt, bad, epochs=1, minibatch_size=4, clip_coef=0.2,
+                         vf_coef=0.5, ent_coef=0.0, max_grad_norm=0.5)  # fmt: skip
+    assert metrics["skipped_minibatches"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    metrics = ppo_update(policy, opt, good, epochs=1, minibatch_size=4, clip_coef=0.2,
+                         vf_coef=0.5, ent_coef=0.0, max_grad_norm=0.5)  # fmt: skip
+    assert metrics["skipped_minibatches"] == 0
+    assert all(torch.isfinite(p).all() for p in policy.parameters())

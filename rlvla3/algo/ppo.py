@@ -13,6 +13,7 @@ Every function here is pure torch and works on CPU tensors; nothing here knows a
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
@@ -359,11 +360,12 @@ def ppo_update(
 
     Returns:
         The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
-        ``explained_variance`` (of the behaviour values), ``num_minibatches``, ``num_epochs``.
+        ``explained_variance`` (of the behaviour values), ``num_minibatches``, ``num_epochs``,
+        ``skipped_minibatches`` (non-finite gradients: no optimizer step, not averaged in).
     """
     n = batch["advantages"].shape[0]
     totals: dict[str, float] = {}
-    num_minibatches, num_epochs, stop = 0, 0, False
+    num_minibatches, num_epochs, skipped, stop = 0, 0, 0, False
     while num_epochs < epochs and not stop:
         num_epochs += 1
         for idx in torch.randperm(n, generator=generator).split(minibatch_size):
@@ -381,9 +383,12 @@ def ppo_update(
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+            grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm).item()
+            if not math.isfinite(grad_norm):  # one NaN step would make every weight NaN for good
+                skipped += 1
+                continue
             optimizer.step()
-            metrics["grad_norm"] = grad_norm.item()
+            metrics["grad_norm"] = grad_norm
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
             num_minibatches += 1
@@ -394,4 +399,5 @@ def ppo_update(
     result["explained_variance"] = explained_variance(batch["values"], batch["returns"])
     result["num_minibatches"] = float(num_minibatches)
     result["num_epochs"] = float(num_epochs)
+    result["skipped_minibatches"] = float(skipped)
     return result

@@ -66,8 +66,25 @@ class NumpyActOutput:
     value: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """What one of the policy's own actions (``act``'s ``action``, a chunk's ``actions[t]``) is.
+
+    Attributes:
+        shape: per-step shape, e.g. ``()`` for a discrete index, ``(7,)`` for 7 bins or floats.
+        num_choices: integer actions in ``[0, num_choices)``; None: finite floats.
+    """
+
+    shape: tuple[int, ...]
+    num_choices: int | None = None
+
+
 class ActorCritic(nn.Module, abc.ABC):
-    """A policy with a value head. Subclasses implement ``act`` and ``evaluate``."""
+    """A policy with a value head. Subclasses implement ``act``, ``evaluate``, ``action_spec``."""
+
+    @abc.abstractmethod
+    def action_spec(self) -> ActionSpec:
+        """The form of this policy's actions (the trainer checks received chunks against it)."""
 
     @abc.abstractmethod
     def act(self, obs: ObsBatch, deterministic: bool = False) -> ActOutput:

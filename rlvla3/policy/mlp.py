@@ -17,7 +17,14 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from rlvla3.policy.base import ActorCritic, ActOutput, EvalOutput, NumpyActOutput, ObsBatch
+from rlvla3.policy.base import (
+    ActionSpec,
+    ActorCritic,
+    ActOutput,
+    EvalOutput,
+    NumpyActOutput,
+    ObsBatch,
+)
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -82,6 +89,12 @@ class MLPPolicy(ActorCritic):
         self.actor = _mlp(obs_dim, tuple(hidden_sizes), self.action_dim, activation, 0.01)
         self.critic = _mlp(obs_dim, tuple(hidden_sizes), 1, activation, 1.0)
         self._numpy: _NumpyActorCritic | None = None  # built on first ``act_numpy``
+
+    def action_spec(self) -> ActionSpec:
+        """An index in ``[0, n)`` (Discrete), else ``float32[action_dim]``."""
+        if self.discrete:
+            return ActionSpec((), num_choices=self.action_dim)
+        return ActionSpec((self.action_dim,))
 
     def _dist(self, state: torch.Tensor) -> Categorical | Normal:
         """The action distribution for float32[B, obs_dim] states."""

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Normal
 
 from rlvla3.policy.attention import attention
-from rlvla3.policy.base import ActorCritic, ActOutput, EvalOutput, ObsBatch
+from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
 from rlvla3.policy.instruction import (
     FiLM,
     InstructionEncoder,
@@ -413,6 +413,16 @@ class VLAPolicy(ActorCritic):
             entropy=self._reduce(dist.entropy()),
             value=value,
         )
+
+    def action_spec(self) -> ActionSpec:
+        """Bin indices ``int64[D]`` in ``[0, num_bins)``, Gaussian ``float32[D]``, or one
+        categorical index in ``[0, num_actions)``."""
+        c = self.config
+        if c.action_head == "discrete_bins":
+            return ActionSpec((c.action_dim,), num_choices=c.num_bins)
+        if c.action_head == "gaussian":
+            return ActionSpec((c.action_dim,))
+        return ActionSpec((), num_choices=c.num_actions)
 
     def to_env_action(self, action: Tensor) -> Tensor:
         """Policy action -> what the env steps with: bin centres float32[B, D] (bins head),

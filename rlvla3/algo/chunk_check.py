@@ -1,0 +1,70 @@
+"""Checks a received trajectory chunk before the trainer buffers it.
+
+The codec already guarantees a well-formed ``TrajectoryChunk`` (fields present, arrays
+decodable). What it cannot know is whether the arrays fit this run: one chunk with a wrong
+length, shape or dtype would crash the trainer at its next update (losing the buffered good
+chunks), an action outside the policy's range would index past its logits, and a single NaN
+reward or observation would turn every weight into NaN from then on. So each chunk is checked
+against the env's observation space and the policy's action spec, and a chunk that fails is
+dropped with the reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+from rlvla3.messages import TrajectoryChunk
+from rlvla3.policy.base import ActionSpec
+
+_PER_STEP = {  # field -> the kind of numbers it must hold
+    "rewards": "f",
+    "log_probs": "f",
+    "values": "f",
+    "terminated": "b",
+    "truncated": "b",
+    "policy_versions": "iu",
+}
+
+
+def chunk_problem(
+    chunk: TrajectoryChunk, observation_space: spaces.Dict, action_spec: ActionSpec
+) -> str | None:
+    """Why ``chunk`` cannot be trained on, naming the field; None if it can."""
+    steps = np.shape(chunk.rewards)[0] if np.ndim(chunk.rewards) == 1 else -1
+    if steps < 1:
+        return f"rewards: shape {np.shape(chunk.rewards)}, expected [T] with T >= 1"
+    for name, kinds in _PER_STEP.items():
+        arr = getattr(chunk, name)
+        if arr.shape != (steps,) or arr.dtype.kind not in kinds:
+            return f"{name}: {arr.dtype}{list(arr.shape)}, expected [{steps}] of kind {kinds!r}"
+        if kinds == "f" and not np.isfinite(arr).all():
+            return f"{name}: not finite"
+    if not np.isfinite(chunk.bootstrap_value):
+        return "bootstrap_value: not finite"
+    expected_keys = set(observation_space.spaces)
+    if set(chunk.obs) != expected_keys:
+        return f"obs: keys {sorted(chunk.obs)}, expected {sorted(expected_keys)}"
+    for key, space in observation_space.spaces.items():
+        arr = chunk.obs[key]
+        if arr.shape != (steps, *space.shape) or arr.dtype != space.dtype:
+            return (f"obs[{key!r}]: {arr.dtype}{list(arr.shape)}, expected "
+                    f"{space.dtype}{[steps, *space.shape]}")  # fmt: skip
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            return f"obs[{key!r}]: not finite"
+    return _action_problem(chunk.actions, steps, action_spec)
+
+
+def _action_problem(actions: np.ndarray, steps: int, spec: ActionSpec) -> str | None:
+    if actions.shape != (steps, *spec.shape):
+        return f"actions: shape {list(actions.shape)}, expected {[steps, *spec.shape]}"
+    if spec.num_choices is None:
+        if actions.dtype.kind != "f" or not np.isfinite(actions).all():
+            return f"actions: expected finite floats, got {actions.dtype}"
+        return None
+    if actions.dtype.kind not in "iu":
+        return f"actions: expected integers in [0, {spec.num_choices}), got {actions.dtype}"
+    if actions.size and (actions.min() < 0 or actions.max() >= spec.num_choices):
+        return (f"actions: values {actions.min()}..{actions.max()} outside "
+                f"[0, {spec.num_choices})")  # fmt: skip
+    return None
