@@ -47,7 +47,8 @@ def counters(run_id: str) -> str:
 
 
 def weights(run_id: str) -> str:
-    """Hash: version (int) and updated_at (unix seconds) of the newest published weights."""
+    """Hash: ``version`` and ``at`` (unix seconds) of the newest broadcast weights, and
+    ``trained``, the newest version a trainer produced."""
     return f"{run_prefix(run_id)}:weights"
 
 

@@ -180,6 +180,16 @@ class Registry:
         value = self.redis.hget(keys.weights(self.run_id), "version")
         return -1 if value is None else int(value)
 
+    def set_trained_version(self, version: int) -> None:
+        """Record the newest version a trainer has handed to the broadcaster (before it is sent:
+        the broadcaster accepts no version above this, so a forged one cannot jump ahead)."""
+        self.redis.hset(keys.weights(self.run_id), "trained", version)
+
+    def trained_version(self) -> int:
+        """The newest version a trainer has produced, -1 before the first."""
+        value = self.redis.hget(keys.weights(self.run_id), "trained")
+        return -1 if value is None else int(value)
+
     def save_config(self, text: str) -> None:
         """Store the resolved config YAML."""
         self.redis.set(keys.config(self.run_id), text)

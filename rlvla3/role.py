@@ -275,7 +275,14 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
     role = role_cls(cfg, args.index, node=args.node or cfg.nodes[0].name, run_dir=run_dir)
-    sys.exit(role.run())
+    code = role.run()
+    # Everything is stopped, flushed and closed by now. Exit without running interpreter
+    # teardown: a daemon thread still blocked inside a C++ call (a gloo receive, a TCPStore
+    # wait) would otherwise end the process with "terminate called without an active exception".
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _with_run_redis(cfg: Config, run_json: Path) -> Config:

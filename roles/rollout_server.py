@@ -15,7 +15,9 @@ copy competes with serving for CPU or memory bandwidth during a sync.
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -31,6 +33,8 @@ from transport.sockets import RouterSocket
 from transport.weights import FlatLayout, WeightLink
 
 _RECEIVER_TIMEOUT_S = 24 * 3600.0  # a link waits as long as the trainer takes between versions
+_STORE_TIMEOUT_S = 60.0  # reaching the broadcaster's store, and each rendezvous step through it
+_RELINK_MIN_S, _RELINK_MAX_S = 0.1, 5.0  # backoff between relinks after a broken link
 
 
 class RolloutServer(Role):
@@ -72,21 +76,38 @@ class RolloutServer(Role):
 
     # --- weights (background thread) -------------------------------------------------------------
     def _receive_weights(self) -> None:
-        store_address = self.wait_for_endpoints("weight_broadcaster", "store")[0]
-        host, port = store_address.rsplit(":", 1)
-        store = torch.distributed.TCPStore(host, int(port), is_master=False)
+        """Keep a weight link to the broadcaster, relinking (with backoff) when it breaks. A
+        restarted broadcaster has a new store address, so each relink looks it up again."""
+        store, store_address, backoff = None, None, _RELINK_MIN_S
         while not self.stop_event.is_set():
             link_id = f"{self.name}-{self.index}-{os.getpid()}-{self.link_generation}"
-            self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
             try:
+                address = self.wait_for_endpoints("weight_broadcaster", "store")[0]
+                if address != store_address:
+                    host, port = address.rsplit(":", 1)
+                    # A dead broadcaster's record outlives it by a heartbeat TTL; a TCPStore
+                    # client would spend its whole timeout retrying it, so knock first.
+                    socket.create_connection((host, int(port)), timeout=2.0).close()
+                    store = torch.distributed.TCPStore(
+                        host, int(port), is_master=False,
+                        timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+                    )  # fmt: skip
+                    store_address = address
+                self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
                 link = WeightLink(store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S)
                 while not self.stop_event.is_set():
                     version, numel = link.recv_header()  # waits for the trainer, no lock held
                     self._receive_into_standby(link, version, numel)
                     self.weights_ready.set()
+                    backoff = _RELINK_MIN_S
+            except InterruptedError:
+                return  # stopping
             except Exception as err:
-                self.log.warning("weight link %s broke (%s); relinking", link_id, err)
+                self.drop("weight_relinks", f"weight link {link_id} broke ({err}); relinking")
                 self.link_generation += 1
+                store_address = None  # look the broadcaster up afresh
+                self.stop_event.wait(backoff)
+                backoff = min(2 * backoff, _RELINK_MAX_S)
 
     def _receive_into_standby(self, link: WeightLink, version: int, numel: int) -> None:
         """Receive ``version`` straight into the standby model's parameters.
@@ -122,10 +143,9 @@ class RolloutServer(Role):
         if not batch:
             return
         valid = [(ident, req) for ident, req in batch if self._valid(req)]
-        if valid:
-            self._serve(valid)
+        served = self._serve(valid) if valid else 0
         self.request_rate.add(len(batch))
-        self.count("requests_served", len(valid))
+        self.count("requests_served", served)
         self.gauge("requests_per_s", self.request_rate.rate())
         self.gauge("batch_fill", len(batch) / self.full_batch)
         self.gauge("queue_wait_ms", waited_s * 1000)
@@ -153,21 +173,42 @@ class RolloutServer(Role):
 
     def _valid(self, req: Any) -> bool:
         if not isinstance(req, ObsRequest):
-            self.count("bad_requests")
+            self.drop("bad_requests", f"dropped a {type(req).__name__} on the request socket")
             return False
         spaces = self.obs_space.spaces
         for key, space in spaces.items():
             arr = req.obs.get(key)
             if arr is None or arr.shape != space.shape or arr.dtype != space.dtype:
-                self.count("bad_requests")
-                self.log.warning("request %s: obs[%r] does not match %s", req.env_key, key, space)
+                got = "nothing" if arr is None else f"{arr.dtype}{list(arr.shape)}"
+                self.drop("bad_requests", f"request {req.env_key}: obs[{key!r}] is {got}, "
+                          f"expected {space.dtype}{list(space.shape)}")  # fmt: skip
                 return False
         return True
 
-    def _serve(self, batch: list[tuple[bytes, ObsRequest]]) -> None:
+    def _drop_nonfinite(
+        self, batch: list[tuple[bytes, ObsRequest]], obs: dict[str, np.ndarray]
+    ) -> tuple[list[tuple[bytes, ObsRequest]], dict[str, np.ndarray]]:
+        """The batch without requests whose float observations hold NaN or inf (their actions
+        would be NaN too). One check per batch; rows are only looked at when it fails."""
+        bad = np.zeros(len(batch), bool)
+        for arr in obs.values():
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                bad |= ~np.isfinite(arr.reshape(len(batch), -1)).all(axis=1)
+        if not bad.any():
+            return batch, obs
+        for i in np.flatnonzero(bad):
+            self.drop("bad_requests", f"request {batch[i][1].env_key}: non-finite observation")
+        keep = np.flatnonzero(~bad)
+        return [batch[i] for i in keep], {key: arr[keep] for key, arr in obs.items()}
+
+    def _serve(self, batch: list[tuple[bytes, ObsRequest]]) -> int:
+        """Act on a batch of checked requests and reply to each; returns how many were served."""
         # np.array, not np.stack: same result for the equal shapes _valid checked, 2-5x less
         # overhead for the few small arrays of a typical batch.
         obs = {key: np.array([req.obs[key] for _, req in batch]) for key in self.obs_space.spaces}
+        batch, obs = self._drop_nonfinite(batch, obs)
+        if not batch:
+            return 0
         out = None
         if self.device.type == "cpu":  # small policies have a numpy path without torch overhead
             out = self.active.act_numpy(obs, self.greedy, self.rng)
@@ -182,6 +223,7 @@ class RolloutServer(Role):
                 env_action=None if same else np.asarray(env_actions[i]),
                 log_prob=log_probs[i], value=values[i], policy_version=self.version,
             ))  # fmt: skip
+        return len(batch)
 
     @torch.inference_mode()
     def _act_torch(self, obs: dict[str, np.ndarray]) -> NumpyActOutput:

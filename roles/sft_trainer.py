@@ -62,8 +62,9 @@ class SftTrainer(Role):
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
         self._resume()
-        broadcaster = self.wait_for_endpoints("weight_broadcaster", "updates")[0]
-        self.publisher = WeightPublisher(self.policy, broadcaster, self.version)
+        self.wait_for_endpoints("weight_broadcaster", "updates")
+        self.publisher = WeightPublisher(self.policy, self._broadcaster_address, self.version,
+                                         announce=self.registry.set_trained_version)  # fmt: skip
         self.metrics = MetricsLog(self.run_dir, self.registry, "sft")
         self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
         self.token_rate = RateMeter(window_s=20.0)
@@ -86,6 +87,8 @@ class SftTrainer(Role):
         return root
 
     def step(self) -> None:
+        if self.publisher.keep_up(self.policy):
+            self.log.info("weight broadcaster moved: sent it weights v%d again", self.version)
         if self.finished or self.steps >= self.cfg.sft.max_steps:  # also: resumed when done
             if not self.finished:
                 self.finished = True
@@ -131,6 +134,13 @@ class SftTrainer(Role):
     def _publish(self) -> None:
         self.version = self.publisher.publish(self.policy)
         self.gauge("policy_version", self.version)
+        if not self.publisher.last_sent:
+            self.drop("weights_unsent", f"weights v{self.version}: the weight broadcaster took "
+                      "nothing for a second (down or restarting); newer weights follow")  # fmt: skip
+
+    def _broadcaster_address(self) -> str | None:
+        found = self.registry.endpoints("weight_broadcaster", "updates")
+        return found[0] if found else None
 
     def _checkpoint(self) -> None:
         state = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),

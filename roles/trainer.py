@@ -59,8 +59,9 @@ class Trainer(Role):
         )
         self.bind("chunks", self.chunks)
         self._write_off_lost_chunks()
-        broadcaster = self.wait_for_endpoints("weight_broadcaster", "updates")[0]
-        self.publisher = WeightPublisher(self.policy, broadcaster, self.version)
+        self.wait_for_endpoints("weight_broadcaster", "updates")
+        self.publisher = WeightPublisher(self.policy, self._broadcaster_address, self.version,
+                                         announce=self.registry.set_trained_version)  # fmt: skip
         self.buffer: list[TrajectoryChunk] = []
         self.buffered_steps = 0
         self.batch_steps = self.cfg.algo.batch_steps or self._round_steps()
@@ -99,6 +100,8 @@ class Trainer(Role):
             self.last_chunk_at = time.monotonic()
         if self.buffered_steps >= self.batch_steps and not self._frozen():
             self._train()
+        if self.publisher.keep_up(self.policy):
+            self.log.info("weight broadcaster moved: sent it weights v%d again", self.version)
 
     def _frozen(self) -> bool:
         """True once the launcher started the end-of-run evaluation (checked at most 1/s)."""
@@ -180,6 +183,13 @@ class Trainer(Role):
     def _publish(self) -> None:
         self.version = self.publisher.publish(self.policy)
         self.gauge("policy_version", self.version)
+        if not self.publisher.last_sent:
+            self.drop("weights_unsent", f"weights v{self.version}: the weight broadcaster took "
+                      "nothing for a second (down or restarting); newer weights follow")  # fmt: skip
+
+    def _broadcaster_address(self) -> str | None:
+        found = self.registry.endpoints("weight_broadcaster", "updates")
+        return found[0] if found else None
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         self.metrics.log(self.updates, metrics)
@@ -233,10 +243,12 @@ class Trainer(Role):
 
     def _drain(self) -> None:
         """Count chunks still buffered or queued at exit, so produced = consumed + dropped + these."""
-        left = len(self.buffer)
+        queued = 0
         while self.chunks.recv(timeout_s=0.5) is not None:
-            left += 1
-        self.count("chunks_in_flight_at_exit", left)
+            queued += 1
+        # received now, so a restarted trainer does not write them off a second time
+        self.count("chunks_received", queued)
+        self.count("chunks_in_flight_at_exit", len(self.buffer) + queued)
 
 
 if __name__ == "__main__":

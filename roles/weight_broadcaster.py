@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 
+import numpy as np
 import torch
 
 from rlvla3.messages import WeightsUpdate
@@ -36,7 +37,8 @@ class WeightBroadcaster(Role):
         self.broadcaster = Broadcaster(
             self.store, self.settings.device, self.settings.link_timeout_s
         )
-        self.layout: str | None = None
+        self.layout: str | None = None  # the first accepted update fixes layout and size
+        self.numel = 0
         self.next_link_scan = 0.0
 
     def step(self) -> None:
@@ -55,16 +57,11 @@ class WeightBroadcaster(Role):
         return newest
 
     def _publish(self, update: WeightsUpdate) -> None:
-        if self.layout is not None and update.layout != self.layout:
-            self.log.error("weights v%d have layout %s, expected %s: dropped",
-                           update.version, update.layout, self.layout)  # fmt: skip
-            self.count("weights_rejected")
+        problem = self._update_problem(update)
+        if problem is not None:
+            self.drop("weights_rejected", f"weights v{update.version} dropped: {problem}")
             return
-        if update.version <= self.broadcaster.version:
-            self.log.warning("weights v%d are not newer than v%d: dropped",
-                             update.version, self.broadcaster.version)  # fmt: skip
-            return
-        self.layout = update.layout
+        self.layout, self.numel = update.layout, update.flat.size
         with warnings.catch_warnings():  # a read-only view of the received frame, only read
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             flat = torch.from_numpy(update.flat).to(self.settings.device)
@@ -76,6 +73,21 @@ class WeightBroadcaster(Role):
         self.gauge("links", len(self.broadcaster.links))
         for link_id in failed:
             self.log.warning("link %s failed during broadcast: dropped", link_id)
+
+    def _update_problem(self, update: WeightsUpdate) -> str | None:
+        """Why ``update`` must not go to the rollout servers (None: it may)."""
+        flat = update.flat
+        if flat.dtype != np.float32 or flat.ndim != 1:
+            return f"flat is {flat.dtype}{list(flat.shape)}, expected float32[N]"
+        if self.layout is not None and (update.layout, flat.size) != (self.layout, self.numel):
+            return (f"layout {update.layout} of {flat.size} values, expected {self.layout} of "
+                    f"{self.numel}")  # fmt: skip
+        if update.version <= self.broadcaster.version:
+            return f"not newer than v{self.broadcaster.version}"
+        trained = self.registry.trained_version()
+        if update.version > trained:  # the trainer records each version before sending it
+            return f"no trainer produced it (the newest trained version is v{trained})"
+        return None
 
     def _sync_links(self) -> None:
         live = set(self.registry.endpoints("rollout_server", "weights_link"))

@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import redis
 import zmq
 
@@ -151,3 +152,56 @@ def test_losing_redis_ends_the_run_cleanly(tmp_path) -> None:
     assert "lost the run's Redis" in output and "Traceback" not in output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["complete"] is False and "lost the run's Redis" in summary["stop_reason"]
+
+
+def test_weight_path_survives_forgery_and_a_broadcaster_restart(tmp_path, redis_url) -> None:
+    """A well-formed but forged WeightsUpdate (right layout, a version far ahead) is refused, so
+    real versions keep flowing; after kill -9 of the broadcaster the trainer follows its
+    replacement to its new address and versions keep rising."""
+    import gymnasium as gym
+
+    from rlvla3.messages import WeightsUpdate
+    from rlvla3.policy.mlp import MLPPolicy
+    from transport import sockets
+    from transport.weights import FlatLayout
+
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(tiny_run(tmp_path, "bus5", redis_url), run_dir)
+    try:
+        registry = Registry(redis_url, "bus5")
+        recs = wait_until(lambda: running(registry), 120, "every role running")
+        wait_until(lambda: registry.weight_version() >= 2, 90, "weights flowing")
+        layout = FlatLayout.of(MLPPolicy(4, gym.spaces.Discrete(2)))
+        forged = WeightsUpdate(version=10**12, layout=layout.digest,
+                               flat=np.zeros(layout.numel, np.float32))  # fmt: skip
+        push = sockets.push(hwm=4)
+        push.connect(registry.endpoints("weight_broadcaster", "updates")[0])
+        assert push.send(forged, timeout_s=5)
+        wait_until(lambda: registry.counters().get("weights_rejected", 0) == 1, 30, "refused")
+        push.close()
+        before = registry.weight_version()
+        assert before < 10**12
+        wait_until(lambda: registry.weight_version() > before + 2, 60, "real versions go on")
+
+        # A NaN observation gets no action (it would be NaN); a good one still does.
+        from rlvla3.messages import ActionReply, ObsRequest
+
+        client = sockets.dealer()
+        client.connect(registry.endpoints("rollout_server", "requests")[0])
+        state = np.zeros(4, np.float32)
+        client.send(ObsRequest(env_key="t/0", request_id=1, obs={"state": state + np.nan}))
+        wait_until(lambda: registry.counters().get("bad_requests", 0) == 1, 30, "NaN refused")
+        client.send(ObsRequest(env_key="t/0", request_id=2, obs={"state": state}))
+        reply = client.recv(timeout_s=30)
+        assert isinstance(reply, ActionReply) and reply.request_id == 2
+        client.close()
+
+        victim = next(r for r in recs if r.role == "weight_broadcaster")
+        os.kill(victim.pid, signal.SIGKILL)
+        before = registry.weight_version()
+        wait_until(lambda: registry.weight_version() > before + 3, 120, "versions after restart")
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=120) == 130, launcher_output(run_dir)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

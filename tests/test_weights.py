@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -56,3 +57,23 @@ def test_broadcast_identical_to_every_server_and_late_joiner_gets_current() -> N
         assert received == digest(expected(version))  # bit-identical to what was sent
         by_link.setdefault(link_id, []).append(version)
     assert by_link == {"s0": [0, 1, 2], "s1": [0, 1, 2], "late": [0, 1, 2]}
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp* writes them) of sockets listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_the_weight_store_listens_on_its_host_only() -> None:
+    store = start_store("127.0.0.1", timeout_s=10)
+    assert _listening_addresses(store.port) == ["0100007F"]  # 127.0.0.1, not 0.0.0.0 or ::
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False)
+    client.set("k", "v")
+    assert store.get("k") == b"v"

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,28 +119,96 @@ class FlatLayout:
 
 
 class WeightPublisher:
-    """Trainer side: flattens the model and pushes it to the broadcaster as the next version."""
+    """Trainer side: flattens the model and pushes it to the broadcaster as the next version.
 
-    def __init__(self, module: nn.Module, broadcaster_address: str, version: int = -1) -> None:
+    Args:
+        module: the model whose weights are published.
+        broadcaster: the broadcaster's ``updates`` address, or a function returning the current
+            one (None: none live). With a function the publisher follows a restarted
+            broadcaster to its new address (looked up at most every ``_LOOKUP_EVERY_S``, and
+            after a send that found the queue full).
+        version: the version published last (the next publish sends ``version + 1``).
+        announce: called with each version before it is sent (the trainer records it in Redis).
+
+    Publishing never blocks training for long: if the broadcaster takes nothing for
+    ``_SEND_TIMEOUT_S`` (dead, or gone to a new address), that version is not sent
+    (``last_sent`` is False) and the next publish tries again with newer weights.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        broadcaster: str | Callable[[], str | None],
+        version: int = -1,
+        announce: Callable[[int], None] | None = None,
+    ) -> None:
         from transport import sockets  # the trainer side needs zmq; receivers do not
 
         self.layout = FlatLayout.of(module)
         self.version = version
+        self.announce = announce
+        self.last_sent = True
+        self._lookup = broadcaster if callable(broadcaster) else None
+        self._next_lookup = time.monotonic() + _LOOKUP_EVERY_S
+        self._sockets = sockets
+        self.address = broadcaster if isinstance(broadcaster, str) else broadcaster()
+        if self.address is None:
+            raise ConnectionError("no live weight broadcaster")
         self.socket = sockets.push(hwm=4)
-        self.socket.connect(broadcaster_address)
+        self.socket.connect(self.address)
 
     def publish(self, module: nn.Module) -> int:
         """Send the module's current weights as a new version; returns that version."""
+        self.version += 1
+        self._follow_broadcaster()
+        if self.announce is not None:
+            self.announce(self.version)
+        self._send(module)
+        return self.version
+
+    def keep_up(self, module: nn.Module) -> bool:
+        """Call between publishes: if the broadcaster moved (restarted), connect to the new one
+        and send it the current version again. Returns True when it did.
+
+        Without this a restarted broadcaster has no weights until the next publish, and the
+        next publish may never come: the rollout servers keep acting with older weights, their
+        chunks grow too stale to train on, and the trainer waits for fresh ones."""
+        if not self._follow_broadcaster() or self.version < 0:
+            return False
+        self._send(module)
+        return True
+
+    def _send(self, module: nn.Module) -> None:
         from rlvla3.messages import WeightsUpdate
 
-        self.version += 1
         flat = self.layout.flatten(module).detach().cpu().numpy()
-        self.socket.send(WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat))
-        return self.version
+        update = WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
+        self.last_sent = self.socket.send(update, timeout_s=_SEND_TIMEOUT_S)
+
+    def _follow_broadcaster(self) -> bool:
+        """Reconnect if the broadcaster's address changed; True if it did."""
+        if self._lookup is None:
+            return False
+        if self.last_sent and time.monotonic() < self._next_lookup:
+            return False
+        self._next_lookup = time.monotonic() + _LOOKUP_EVERY_S
+        address = self._lookup()
+        if address is None or address == self.address:
+            return False
+        # a new socket: the old one's queue holds versions for a broadcaster that is gone
+        self.socket.close()
+        self.socket = self._sockets.push(hwm=4)
+        self.socket.connect(address)
+        self.address = address
+        return True
 
     def close(self) -> None:
         """Close the socket."""
         self.socket.close()
+
+
+_SEND_TIMEOUT_S = 1.0
+_LOOKUP_EVERY_S = 2.0
 
 
 def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:
@@ -147,10 +217,19 @@ def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:
 
 
 def start_store(host: str, timeout_s: float = 60.0) -> dist.TCPStore:
-    """A ``TCPStore`` server on a free port of ``host`` (read the port from ``store.port``)."""
+    """A ``TCPStore`` server on a free port of ``host`` (read the port from ``store.port``).
+
+    It listens on ``host`` alone: given only a port, a TCPStore listens on every interface, so
+    the socket is bound here and handed over (``master_listen_fd``)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    listener.bind(address)
+    listener.listen(128)
+    port = listener.getsockname()[1]
     return dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False,
+        host, port, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
+        master_listen_fd=listener.detach(),  # the store owns the socket from here on
     )  # fmt: skip
 
 
