@@ -245,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--profile", action="store_true", help="print top GPU kernels (CUDA)")
     args = parser.parse_args(argv)
+    for flag in ("steps", "threads", "batch", "d_model", "layers", "heads"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.d_model % args.heads:
+        parser.error("--d-model must be a multiple of --heads")
+    if args.budget is not None and args.budget < MAX_LEN:
+        parser.error(f"--budget must hold the longest sample ({MAX_LEN} tokens)")
     torch.set_num_threads(args.threads)
     shape = Shape(batch=args.batch, d_model=args.d_model, layers=args.layers, heads=args.heads)
     budget = args.budget if args.budget is not None else shape.batch * MAX_LEN

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rlvla3.typed_load import ConfigError
 
@@ -30,16 +31,28 @@ def _monitor(args: argparse.Namespace) -> int:
     except RunNotFound as err:
         print(f"rlvla3 monitor: {err}", file=sys.stderr)
         return 2
-    registry = Registry(info["redis_url"], info["run_id"])
+    if not info.get("run_id"):
+        print("rlvla3 monitor: --redis needs --run RUN_ID (the run's name)", file=sys.stderr)
+        return 2
     try:
+        registry = Registry(info["redis_url"], info["run_id"])
+        first = snapshot(registry)  # raises if the run's Redis is gone
         if args.json:
-            print(json.dumps(snapshot(registry), indent=2))
+            print(json.dumps(first, indent=2))
             return 0
         return watch(registry, args.interval)
-    except (redis.ConnectionError, FileNotFoundError) as err:
-        print(
-            f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?", file=sys.stderr
-        )
+    except (redis.ConnectionError, FileNotFoundError, ValueError) as err:
+        summary = Path(info.get("run_dir", "")) / "summary.json" if "run_dir" in info else None
+        if summary is not None and summary.is_file():  # the run has ended: show how
+            ended = json.loads(summary.read_text())
+            if args.json:
+                print(json.dumps({"ended": True, "summary": ended}, indent=2))
+            else:
+                print(f"run {ended.get('run_id')} has ended: {ended.get('stop_reason')} "
+                      f"(summary: {summary})")  # fmt: skip
+            return 0
+        print(f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?",
+              file=sys.stderr)  # fmt: skip
         return 1
 
 

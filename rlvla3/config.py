@@ -220,7 +220,8 @@ class Config:
         for node in self.nodes:
             if node.name == name:
                 return node
-        raise ConfigError(f"nodes: no node named {name!r}")
+        known = ", ".join(n.name for n in self.nodes)
+        raise ConfigError(f"nodes: no node named {name!r} (nodes: {known})")
 
     def placement(self, role: str) -> list[str]:
         """Node name of every instance of ``role``, by index."""

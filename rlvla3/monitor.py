@@ -39,7 +39,11 @@ def find_run(run: str | None, runs_root: str = "runs") -> dict[str, Any]:
         candidates = candidates[-1:]
     for path in candidates:
         if path.is_file():
-            return json.loads(path.read_text())
+            try:
+                info = json.loads(path.read_text())
+            except ValueError as err:
+                raise RunNotFound(f"{path}: not valid JSON ({err})") from None
+            return {**info, "run_dir": str(path.parent)}
     where = run if run is not None else f"{runs_root}/*"
     raise RunNotFound(f"--run {where}: no run.json found (is the run dir right? try --run PATH)")
 

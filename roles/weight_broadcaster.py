@@ -71,8 +71,12 @@ class WeightBroadcaster(Role):
         self.gauge("policy_version", update.version)
         self.gauge("last_sync_ms", (time.perf_counter() - started) * 1000)
         self.gauge("links", len(self.broadcaster.links))
-        for link_id in failed:
-            self.log.warning("link %s failed during broadcast: dropped", link_id)
+        if failed:
+            live = set(self.registry.endpoints("rollout_server", "weights_link"))
+            for link_id in failed:  # a server that is stopping closes its link: no warning
+                log = self.log.warning if link_id in live else self.log.info
+                log("link %s %s during broadcast: dropped", link_id,
+                    "failed" if link_id in live else "closed (its server stopped)")  # fmt: skip
 
     def _update_problem(self, update: WeightsUpdate) -> str | None:
         """Why ``update`` must not go to the rollout servers (None: it may)."""

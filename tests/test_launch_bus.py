@@ -11,6 +11,7 @@ import numpy as np
 import redis
 import zmq
 
+from rlvla3.config import load_config
 from rlvla3.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, monitor_json, pid_gone, start_launcher, write_yaml
@@ -113,6 +114,9 @@ def test_embedded_redis_run_stops_on_condition_and_removes_redis(tmp_path) -> No
     assert not socket_path.parent.exists()  # the embedded server and its directory are gone
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "max_env_steps" in summary["stop_reason"] and summary["env_steps"] >= 300
+    assert monitor_json(run_dir) == {"ended": True, "summary": summary}  # Redis is gone
+    # config.yaml is the config as given: the dead server's URL is only in run.json
+    assert load_config(run_dir / "config.yaml").run.redis_url is None
 
 
 def test_role_out_of_restarts_fails_the_run(tmp_path, redis_url) -> None:
