@@ -171,14 +171,14 @@ def train_step(
 ) -> tuple[float, int]:
     """One SFT step, exactly as ``SftTrainer._train_step`` (CPU, no autocast)."""
     batch = data.packed_batch(budget, rng)
-    obs = {k: torch.from_numpy(v[batch.indices]) for k, v in data.obs.items()}
-    actions = policy.from_env_action(torch.from_numpy(data.actions[batch.indices]))
+    obs = {k: torch.from_numpy(v) for k, v in batch.obs.items()}
+    actions = policy.from_env_action(torch.from_numpy(batch.actions))
     loss = -policy.evaluate(obs, actions).log_prob.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
     optimizer.step()
-    return float(loss.item()), len(batch.indices)
+    return float(loss.item()), batch.num_samples
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -178,6 +178,8 @@ class SftConfig:
     action plus Gaussian noise of std ``expert_noise`` while the clean action is recorded as the
     label (DART; an existing dataset is reused as is, so give each noise level its own path).
     Each step trains on as many samples as fit ``token_budget`` tokens, packed without padding.
+    ``stream_buffer_frames`` > 0 streams the dataset through a buffer of that many frames
+    (``sft.data.DemoStream``: for datasets larger than memory); 0 loads every frame.
 
     ``fp8`` trains the linears in FP8 on a GPU that has it, through ``fp8_backend``:
     ``transformer_engine`` (when installed) or ``torch_scaled_mm`` (no install; measured slower
@@ -189,6 +191,7 @@ class SftConfig:
     demo_seed: int = 12345
     expert_noise: float = 0.0
     token_budget: int = bounded(2048, ge=1)
+    stream_buffer_frames: int = bounded(0, ge=0)
     lr: float = bounded(3e-4, gt=0)
     weight_decay: float = bounded(0.01, ge=0)
     max_steps: int = bounded(1000, ge=1)

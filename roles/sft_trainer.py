@@ -26,7 +26,7 @@ from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoi
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
 from rlvla3.role import RateMeter, Role, main
-from sft.data import DemoSet
+from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
 from transport.weights import WeightPublisher
 
@@ -42,10 +42,18 @@ class SftTrainer(Role):
         self.device = torch.device(self.settings.device)
         self.policy = build_policy(self.cfg).to(self.device).train()
         vla = _vla_config(self.policy)
-        self.data = DemoSet(self._dataset(), fixed_tokens=vla.num_fixed_tokens,
-                            instruction_tokens=vla.instruction_token_counts)  # fmt: skip
-        self.log.info("%d demo frames from %d episodes", len(self.data), self.data.num_episodes)
         s = self.cfg.sft
+        tokens = {"fixed_tokens": vla.num_fixed_tokens,
+                  "instruction_tokens": vla.instruction_token_counts}  # fmt: skip
+        if s.stream_buffer_frames:
+            self.data: DemoSet | DemoStream = DemoStream(
+                self._dataset(), **tokens, buffer_frames=s.stream_buffer_frames,
+                seed=self.cfg.run.seed,
+            )  # fmt: skip
+        else:
+            self.data = DemoSet(self._dataset(), **tokens)
+        self.log.info("%d demo frames from %d episodes (%s)", len(self.data),
+                      self.data.num_episodes, type(self.data).__name__)  # fmt: skip
         self.data.check_budget(s.token_budget)
         self.precision = autocast_context(self.device)
         if s.fp8 and self.device.type == "cuda":
@@ -115,10 +123,8 @@ class SftTrainer(Role):
     def _train_step(self) -> dict[str, float]:
         started = time.perf_counter()
         batch = self.data.packed_batch(self.cfg.sft.token_budget, self.rng)
-        obs = {
-            k: torch.from_numpy(v[batch.indices]).to(self.device) for k, v in self.data.obs.items()
-        }
-        actions = self.policy.from_env_action(torch.from_numpy(self.data.actions[batch.indices]))
+        obs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.obs.items()}
+        actions = self.policy.from_env_action(torch.from_numpy(batch.actions))
         with self.precision():
             loss = -self.policy.evaluate(obs, actions.to(self.device)).log_prob.mean()
         self.optimizer.zero_grad(set_to_none=True)
@@ -126,8 +132,8 @@ class SftTrainer(Role):
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
         self.optimizer.step()
         self.token_rate.add(batch.num_tokens)
-        self.count("sft_samples", len(batch.indices))
-        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "samples": len(batch.indices),
+        self.count("sft_samples", batch.num_samples)
+        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "samples": batch.num_samples,
                 "tokens": batch.num_tokens, "packing_efficiency": batch.efficiency,
                 "step_s": time.perf_counter() - started, "t": time.time()}  # fmt: skip
 
@@ -159,6 +165,8 @@ class SftTrainer(Role):
         self.log.info("resumed from %s (step %d)", path.name, self.steps)
 
     def shutdown(self) -> None:
+        if hasattr(self, "data"):
+            self.data.close()
         if hasattr(self, "metrics"):
             self.metrics.close()
             self.publisher.close()

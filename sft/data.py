@@ -1,13 +1,21 @@
-"""Demonstrations in memory, cut into packed batches of at most ``token_budget`` tokens.
+"""Demonstrations cut into packed batches of at most ``token_budget`` tokens.
 
 A sample's length is the number of tokens the VLA policy gives it: the fixed tokens (readout,
 proprio, image patches) plus its instruction's tokens (``VLAConfig.instruction_token_counts``:
-real bytes, or words). Each batch is the fullest
-best-fit-decreasing bin over a random pool of samples, so no token is padding.
+real bytes, or words). Each batch is the fullest best-fit-decreasing bin over a random pool of
+samples, so no token is padding.
+
+Two sources with one interface (``packed_batch``):
+
+- :class:`DemoSet` holds every frame in memory (small datasets, e.g. generated demos);
+- :class:`DemoStream` streams a dataset too large for memory: a background thread reads episodes
+  in a shuffled order, epoch after epoch, into a bounded buffer of frames; each batch is packed
+  from a random pool of the buffer, and the frames it takes leave the buffer.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +25,63 @@ import numpy as np
 from sft.lerobot import DatasetError, LeRobotDataset
 from sft.packing import pack
 
+InstructionTokens = Callable[[np.ndarray], np.ndarray]
+_PREFIX = "observation."
+
 
 @dataclass(frozen=True, slots=True)
-class PackedIndices:
-    """One batch: which samples, how many real tokens, and how full the budget is."""
+class PackedFrames:
+    """One batch: the frames' observations and actions, their tokens, how full the budget is."""
 
-    indices: np.ndarray
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
     num_tokens: int
     efficiency: float
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.actions)
+
+
+def _check_dataset(dataset: LeRobotDataset, root: str | Path) -> None:
+    if not dataset.episodes:
+        raise DatasetError(f"{root}: the dataset has no episodes")
+    if "action" not in dataset.features:
+        raise DatasetError(f"{root}: no 'action' feature to learn (features: "
+                           f"{sorted(dataset.features)})")  # fmt: skip
+
+
+def _lengths(
+    obs: dict[str, np.ndarray], fixed_tokens: int, instruction_tokens: InstructionTokens | None
+) -> np.ndarray:
+    """Tokens per frame: the fixed ones plus the instruction's."""
+    instr = obs.get("instruction")
+    if instr is None:
+        real = np.zeros(len(next(iter(obs.values()))), np.int64)
+    elif instruction_tokens is None:
+        real = (instr != 0).sum(axis=1)
+    else:
+        real = np.asarray(instruction_tokens(instr))
+    return (fixed_tokens + real).astype(np.int64)
+
+
+def _episode_arrays(episode: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    obs = {k[len(_PREFIX) :]: v for k, v in episode.items() if k.startswith(_PREFIX)}
+    return obs, episode["action"].astype(np.float32)
+
+
+def _pool_size(budget: int, mean_length: float, available: int) -> int:
+    """About four budgets' worth of samples: enough choice for best-fit to fill a bin."""
+    return min(available, max(1, int(4 * budget // max(mean_length, 1.0))))
+
+
+def _check_budget(lengths: np.ndarray, budget: int, first_index: int = 0) -> None:
+    too_long = np.flatnonzero(lengths > budget)
+    if too_long.size:
+        frame = first_index + int(too_long[0])
+        raise ValueError(f"sft.token_budget: {budget} tokens, but frame {frame} of the "
+                         f"dataset needs {int(lengths[too_long[0]])} ({too_long.size} frames "
+                         "are too long)")  # fmt: skip
 
 
 class DemoSet:
@@ -42,28 +99,15 @@ class DemoSet:
         self,
         root: str | Path,
         fixed_tokens: int,
-        instruction_tokens: Callable[[np.ndarray], np.ndarray] | None = None,
+        instruction_tokens: InstructionTokens | None = None,
     ) -> None:
         dataset = LeRobotDataset(root)
-        if not dataset.episodes:
-            raise DatasetError(f"{root}: the dataset has no episodes")
-        if "action" not in dataset.features:
-            raise DatasetError(f"{root}: no 'action' feature to learn (features: "
-                               f"{sorted(dataset.features)})")  # fmt: skip
-        episodes = [dataset.episode(e.episode_index) for e in dataset.episodes]
-        prefix = "observation."
-        keys = [k for k in episodes[0] if k.startswith(prefix)]
-        self.obs = {k[len(prefix) :]: np.concatenate([ep[k] for ep in episodes]) for k in keys}
-        self.actions = np.concatenate([ep["action"] for ep in episodes]).astype(np.float32)
-        instr = self.obs.get("instruction")
-        if instr is None:
-            real = np.zeros(len(self.actions), np.int64)
-        elif instruction_tokens is None:
-            real = (instr != 0).sum(axis=1)
-        else:
-            real = np.asarray(instruction_tokens(instr))
-        self.lengths = (fixed_tokens + real).astype(np.int64)
-        self.num_episodes = len(episodes)
+        _check_dataset(dataset, root)
+        parts = [_episode_arrays(dataset.episode(e.episode_index)) for e in dataset.episodes]
+        self.obs = {k: np.concatenate([obs[k] for obs, _ in parts]) for k in parts[0][0]}
+        self.actions = np.concatenate([actions for _, actions in parts])
+        self.lengths = _lengths(self.obs, fixed_tokens, instruction_tokens)
+        self.num_episodes = len(parts)
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -71,19 +115,150 @@ class DemoSet:
     def check_budget(self, budget: int) -> None:
         """Raise ValueError if a sample is longer than ``budget`` tokens (it could never be
         packed), naming the first such frame."""
-        too_long = np.flatnonzero(self.lengths > budget)
-        if too_long.size:
-            frame = int(too_long[0])
-            raise ValueError(f"sft.token_budget: {budget} tokens, but frame {frame} of the "
-                             f"dataset needs {int(self.lengths[frame])} ({too_long.size} frames "
-                             "are too long)")  # fmt: skip
+        _check_budget(self.lengths, budget)
 
-    def packed_batch(self, budget: int, rng: np.random.Generator) -> PackedIndices:
+    def packed_batch(self, budget: int, rng: np.random.Generator) -> PackedFrames:
         """The fullest packed bin over a random pool of about four budgets' worth of samples."""
-        pool_size = min(len(self), max(1, 4 * budget // int(self.lengths.mean())))
-        pool = rng.choice(len(self), size=pool_size, replace=False)
+        pool = rng.choice(len(self), size=_pool_size(budget, self.lengths.mean(), len(self)),
+                          replace=False)  # fmt: skip
         bins = pack(self.lengths[pool].tolist(), budget)
         best = max(bins, key=lambda b: int(self.lengths[pool[b]].sum()))
         indices = pool[np.asarray(best)]
         tokens = int(self.lengths[indices].sum())
-        return PackedIndices(indices=indices, num_tokens=tokens, efficiency=tokens / budget)
+        return PackedFrames(obs={k: v[indices] for k, v in self.obs.items()},
+                            actions=self.actions[indices], num_tokens=tokens,
+                            efficiency=tokens / budget)  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to release (the interface of :class:`DemoStream`)."""
+
+
+class DemoStream:
+    """Packed batches from a LeRobot dataset without holding it in memory.
+
+    A background thread reads episodes (a new shuffled order each epoch, seeded) into a buffer of
+    at most ``buffer_frames`` frames. ``packed_batch`` waits until the buffer holds a full pool
+    (or the whole dataset, if smaller), packs the fullest bin from a random pool of it, and
+    removes the frames it returns, so a frame is trained on once per pass of the loader.
+
+    Args:
+        root, fixed_tokens, instruction_tokens: as for :class:`DemoSet`.
+        buffer_frames: the buffer's capacity in frames (memory: this many frames).
+        seed: the episode order's seed.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        fixed_tokens: int,
+        instruction_tokens: InstructionTokens | None = None,
+        *,
+        buffer_frames: int = 20_000,
+        seed: int = 0,
+    ) -> None:
+        if buffer_frames < 1:
+            raise ValueError(f"buffer_frames must be >= 1, got {buffer_frames}")
+        self.dataset = LeRobotDataset(root, cache_episodes=1)
+        _check_dataset(self.dataset, root)
+        self.num_episodes = len(self.dataset.episodes)
+        self.total_frames = len(self.dataset)
+        self.fixed_tokens, self.instruction_tokens = fixed_tokens, instruction_tokens
+        lengths = [e.length for e in self.dataset.episodes]
+        self._first_frame = np.concatenate([[0], np.cumsum(lengths)])  # per episode position
+        self._longest_episode = max(lengths)
+        self.capacity = max(buffer_frames, self._longest_episode)
+        self.budget: int | None = None
+        # the buffer: one entry per frame (episode arrays, row, length); order does not matter
+        self._frames: list[tuple[dict[str, np.ndarray], np.ndarray, int, int]] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._epochs = 0
+        self._rng = np.random.default_rng(seed)
+        self._loader = threading.Thread(target=self._load, name="demo-stream", daemon=True)
+        self._loader.start()
+
+    def __len__(self) -> int:
+        return self.total_frames
+
+    @property
+    def epochs(self) -> int:
+        """Passes over the dataset the loader has started."""
+        return self._epochs
+
+    def check_budget(self, budget: int) -> None:
+        """Check the frames read so far against ``budget`` (ValueError naming one too long), and
+        every frame the loader reads from now on (the first one too long stops the stream and
+        ``packed_batch`` raises its ValueError)."""
+        with self._cond:
+            self.budget = budget
+            for _obs, _actions, _row, length in self._frames:
+                if length > budget:
+                    raise ValueError(f"sft.token_budget: {budget} tokens, but a frame of the "
+                                     f"dataset needs {length}")  # fmt: skip
+
+    def _load(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._epochs += 1
+                for position in self._rng.permutation(self.num_episodes):
+                    episode = self.dataset.episodes[position]
+                    obs, actions = _episode_arrays(self.dataset.episode(episode.episode_index))
+                    lengths = _lengths(obs, self.fixed_tokens, self.instruction_tokens)
+                    with self._cond:
+                        while len(self._frames) + len(actions) > self.capacity:
+                            if self._stop.is_set():
+                                return
+                            self._cond.wait(0.5)
+                        if self.budget is not None:  # read under the lock check_budget holds
+                            _check_budget(lengths, self.budget, int(self._first_frame[position]))
+                        self._frames.extend(
+                            (obs, actions, row, int(n)) for row, n in enumerate(lengths)
+                        )
+                        self._cond.notify_all()
+        except BaseException as err:  # handed to the consumer, which raises it
+            with self._cond:
+                self._error = err
+                self._cond.notify_all()
+
+    def packed_batch(self, budget: int, rng: np.random.Generator, timeout_s: float = 600.0
+                     ) -> PackedFrames:  # fmt: skip
+        """The fullest packed bin over a random pool of the buffer; its frames leave the buffer."""
+        with self._cond:
+            want = min(self._pool_wanted(budget), self._always_reached())
+            if not self._cond.wait_for(lambda: self._error is not None
+                                       or len(self._frames) >= want, timeout_s):  # fmt: skip
+                raise TimeoutError(f"demo stream: no {want} frames within {timeout_s}s")
+            if self._error is not None:
+                raise self._error
+            size = min(self._pool_wanted(budget), len(self._frames))
+            pool = rng.choice(len(self._frames), size=size, replace=False)
+            lengths = [self._frames[i][3] for i in pool]
+            bins = pack(lengths, budget)
+            best = max(bins, key=lambda b: sum(lengths[j] for j in b))
+            chosen = sorted((int(pool[j]) for j in best), reverse=True)
+            taken = [self._frames[i] for i in chosen]
+            for i in chosen:  # swap-remove, highest index first so the others stay valid
+                self._frames[i] = self._frames[-1]
+                self._frames.pop()
+            self._cond.notify_all()
+        keys = taken[0][0].keys()
+        obs = {k: np.stack([o[k][row] for o, _, row, _ in taken]) for k in keys}
+        actions = np.stack([a[row] for _, a, row, _ in taken])
+        tokens = sum(n for *_, n in taken)
+        return PackedFrames(obs=obs, actions=actions, num_tokens=tokens, efficiency=tokens / budget)
+
+    def _pool_wanted(self, budget: int) -> int:
+        mean = np.mean([f[3] for f in self._frames]) if self._frames else self.fixed_tokens
+        return _pool_size(budget, float(mean), self.capacity)
+
+    def _always_reached(self) -> int:
+        """A buffer size the loader always tops up to: it adds whole episodes while one fits."""
+        return max(1, self.capacity - self._longest_episode + 1)
+
+    def close(self) -> None:
+        """Stop the loader thread."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._loader.join(timeout=5)

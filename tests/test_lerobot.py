@@ -369,3 +369,45 @@ def test_demo_set_names_what_it_cannot_train_on(tmp_path: Path) -> None:
     demos.check_budget(longest)
     with pytest.raises(ValueError, match=rf"sft.token_budget: {longest - 1} tokens, but frame"):
         demos.check_budget(longest - 1)
+
+
+def test_demo_stream_packs_whole_frames_from_a_bounded_buffer(tmp_path: Path) -> None:
+    """Streaming: every batch fits the budget and holds real (obs, action) pairs of the dataset;
+    the buffer never holds more than asked; every frame comes out; a frame too long for the
+    budget stops the stream, named."""
+    from sft.data import DemoStream
+
+    rng = np.random.default_rng(9)
+    episodes = [_episode(rng, n) for n in (5, 9, 3, 7, 6)]
+    with LeRobotWriter(tmp_path / "ds", FEATURES) as writer:
+        for ep in episodes:
+            writer.add_episode(ep, "t")
+    by_action = {
+        ep["action"][t].tobytes(): (ep, t) for ep in episodes for t in range(len(ep["action"]))
+    }
+    stream = DemoStream(tmp_path / "ds", fixed_tokens=10, buffer_frames=12, seed=1)
+    try:
+        assert len(stream) == 30 and stream.capacity == 12
+        seen: set[bytes] = set()
+        draws = np.random.default_rng(0)
+        for _ in range(300):
+            batch = stream.packed_batch(100, draws)
+            assert 1 <= batch.num_samples and batch.num_tokens <= 100
+            assert batch.obs["state"].shape == (batch.num_samples, 5)
+            for row, action in enumerate(batch.actions):
+                ep, t = by_action[action.tobytes()]  # a real frame, its obs alongside
+                np.testing.assert_array_equal(batch.obs["image"][row], ep["observation.image"][t])
+                seen.add(action.tobytes())
+            assert len(stream._frames) <= stream.capacity
+            if len(seen) == 30:
+                break
+        assert len(seen) == 30
+    finally:
+        stream.close()
+    stream = DemoStream(tmp_path / "ds", fixed_tokens=10, buffer_frames=12)
+    try:
+        with pytest.raises(ValueError, match="sft.token_budget: 9 tokens, but"):
+            stream.check_budget(9)  # every frame needs 10 + its instruction's tokens
+            stream.packed_batch(40, np.random.default_rng(0), timeout_s=30)
+    finally:
+        stream.close()

@@ -6,12 +6,17 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from rlvla3.registry import Registry
 from sft.lerobot import LeRobotDataset
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 
 
-def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(tmp_path, redis_url) -> None:
+@pytest.mark.parametrize("stream_buffer_frames", [0, 60], ids=["in_memory", "streamed"])
+def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
+    tmp_path, redis_url, stream_buffer_frames
+) -> None:
     cfg = {
         "run": {"name": "sft_short", "redis_url": redis_url, "progress_interval_s": 5.0,
                 "stop": {"eval_episodes": 2, "eval_timeout_s": 120, "max_wall_s": 400}},
@@ -21,7 +26,8 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(tmp_path,
         "policy": {"kind": "vla", "vla": {"d_model": 32, "num_layers": 1, "num_heads": 2,
                                           "num_bins": 16}},
         "sft": {"dataset": str(tmp_path / "demos"), "generate_demos": 6, "max_steps": 40,
-                "lr": 3e-3, "token_budget": 1024, "publish_every": 10, "checkpoint_every": 20},
+                "lr": 3e-3, "token_budget": 1024, "publish_every": 10, "checkpoint_every": 20,
+                "stream_buffer_frames": stream_buffer_frames},
     }  # fmt: skip
     run_dir = tmp_path / "run"
     launcher = start_launcher(write_yaml(tmp_path / "sft.yaml", cfg), run_dir)
