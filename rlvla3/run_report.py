@@ -88,17 +88,19 @@ def progress_line(registry: Registry, cfg: Config, elapsed_s: float, restarts: i
     mean = mean_recent(registry, "return", min(cfg.run.stop.return_window, 20))
     roles = registry.roles()
     alive = sum(r.alive for r in roles)
+    expected = max(len(roles), sum(rc.count for rc in cfg.roles.values()))  # not yet registered too
     parts = [
         f"[{elapsed_s:5.0f}s]",
         f"env_steps={steps} ({steps / max(elapsed_s, 1e-9):.0f}/s)",
         f"episodes={counters.get('episodes', 0)}",
         f"mean_return={'-' if mean is None else f'{mean:.1f}'}",
         f"version={registry.weight_version()}",
-        f"roles={alive}/{len(roles)} alive",
+        f"roles={alive}/{expected} alive",
         f"restarts={restarts}",
     ]
-    if counters.get("bad_frames"):
-        parts.append(f"bad_frames={counters['bad_frames']}")
+    for counter in ("bad_frames", "bad_chunks", "bad_requests", "weights_rejected"):
+        if counters.get(counter):
+            parts.append(f"{counter}={counters[counter]}")
     return " ".join(parts)
 
 
