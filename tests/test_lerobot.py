@@ -411,3 +411,21 @@ def test_demo_stream_packs_whole_frames_from_a_bounded_buffer(tmp_path: Path) ->
             stream.packed_batch(40, np.random.default_rng(0), timeout_s=30)
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("name", ["v21_by_lerobot_0.3.3", "v30_by_lerobot_0.4.4"])
+def test_reads_datasets_written_by_lerobot(name: str) -> None:
+    """Datasets the real LeRobot library wrote (tests/data/lerobot/README.md) read back frame for
+    frame: images, actions, tasks, episode boundaries."""
+    root = Path(__file__).parent / "data" / "lerobot" / name
+    expected = np.load(root / "expected.npz")
+    ds = LeRobotDataset(root)
+    assert len(ds) == len(expected["action"])
+    assert ds.features["observation.image"].dtype == "image"
+    for i in range(len(ds)):
+        item = ds[i]
+        np.testing.assert_array_equal(item["observation.image"], expected["image"][i])
+        np.testing.assert_array_equal(item["action"], expected["action"][i])
+        assert item["index"] == i and item["task"] == f"task {item['task_index']}"
+    starts = np.cumsum([0] + [e.length for e in ds.episodes])[:-1]
+    assert [int(ds[int(s)]["frame_index"]) for s in starts] == [0] * len(ds.episodes)
