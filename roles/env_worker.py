@@ -13,6 +13,7 @@ an unanswered request is re-sent after ``request_timeout_s``, so losing a server
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -158,6 +159,13 @@ class EnvWorker(Role):
             raise
 
 
+def _finite(obs: dict[str, np.ndarray], reward: float) -> bool:
+    """True when the reward and every float observation are finite."""
+    if not math.isfinite(reward):
+        return False
+    return all(np.isfinite(v).all() for v in obs.values() if v.dtype.kind == "f")
+
+
 class EnvRunner:
     """One env and its thread: request, step, record, push — independent of the other envs."""
 
@@ -211,6 +219,12 @@ class EnvRunner:
             stepped = time.perf_counter()
             next_obs, reward, terminated, truncated, info = env.step(reply.env_step_action)
             w.count("env_step_us", round((time.perf_counter() - stepped) * 1e6))
+            fault = not _finite(next_obs, reward)
+            if fault:  # a simulator blow-up (NaN/inf): cut the episode here, as a truncation
+                w.drop("sim_faults", f"env {self.env_index}: the simulator returned a "
+                       "non-finite observation or reward; episode cut there, env reset")  # fmt: skip
+                reward = reward if math.isfinite(reward) else 0.0
+                terminated, truncated = False, True
             self.steps.append({"obs": obs, "action": reply.action, "reward": reward,
                                "terminated": terminated, "truncated": truncated,
                                "log_prob": reply.log_prob, "value": reply.value,
@@ -227,7 +241,10 @@ class EnvRunner:
             if w.barrier is not None:
                 w.barrier.wait()  # lock-step: every env of the worker finished this step
             if terminated or truncated:
-                bootstrap = 0.0 if terminated else self._request(next_obs).value
+                if terminated:
+                    bootstrap = 0.0
+                else:  # after a fault, the last finite observation's value stands in
+                    bootstrap = reply.value if fault else self._request(next_obs).value
                 self._push(bootstrap)
                 w.record_episode(episode_return, episode_len, info.get("success"), versions)
                 episode_return, episode_len = 0.0, 0

@@ -124,3 +124,23 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
     assert "resumed from ckpt_" in log
     rec = next(r for r in registry.roles() if r.role == "trainer")
     assert rec.restarts == 1 and rec.status == "done" and pid_gone(trainer.pid)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_simulator_blow_ups_cut_episodes_and_lose_nothing(tmp_path, redis_url, mode) -> None:
+    """An env that returns NaN observations now and then: each fault ends its episode as a
+    truncation and resets the env; no NaN reaches a server or the trainer, training goes on, and
+    the chunk accounting still adds up (sync mode too: the lock-step rounds stay whole)."""
+    name = f"cp_faults_{mode}"
+    cfg = cartpole_config(name, redis_url, mode)
+    cfg["env"]["id"] = "tests.faulty_env:NaNCartPole-v0"
+    run_dir = run_to_end(tmp_path, cfg)
+    c = Registry(redis_url, name).counters()
+    assert c["sim_faults"] >= 10 and c["updates"] >= 2
+    assert not c.get("bad_chunks") and not c.get("bad_requests")
+    assert c["chunks_produced"] == (
+        c.get("chunks_consumed", 0)
+        + c.get("chunks_dropped", 0)
+        + c.get("chunks_in_flight_at_exit", 0)
+    )
+    assert "non-finite observation" in (run_dir / "logs" / "env_worker-0.log").read_text()
