@@ -304,6 +304,24 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    """A YAML mapping; a key written twice is an error (PyYAML would keep the last silently)."""
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen and key != "<<":
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_Yaml12Loader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)
+
+
 def _parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader: plain data only
 

@@ -92,6 +92,10 @@ def test_unreadable_or_misshapen_files_are_one_line_errors(tmp_path) -> None:
     listed.write_text("- run\n- roles\n")
     with pytest.raises(ConfigError, match="list.yaml: the top level must be a mapping"):
         load_config(listed)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("algo:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match="twice.yaml: not valid YAML: duplicate key 'lr'"):
+        load_config(twice)
     with pytest.raises(ConfigError, match="--set 'run.name=\\[': the value is not valid YAML"):
         load_config(None, ["run.name=["])
 
