@@ -133,6 +133,29 @@ class Role(abc.ABC):
         self.registry.publish_endpoint(self.name, self.index, endpoint, address)
         return address
 
+    def start_weight_publisher(self, module: Any, version: int) -> Any:
+        """A ``transport.weights.WeightPublisher`` to the live weight broadcaster: it follows the
+        broadcaster across restarts and records each version in Redis before sending it (the
+        broadcaster accepts no version above that)."""
+        from transport.weights import WeightPublisher  # torch: only the trainers need it
+
+        def broadcaster() -> str | None:
+            found = self.registry.endpoints("weight_broadcaster", "updates")
+            return found[0] if found else None
+
+        self.wait_for_endpoints("weight_broadcaster", "updates")
+        return WeightPublisher(module, broadcaster, version,
+                               announce=self.registry.set_trained_version)  # fmt: skip
+
+    def publish_weights(self, publisher: Any, module: Any) -> int:
+        """Publish ``module``'s weights as the next version; returns it."""
+        version = publisher.publish(module)
+        self.gauge("policy_version", version)
+        if not publisher.last_sent:
+            self.drop("weights_unsent", f"weights v{version}: the weight broadcaster took nothing "
+                      "for a second (down or restarting); newer weights follow")  # fmt: skip
+        return version
+
     def wait_for_endpoints(
         self, role: str, endpoint: str, min_count: int = 1, timeout_s: float = 120.0
     ) -> list[str]:

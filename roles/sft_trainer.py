@@ -28,7 +28,6 @@ from rlvla3.policy.factory import build_policy
 from rlvla3.role import RateMeter, Role, main
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
-from transport.weights import WeightPublisher
 
 
 class SftTrainer(Role):
@@ -70,9 +69,7 @@ class SftTrainer(Role):
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
         self._resume()
-        self.wait_for_endpoints("weight_broadcaster", "updates")
-        self.publisher = WeightPublisher(self.policy, self._broadcaster_address, self.version,
-                                         announce=self.registry.set_trained_version)  # fmt: skip
+        self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.metrics = MetricsLog(self.run_dir, self.registry, "sft")
         self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
         self.token_rate = RateMeter(window_s=20.0)
@@ -138,15 +135,7 @@ class SftTrainer(Role):
                 "step_s": time.perf_counter() - started, "t": time.time()}  # fmt: skip
 
     def _publish(self) -> None:
-        self.version = self.publisher.publish(self.policy)
-        self.gauge("policy_version", self.version)
-        if not self.publisher.last_sent:
-            self.drop("weights_unsent", f"weights v{self.version}: the weight broadcaster took "
-                      "nothing for a second (down or restarting); newer weights follow")  # fmt: skip
-
-    def _broadcaster_address(self) -> str | None:
-        found = self.registry.endpoints("weight_broadcaster", "updates")
-        return found[0] if found else None
+        self.version = self.publish_weights(self.publisher, self.policy)
 
     def _checkpoint(self) -> None:
         state = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -34,7 +34,6 @@ from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, Role, main
 from transport import sockets
-from transport.weights import WeightPublisher
 
 
 class Trainer(Role):
@@ -59,9 +58,7 @@ class Trainer(Role):
         )
         self.bind("chunks", self.chunks)
         self._write_off_lost_chunks()
-        self.wait_for_endpoints("weight_broadcaster", "updates")
-        self.publisher = WeightPublisher(self.policy, self._broadcaster_address, self.version,
-                                         announce=self.registry.set_trained_version)  # fmt: skip
+        self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.buffer: list[TrajectoryChunk] = []
         self.buffered_steps = 0
         self.batch_steps = self.cfg.algo.batch_steps or self._round_steps()
@@ -181,15 +178,7 @@ class Trainer(Role):
         return max(0.0, 1.0 - self.samples_trained / a.lr_anneal_samples)
 
     def _publish(self) -> None:
-        self.version = self.publisher.publish(self.policy)
-        self.gauge("policy_version", self.version)
-        if not self.publisher.last_sent:
-            self.drop("weights_unsent", f"weights v{self.version}: the weight broadcaster took "
-                      "nothing for a second (down or restarting); newer weights follow")  # fmt: skip
-
-    def _broadcaster_address(self) -> str | None:
-        found = self.registry.endpoints("weight_broadcaster", "updates")
-        return found[0] if found else None
+        self.version = self.publish_weights(self.publisher, self.policy)
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         self.metrics.log(self.updates, metrics)
