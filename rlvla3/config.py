@@ -6,7 +6,6 @@ applied to the raw YAML before validation, so they are checked exactly like file
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ import yaml
 
 from rlvla3.role_settings import ROLE_SETTINGS
 from rlvla3.typed_load import ConfigError, bounded, from_dict, to_dict
+from rlvla3.yaml12 import YamlError, parse_yaml
 
 Fp8Backend = Literal["transformer_engine", "torch_scaled_mm"]
 Mode = Literal["sync", "async_rollout", "async"]
@@ -86,7 +86,7 @@ class RoleConfig:
     apart keeps their threads' wake-ups on one core each.
     """
 
-    count: int = 1
+    count: int = bounded(1, ge=0, le=4096)
     node: str | list[str] | None = None
     cpus: list[int] | None = None
     restart: RestartPolicy = field(default_factory=RestartPolicy)
@@ -238,9 +238,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = _parse_yaml(Path(path).read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+            raw = parse_yaml(Path(path).read_text()) or {}
+        except YamlError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) and err.strerror else err
             raise ConfigError(f"{path}: cannot read the launch YAML ({reason})") from None
@@ -272,58 +272,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: is not a mapping, cannot set {key}")
         node = child
     try:
-        node[parts[-1]] = _parse_yaml(text) if text else ""
-    except yaml.YAMLError as err:
+        node[parts[-1]] = parse_yaml(text) if text else ""
+    except YamlError as err:
         raise ConfigError(f"--set {item!r}: the value is not valid YAML: {err}") from None
-
-
-class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's plain scalars: ``3e-4`` and ``1e6`` are floats (YAML
-    1.1 wants a dot: ``3.0e-4``), and only true/false are booleans (``on``, ``yes``, ``no`` are
-    strings: a run named ``on`` stays a name)."""
-
-
-_BOOL, _FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
-_Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _FLOAT)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Yaml12Loader.add_implicit_resolver(
-    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Yaml12Loader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
-                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
-                   |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
-    """A YAML mapping; a key written twice is an error (PyYAML would keep the last silently)."""
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen and key != "<<":
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_Yaml12Loader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
-)
-
-
-def _parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Yaml12Loader)  # a SafeLoader: plain data only
 
 
 def dump_config(cfg: Config) -> str:
@@ -333,8 +284,9 @@ def dump_config(cfg: Config) -> str:
 
 def _validate(cfg: Config) -> None:
     name = cfg.run.name
-    if not name or any(c in name for c in ":/\\") or any(c.isspace() for c in name):
-        raise ConfigError(f"run.name: {name!r} must be non-empty, without spaces, ':' or '/' "
+    bad_char = any(c in name for c in ":/\\") or not name.isprintable() or " " in name
+    if not name or name.startswith(".") or bad_char or any(c.isspace() for c in name):
+        raise ConfigError(f"run.name: {name!r} must be non-empty, not start with '.', without spaces, ':' or '/' "
                           "(it names the run dir and the run's Redis keys)")  # fmt: skip
     names = [n.name for n in cfg.nodes]
     if not names:
@@ -345,8 +297,6 @@ def _validate(cfg: Config) -> None:
         if role not in ROLE_SETTINGS:
             known = ", ".join(sorted(ROLE_SETTINGS))
             raise ConfigError(f"roles.{role}: unknown role (known roles: {known})")
-        if rc.count < 0:
-            raise ConfigError(f"roles.{role}.count: must be >= 0, got {rc.count}")
         placed = [rc.node] if isinstance(rc.node, str) else (rc.node or [])
         for node in placed:
             if node not in names:

@@ -153,7 +153,7 @@ class Role(abc.ABC):
         self.gauge("policy_version", version)
         if not publisher.last_sent:
             self.drop("weights_unsent", f"weights v{version}: the weight broadcaster took nothing "
-                      "for a second (down or restarting); newer weights follow")  # fmt: skip
+                      "for a second (busy, down or restarting); publishing again shortly")  # fmt: skip
         return version
 
     def wait_for_endpoints(

@@ -7,6 +7,7 @@ mistake in their YAML without reading a traceback.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -120,7 +121,13 @@ def _convert_scalar(tp: Any, value: Any, path: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                raise ConfigError(f"{path}: {value} is too large for a float") from None
+            if not math.isfinite(number):
+                raise ConfigError(f"{path}: must be a finite number, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value

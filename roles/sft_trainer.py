@@ -92,14 +92,14 @@ class SftTrainer(Role):
         return root
 
     def step(self) -> None:
-        if self.publisher.keep_up(self.policy):
-            self.log.info("weight broadcaster moved: sent it weights v%d again", self.version)
         if self.finished or self.steps >= self.cfg.sft.max_steps:  # also: resumed when done
             if not self.finished:
                 self.finished = True
                 self.registry.request_stop(f"sft finished {self.steps} steps")
             self.stop_event.wait(0.5)  # the launcher evaluates and stops the run
             return
+        if self.publisher.due():  # the last send failed, or the broadcaster restarted
+            self._publish()
         metrics = self._train_step()
         self.steps += 1
         s = self.cfg.sft

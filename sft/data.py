@@ -168,8 +168,9 @@ class DemoStream:
         self._longest_episode = max(lengths)
         self.capacity = max(buffer_frames, self._longest_episode)
         self.budget: int | None = None
-        # the buffer: one entry per frame (episode arrays, row, length); order does not matter
-        self._frames: list[tuple[dict[str, np.ndarray], np.ndarray, int, int]] = []
+        # the buffer: one entry per frame (obs, action, tokens); order does not matter
+        self._frames: list[tuple[dict[str, np.ndarray], np.ndarray, int]] = []
+        self._tokens = 0  # tokens of the frames in the buffer
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -192,7 +193,7 @@ class DemoStream:
         ``packed_batch`` raises its ValueError)."""
         with self._cond:
             self.budget = budget
-            for _obs, _actions, _row, length in self._frames:
+            for _obs, _action, length in self._frames:
                 if length > budget:
                     raise ValueError(f"sft.token_budget: {budget} tokens, but a frame of the "
                                      f"dataset needs {length}")  # fmt: skip
@@ -201,25 +202,42 @@ class DemoStream:
         try:
             while not self._stop.is_set():
                 self._epochs += 1
-                for position in self._rng.permutation(self.num_episodes):
+                for position in self._epoch_order():
                     episode = self.dataset.episodes[position]
                     obs, actions = _episode_arrays(self.dataset.episode(episode.episode_index))
                     lengths = _lengths(obs, self.fixed_tokens, self.instruction_tokens)
+                    # each frame its own copy: a frame left in the buffer must not keep its
+                    # whole episode alive (memory is capacity frames, not episodes)
+                    frames = [({k: v[row].copy() for k, v in obs.items()}, actions[row].copy(),
+                               int(n)) for row, n in enumerate(lengths)]  # fmt: skip
                     with self._cond:
-                        while len(self._frames) + len(actions) > self.capacity:
+                        while len(self._frames) + len(frames) > self.capacity:
                             if self._stop.is_set():
                                 return
                             self._cond.wait(0.5)
                         if self.budget is not None:  # read under the lock check_budget holds
                             _check_budget(lengths, self.budget, int(self._first_frame[position]))
-                        self._frames.extend(
-                            (obs, actions, row, int(n)) for row, n in enumerate(lengths)
-                        )
+                        self._frames.extend(frames)
+                        self._tokens += int(lengths.sum())
                         self._cond.notify_all()
         except BaseException as err:  # handed to the consumer, which raises it
             with self._cond:
                 self._error = err
                 self._cond.notify_all()
+
+    def _epoch_order(self) -> list[int]:
+        """Episode positions for one pass: data files in a shuffled order, the episodes of each
+        file shuffled (several episodes share a v3.0 file, which is then read once a pass)."""
+        by_file: dict[Path, list[int]] = {}
+        for position, episode in enumerate(self.dataset.episodes):
+            by_file.setdefault(self.dataset.episode_path(episode.episode_index), []).append(
+                position
+            )
+        groups = list(by_file.values())
+        order: list[int] = []
+        for g in self._rng.permutation(len(groups)):
+            order.extend(self._rng.permutation(groups[g]).tolist())
+        return order
 
     def packed_batch(self, budget: int, rng: np.random.Generator, timeout_s: float = 600.0
                      ) -> PackedFrames:  # fmt: skip
@@ -233,7 +251,7 @@ class DemoStream:
                 raise self._error
             size = min(self._pool_wanted(budget), len(self._frames))
             pool = rng.choice(len(self._frames), size=size, replace=False)
-            lengths = [self._frames[i][3] for i in pool]
+            lengths = [self._frames[i][2] for i in pool]
             bins = pack(lengths, budget)
             best = max(bins, key=lambda b: sum(lengths[j] for j in b))
             chosen = sorted((int(pool[j]) for j in best), reverse=True)
@@ -241,15 +259,15 @@ class DemoStream:
             for i in chosen:  # swap-remove, highest index first so the others stay valid
                 self._frames[i] = self._frames[-1]
                 self._frames.pop()
+            tokens = sum(n for *_, n in taken)
+            self._tokens -= tokens
             self._cond.notify_all()
-        keys = taken[0][0].keys()
-        obs = {k: np.stack([o[k][row] for o, _, row, _ in taken]) for k in keys}
-        actions = np.stack([a[row] for _, a, row, _ in taken])
-        tokens = sum(n for *_, n in taken)
+        obs = {k: np.stack([o[k] for o, _, _ in taken]) for k in taken[0][0]}
+        actions = np.stack([a for _, a, _ in taken])
         return PackedFrames(obs=obs, actions=actions, num_tokens=tokens, efficiency=tokens / budget)
 
     def _pool_wanted(self, budget: int) -> int:
-        mean = np.mean([f[3] for f in self._frames]) if self._frames else self.fixed_tokens
+        mean = self._tokens / len(self._frames) if self._frames else self.fixed_tokens
         return _pool_size(budget, float(mean), self.capacity)
 
     def _always_reached(self) -> int:

@@ -54,7 +54,11 @@ def test_defaults_load_without_a_file() -> None:
             {"roles": {"rollout_server": {"settings": {"max_batch": 0}}}},
             "roles.rollout_server.settings.max_batch: must be >= 1",
         ),
-        ({"run": {"name": "my run"}}, "run.name: 'my run' must be non-empty, without spaces"),
+        ({"run": {"name": "my run"}}, "run.name: 'my run' must be non-empty, not start with"),
+        ({"run": {"name": ".."}}, "run.name: '..' must be non-empty, not start with '.'"),
+        ({"algo": {"ent_coef": float("nan")}}, "algo.ent_coef: must be a finite number"),
+        ({"algo": {"lr": 10**400}}, "algo.lr: 1000"),
+        ({"roles": {"trainer": {"count": 10**20}}}, "roles.trainer.count: must be <= 4096"),
         ({"run": {"name": "a/b"}}, "run.name: 'a/b' must be non-empty"),
     ],  # fmt: skip
 )
@@ -74,13 +78,31 @@ def test_overrides_are_typed_and_validated(tmp_path) -> None:
         load_config(path, ["run.mode"])
 
 
+def test_yaml_anchors_merge_keys_and_aliases_are_copies(tmp_path) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(
+        "roles:\n"
+        "  env_worker: &worker {count: 2, restart: {max_restarts: 5}}\n"
+        "  trainer:\n    <<: *worker\n    count: 1\n"
+        "  rollout_server: *worker\n"
+    )
+    cfg = load_config(path, ["roles.env_worker.restart.max_restarts=9"])
+    assert cfg.roles["trainer"].count == 1 and cfg.roles["rollout_server"].count == 2
+    assert cfg.roles["env_worker"].restart.max_restarts == 9
+    assert cfg.roles["rollout_server"].restart.max_restarts == 5  # an alias is a copy
+    assert cfg.roles["trainer"].restart.max_restarts == 5
+
+
 def test_yaml_reads_scalars_as_yaml_1_2_does(tmp_path) -> None:
     """``3e-4`` is a float (PyYAML's YAML 1.1 reads a string), ``on`` is a string (not True)."""
     path = tmp_path / "cfg.yaml"
-    path.write_text("algo: {lr: 3e-4, gamma: 1e0}\nrun: {name: on}\n")
-    cfg = load_config(path, ["sft.lr=1e-3", "run.seed=7"])
+    path.write_text("algo: {lr: 3e-4, gamma: 1e0}\nrun: {name: on, seed: 017}\n")
+    cfg = load_config(path, ["sft.lr=1e-3", "run.stop.max_env_steps=1_000"])
     assert (cfg.algo.lr, cfg.algo.gamma, cfg.sft.lr) == (3e-4, 1.0, 1e-3)
-    assert cfg.run.name == "on" and cfg.run.seed == 7
+    assert cfg.run.name == "on" and cfg.run.seed == 17  # not YAML 1.1's octal 15
+    assert cfg.run.stop.max_env_steps == 1000
+    with pytest.raises(ConfigError, match="run.stop.max_wall_s: expected float, got str '1:30'"):
+        load_config(path, ["run.stop.max_wall_s=1:30"])  # not YAML 1.1's sexagesimal 90
 
 
 def test_unreadable_or_misshapen_files_are_one_line_errors(tmp_path) -> None:
@@ -94,8 +116,14 @@ def test_unreadable_or_misshapen_files_are_one_line_errors(tmp_path) -> None:
         load_config(listed)
     twice = tmp_path / "twice.yaml"
     twice.write_text("algo:\n  lr: 0.1\n  lr: 0.2\n")
-    with pytest.raises(ConfigError, match="twice.yaml: not valid YAML: duplicate key 'lr'"):
+    with pytest.raises(ConfigError, match="twice.yaml: not valid YAML: line 3, column 3: duplicate"):
         load_config(twice)
+    with pytest.raises(ConfigError, match="not valid YAML: line 1, column 4: a key must be"):
+        load_config(None, ["run={? [a, b] : 1}"])
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml: not valid YAML: nested too deeply"):
+        load_config(deep)
     with pytest.raises(ConfigError, match="--set 'run.name=\\[': the value is not valid YAML"):
         load_config(None, ["run.name=["])
 

@@ -124,15 +124,16 @@ class WeightPublisher:
     Args:
         module: the model whose weights are published.
         broadcaster: the broadcaster's ``updates`` address, or a function returning the current
-            one (None: none live). With a function the publisher follows a restarted
-            broadcaster to its new address (looked up at most every ``_LOOKUP_EVERY_S``, and
-            after a send that found the queue full).
+            one (None: none live); with a function the publisher follows a restarted broadcaster
+            to its new address.
         version: the version published last (the next publish sends ``version + 1``).
         announce: called with each version before it is sent (the trainer records it in Redis).
 
     Publishing never blocks training for long: if the broadcaster takes nothing for
-    ``_SEND_TIMEOUT_S`` (dead, or gone to a new address), that version is not sent
-    (``last_sent`` is False) and the next publish tries again with newer weights.
+    ``_SEND_TIMEOUT_S`` (busy, dead, or gone to a new address), that version is not sent
+    (``last_sent`` is False). The trainer then asks ``due()`` between updates; it says when to
+    publish again (soon after a failed send, or when the broadcaster moved), so the servers
+    never wait for weights that are never coming.
     """
 
     def __init__(
@@ -149,7 +150,7 @@ class WeightPublisher:
         self.announce = announce
         self.last_sent = True
         self._lookup = broadcaster if callable(broadcaster) else None
-        self._next_lookup = time.monotonic() + _LOOKUP_EVERY_S
+        self._next_check = time.monotonic() + _LOOKUP_EVERY_S
         self._sockets = sockets
         self.address = broadcaster if isinstance(broadcaster, str) else broadcaster()
         if self.address is None:
@@ -159,40 +160,30 @@ class WeightPublisher:
 
     def publish(self, module: nn.Module) -> int:
         """Send the module's current weights as a new version; returns that version."""
-        self.version += 1
-        self._follow_broadcaster()
-        if self.announce is not None:
-            self.announce(self.version)
-        self._send(module)
-        return self.version
-
-    def keep_up(self, module: nn.Module) -> bool:
-        """Call between publishes: if the broadcaster moved (restarted), connect to the new one
-        and send it the current version again. Returns True when it did.
-
-        Without this a restarted broadcaster has no weights until the next publish, and the
-        next publish may never come: the rollout servers keep acting with older weights, their
-        chunks grow too stale to train on, and the trainer waits for fresh ones."""
-        if not self._follow_broadcaster() or self.version < 0:
-            return False
-        self._send(module)
-        return True
-
-    def _send(self, module: nn.Module) -> None:
         from rlvla3.messages import WeightsUpdate
 
+        self.version += 1
+        if self.announce is not None:
+            self.announce(self.version)
         flat = self.layout.flatten(module).detach().cpu().numpy()
         update = WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
         self.last_sent = self.socket.send(update, timeout_s=_SEND_TIMEOUT_S)
+        if not self.last_sent:
+            self._next_check = time.monotonic() + _RETRY_S
+        return self.version
 
-    def _follow_broadcaster(self) -> bool:
-        """Reconnect if the broadcaster's address changed; True if it did."""
-        if self._lookup is None:
+    def due(self) -> bool:
+        """Whether to publish again now (checked at most every ``_RETRY_S`` after a failed send,
+        else every ``_LOOKUP_EVERY_S``): the last send found no room, or the broadcaster moved
+        (restarted: it holds no weights until it gets some). Reconnects when it moved."""
+        now = time.monotonic()
+        if self.version < 0 or now < self._next_check:
             return False
-        if self.last_sent and time.monotonic() < self._next_lookup:
-            return False
-        self._next_lookup = time.monotonic() + _LOOKUP_EVERY_S
-        address = self._lookup()
+        self._next_check = now + (_LOOKUP_EVERY_S if self.last_sent else _RETRY_S)
+        return self._reconnect_if_moved() or not self.last_sent
+
+    def _reconnect_if_moved(self) -> bool:
+        address = self._lookup() if self._lookup is not None else None
         if address is None or address == self.address:
             return False
         # a new socket: the old one's queue holds versions for a broadcaster that is gone
@@ -209,6 +200,7 @@ class WeightPublisher:
 
 _SEND_TIMEOUT_S = 1.0
 _LOOKUP_EVERY_S = 2.0
+_RETRY_S = 0.5
 
 
 def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:
@@ -222,15 +214,15 @@ def start_store(host: str, timeout_s: float = 60.0) -> dist.TCPStore:
     It listens on ``host`` alone: given only a port, a TCPStore listens on every interface, so
     the socket is bound here and handed over (``master_listen_fd``)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    listener = socket.socket(family, kind, proto)
-    listener.bind(address)
-    listener.listen(128)
-    port = listener.getsockname()[1]
-    return dist.TCPStore(
-        host, port, is_master=True, wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        master_listen_fd=listener.detach(),  # the store owns the socket from here on
-    )  # fmt: skip
+    with socket.socket(family, kind, proto) as listener:
+        listener.bind(address)
+        listener.listen(128)
+        store = dist.TCPStore(
+            host, listener.getsockname()[1], is_master=True, wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.fileno(),
+        )  # fmt: skip
+        listener.detach()  # the store owns the socket now; closed here only if it failed
+    return store
 
 
 class WeightLink:
