@@ -108,7 +108,7 @@ class Launcher:
                 self._join_run(cfg)
                 self._start_all(cfg, config_path)
                 reason = self._supervise(cfg, started)
-            except redis.exceptions.ConnectionError as err:
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
                 reason = f"lost the run's Redis at {url} ({err})"
                 self.redis_lost = True
             finally:
@@ -320,7 +320,11 @@ def launch(
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
             return code  # a failed or interrupted first stage stops the chain
-    elif cfg.policy.init_checkpoint and find_checkpoint(cfg.policy.init_checkpoint) is None:
+    elif (
+        node is None
+        and cfg.policy.init_checkpoint
+        and not find_checkpoint(cfg.policy.init_checkpoint)
+    ):  # (a --node launcher may start while the head still writes it, or hold no trainer)
         raise ConfigError(f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
                           "(a run dir with checkpoints/, or a .pt file)")  # fmt: skip
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()

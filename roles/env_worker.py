@@ -159,6 +159,9 @@ class EnvWorker(Role):
             raise
 
 
+_RESET_TRIES = 10
+
+
 def _finite(obs: dict[str, np.ndarray], reward: float) -> bool:
     """True when the reward and every float observation are finite."""
     if not math.isfinite(reward):
@@ -200,6 +203,18 @@ class EnvRunner:
             self.dealer.close()
             self.chunks.raw.close()
 
+    def _reset(self, env: SimAdapter) -> dict[str, np.ndarray]:
+        """``env.reset()``, again while it returns a non-finite observation (a broken state);
+        an env that keeps doing so fails its worker, naming it."""
+        for _ in range(_RESET_TRIES):
+            obs, _ = env.reset()
+            if _finite(obs, 0.0):
+                return obs
+            self.worker.drop("sim_faults", f"env {self.env_index}: reset returned a non-finite "
+                             "observation; resetting again")  # fmt: skip
+        raise RuntimeError(f"env {self.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
+                           "row returned non-finite observations")  # fmt: skip
+
     def _straggler(self, seed: int) -> StragglerConfig | None:
         s = self.cfg.env.straggler
         if s.distribution == "none":
@@ -211,7 +226,7 @@ class EnvRunner:
     def _loop(self, env: SimAdapter) -> None:
         w = self.worker
         chunk_len = self.cfg.env.chunk_len
-        obs, _ = env.reset()
+        obs = self._reset(env)
         reply = self._request(obs)
         round_steps, episode_return, episode_len = 0, 0.0, 0
         versions = (reply.policy_version, reply.policy_version)
@@ -248,7 +263,7 @@ class EnvRunner:
                 self._push(bootstrap)
                 w.record_episode(episode_return, episode_len, info.get("success"), versions)
                 episode_return, episode_len = 0.0, 0
-                obs, _ = env.reset()
+                obs = self._reset(env)
             else:
                 obs = next_obs
             reply = self._request(obs)
