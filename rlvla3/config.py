@@ -48,7 +48,7 @@ class RunConfig:
 
     name: str = "run"
     mode: Mode = "async"
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=2**63 - 1)
     output_dir: str = "runs"
     redis_url: str | None = None
     transport: Literal["tcp", "ipc"] = "tcp"

@@ -28,7 +28,6 @@ import json
 import shutil
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,33 +46,14 @@ from sft.lerobot_format import (
     hf_features,
     to_column,
 )
+from sft.lerobot_meta import INDEX_COLUMNS, EpisodeInfo, read_metadata, read_table
 
 __all__ = ["DatasetError", "EpisodeInfo", "Feature", "LeRobotDataset", "LeRobotWriter",
            "image_feature", "to_policy_obs"]  # fmt: skip
 
 CODEBASE_VERSION = "v2.1"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
-INDEX_COLUMNS = {
-    "timestamp": "float32",
-    "frame_index": "int64",
-    "episode_index": "int64",
-    "index": "int64",
-    "task_index": "int64",
-}
 INDEX_FEATURES = {name: Feature(dtype=dtype, shape=(1,)) for name, dtype in INDEX_COLUMNS.items()}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EpisodeInfo:
-    """One episode: index, task strings, length in frames."""
-
-    episode_index: int
-    tasks: tuple[str, ...]
-    length: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"episode_index": self.episode_index, "tasks": list(self.tasks),
-                "length": self.length}  # fmt: skip
 
 
 def _stack_frames(
@@ -223,38 +203,6 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, line in enumerate(_read_text(path).splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{number}: not JSON ({e})") from e
-    return rows
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from e
-
-
-def _read_table(path: Path) -> pa.Table:
-    try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as e:
-        raise DatasetError(f"{path}: cannot read parquet ({e})") from e
-
-
-def _field(obj: Mapping[str, Any], key: str, where: str) -> Any:
-    try:
-        return obj[key]
-    except (KeyError, TypeError):
-        raise DatasetError(f"{where}: missing field {key!r}") from None
-
-
 class LeRobotDataset:
     """Reads a LeRobot dataset (v2.0, v2.1 or v3.0; numeric and image features).
 
@@ -273,78 +221,18 @@ class LeRobotDataset:
 
     def __init__(self, root: str | Path, *, cache_episodes: int = 8) -> None:
         self.root = Path(root)
-        info_path = self.root / "meta" / "info.json"
-        try:
-            self.info: dict[str, Any] = json.loads(_read_text(info_path))
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{info_path}: not JSON ({e})") from e
-        self.version = str(self.info.get("codebase_version", "v2.0"))
-        if self.version not in ("v2.0", "v2.1", "v3.0"):
-            raise DatasetError(f"{info_path}: codebase_version {self.version!r} is not supported "
-                               "(v2.0, v2.1 or v3.0)")  # fmt: skip
-        all_features = {}
-        for key, spec in dict(_field(self.info, "features", str(info_path))).items():
-            try:
-                all_features[key] = Feature.from_json(spec)
-            except (DatasetError, KeyError, TypeError, ValueError) as e:
-                raise DatasetError(f"{info_path}: features.{key}: {e}") from e
-        self.features = {k: f for k, f in all_features.items() if k not in INDEX_COLUMNS}
-        self.fps: int = _field(self.info, "fps", str(info_path))
-        self._data_path = str(_field(self.info, "data_path", str(info_path)))
-        self._chunks_size = int(self.info.get("chunks_size", 1000))
-        if self.version == "v3.0":
-            self.tasks, self.episodes, self._files = self._read_v3_meta()
-        else:
-            self.tasks, self.episodes = self._read_v2_meta()
-            self._files = {}
+        meta = read_metadata(self.root)
+        self.info, self.version, self.fps = meta.info, meta.version, meta.fps
+        self.features = meta.features
+        self.episodes = meta.episodes
+        self.tasks = [meta.tasks[i] for i in sorted(meta.tasks)]  # by task index
+        self._meta = meta
         lengths = np.array([e.length for e in self.episodes], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)])
+        self._position = {e.episode_index: i for i, e in enumerate(self.episodes)}
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._cache_size = max(cache_episodes, 1)
         self._file_cache: tuple[Path, pa.Table] | None = None
-
-    def _read_v2_meta(self) -> tuple[list[str], list[EpisodeInfo]]:
-        tasks_path = self.root / "meta" / "tasks.jsonl"
-        rows = _read_jsonl(tasks_path)
-        where = str(tasks_path)
-        tasks = [str(_field(t, "task", where)) for t in
-                 sorted(rows, key=lambda t: _field(t, "task_index", where))]  # fmt: skip
-        episodes_path = self.root / "meta" / "episodes.jsonl"
-        episodes = []
-        for number, e in enumerate(_read_jsonl(episodes_path), 1):
-            where = f"{episodes_path}:{number}"
-            episodes.append(EpisodeInfo(episode_index=int(_field(e, "episode_index", where)),
-                                        tasks=tuple(_field(e, "tasks", where)),
-                                        length=int(_field(e, "length", where))))  # fmt: skip
-        return tasks, episodes
-
-    def _read_v3_meta(self) -> tuple[list[str], list[EpisodeInfo], dict[int, Path]]:
-        tasks_path = self.root / "meta" / "tasks.parquet"
-        table = _read_table(tasks_path)
-        # written from a pandas frame indexed by the task string: the index is a column too
-        names = [n for n in table.column_names if n != "task_index"]
-        if "task_index" not in table.column_names or not names:
-            raise DatasetError(f"{tasks_path}: expected a task string column and 'task_index'")
-        by_index = dict(zip(table.column("task_index").to_pylist(),
-                            table.column(names[0]).to_pylist(), strict=True))  # fmt: skip
-        tasks = [str(by_index[i]) for i in sorted(by_index)]
-        episodes, files = [], {}
-        paths = sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))
-        if not paths:
-            raise DatasetError(f"{self.root / 'meta' / 'episodes'}: no episode parquet files")
-        for path in paths:
-            rows = _read_table(path).to_pylist()
-            for row in rows:
-                where = f"{path}: episode {row.get('episode_index')}"
-                index = int(_field(row, "episode_index", where))
-                episodes.append(EpisodeInfo(episode_index=index,
-                                            tasks=tuple(_field(row, "tasks", where)),
-                                            length=int(_field(row, "length", where))))  # fmt: skip
-                chunk, file = _field(row, "data/chunk_index", where), row.get("data/file_index")
-                files[index] = self.root / self._data_path.format(chunk_index=chunk,
-                                                                  file_index=file)  # fmt: skip
-        episodes.sort(key=lambda e: e.episode_index)
-        return tasks, episodes, files
 
     def __len__(self) -> int:
         """Total number of frames."""
@@ -352,22 +240,18 @@ class LeRobotDataset:
 
     def episode_path(self, episode_index: int) -> Path:
         """The parquet file that holds the episode's frames."""
-        if self.version == "v3.0":
-            return self._files[episode_index]
-        chunk = episode_index // self._chunks_size
-        return self.root / self._data_path.format(episode_chunk=chunk, episode_index=episode_index)
+        return self._meta.data_file(self.root, episode_index)
 
-    def _episode_table(self, episode_index: int) -> pa.Table:
-        path = self.episode_path(episode_index)
+    def _episode_table(self, episode_index: int, path: Path) -> pa.Table:
         if self.version != "v3.0":
-            return _read_table(path)
+            return read_table(path)
         if self._file_cache is None or self._file_cache[0] != path:  # episodes share a file
-            self._file_cache = (path, _read_table(path))
+            self._file_cache = (path, read_table(path))
         table = self._file_cache[1]
-        if "episode_index" not in table.column_names:
-            raise DatasetError(f"{path}: missing column 'episode_index'")
-        mask = pc.equal(table.column("episode_index"), episode_index)
-        return table.filter(mask)
+        column = table.column("episode_index") if "episode_index" in table.column_names else None
+        if column is None or not pa.types.is_integer(column.type):
+            raise DatasetError(f"{path}: no integer column 'episode_index'")
+        return table.filter(pc.equal(column, episode_index))
 
     def episode(self, episode_index: int) -> dict[str, np.ndarray]:
         """All frames of one episode: ``{feature: array[T, *shape]}``, bookkeeping as ``[T]``."""
@@ -375,34 +259,32 @@ class LeRobotDataset:
         if cached is not None:
             self._cache.move_to_end(episode_index)
             return cached
+        if episode_index not in self._position:
+            raise DatasetError(f"{self.root}: no episode {episode_index} in the metadata")
         path = self.episode_path(episode_index)
-        table = self._episode_table(episode_index)
+        table = self._episode_table(episode_index, path)
         missing = (set(self.features) | set(INDEX_COLUMNS)) - set(table.column_names)
         if missing:
             raise DatasetError(f"{path}: episode {episode_index} lacks columns {sorted(missing)}")
-        expected = self.episodes[self._position(episode_index)].length
+        expected = self.episodes[self._position[episode_index]].length
         if table.num_rows != expected:
             raise DatasetError(f"{path}: episode {episode_index} has {table.num_rows} frames, "
                                f"the metadata says length {expected}")  # fmt: skip
-        out = {k: from_column(table.column(k), f, f"{path}: {k}") for k, f in self.features.items()}
-        for name, dtype in INDEX_COLUMNS.items():
-            out[name] = table.column(name).to_numpy().astype(dtype, copy=False)
+        out = {k: from_column(table.column(k), f, f"{path}: {k}")
+               for k, f in {**self.features, **INDEX_FEATURES}.items()}  # fmt: skip
+        for name in INDEX_COLUMNS:  # one value per frame: [T]
+            out[name] = out[name].reshape(-1)
         if np.any(out["episode_index"] != episode_index):
             raise DatasetError(f"{path}: rows of another episode than {episode_index} "
                                "(column episode_index)")  # fmt: skip
+        unknown = set(np.unique(out["task_index"]).tolist()) - set(self._meta.tasks)
+        if unknown:
+            raise DatasetError(f"{path}: episode {episode_index}: task_index {sorted(unknown)} "
+                               "not in the tasks metadata")  # fmt: skip
         self._cache[episode_index] = out
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return out
-
-    def _position(self, episode_index: int) -> int:
-        episode = self.episodes[episode_index] if episode_index < len(self.episodes) else None
-        if episode is not None and episode.episode_index == episode_index:
-            return episode_index
-        for i, e in enumerate(self.episodes):
-            if e.episode_index == episode_index:
-                return i
-        raise DatasetError(f"{self.root}: no episode {episode_index} in the metadata")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not -len(self) <= index < len(self):
@@ -412,7 +294,7 @@ class LeRobotDataset:
         data = self.episode(self.episodes[ep].episode_index)
         offset = index - int(self._starts[ep])
         item: dict[str, Any] = {k: v[offset] for k, v in data.items()}
-        item["task"] = self.tasks[int(item["task_index"])]
+        item["task"] = self._meta.tasks[int(item["task_index"])]
         return item
 
 

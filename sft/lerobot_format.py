@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 IMAGE, VIDEO = "image", "video"
 IMAGE_NAMES = ("height", "width", "channel")
@@ -81,13 +82,28 @@ class Feature:
         return {"dtype": self.dtype, "shape": list(self.shape), "names": names}
 
     @staticmethod
-    def from_json(obj: Mapping[str, Any]) -> Feature:
+    def from_json(obj: Any) -> Feature:
+        """A feature from its ``info.json`` entry; DatasetError says what is wrong with it."""
+        if not isinstance(obj, Mapping):
+            raise DatasetError(f"expected an object with dtype and shape, got {obj!r}")
+        dtype, shape = obj.get("dtype"), obj.get("shape")
+        if not isinstance(dtype, str):
+            raise DatasetError(f"dtype must be a string, got {dtype!r}")
+        if dtype not in (IMAGE, VIDEO):
+            try:
+                kind = np.dtype(dtype).kind
+            except TypeError:
+                raise DatasetError(f"unknown dtype {dtype!r}") from None
+            if kind not in "biuf":
+                raise DatasetError(f"dtype {dtype!r} is not a number or bool type")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in shape
+        ):
+            raise DatasetError(f"shape must be a list of integers, got {shape!r}")
         names = obj.get("names")
         # LeRobot also writes names as {"motors": [...]}: kept only when it is a flat list
-        names = tuple(names) if isinstance(names, list) and all(
-            isinstance(n, str) for n in names) else None  # fmt: skip
-        return Feature(dtype=str(obj["dtype"]), shape=tuple(int(d) for d in obj["shape"]),
-                       names=names)  # fmt: skip
+        flat = isinstance(names, list) and all(isinstance(n, str) for n in names)
+        return Feature(dtype=dtype, shape=tuple(shape), names=tuple(names) if flat else None)
 
 
 def to_column(arr: np.ndarray, feature: Feature) -> pa.Array:
@@ -109,25 +125,54 @@ def to_column(arr: np.ndarray, feature: Feature) -> pa.Array:
 
 
 def from_column(column: pa.ChunkedArray | pa.Array, feature: Feature, where: str) -> np.ndarray:
-    """A parquet column -> ``[T, *feature.shape]`` array; ``where`` names it in errors."""
+    """A parquet column -> ``[T, *feature.shape]`` array; ``where`` names it in errors.
+
+    Nothing is coerced silently: nulls, strings, ragged or differently shaped rows, values that
+    do not fit the declared dtype (a float in an int feature, say) and images of another size
+    all raise :class:`DatasetError`."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     rows = len(arr)
     if feature.dtype == VIDEO:
         raise DatasetError(f"{where}: video features (MP4 under videos/) are not supported; "
                            "store the frames as images")  # fmt: skip
+    if arr.null_count:
+        raise DatasetError(f"{where}: {arr.null_count} null values")
     if pa.types.is_struct(arr.type):
         if feature.dtype != IMAGE or arr.type.get_field_index("bytes") < 0:
             raise DatasetError(f"{where}: a struct column for a {feature.dtype} feature")
-        out = np.stack([_unpng(b, where) for b in arr.field("bytes").to_pylist()])
-    else:
-        while _is_list(arr.type):  # one level per axis (datasets' ArrayND) or one flat list
-            arr = arr.flatten()
-        out = arr.to_numpy(zero_copy_only=False)
-    size = math.prod(feature.shape)
-    if out.size != rows * size:
-        raise DatasetError(f"{where}: {out.size // max(rows, 1)} values per frame, declared "
-                           f"shape {list(feature.shape)}")  # fmt: skip
-    return out.reshape(rows, *feature.shape).astype(feature.numpy_dtype, copy=False)
+        frames = [_unpng(b, feature.shape, where) for b in arr.field("bytes").to_pylist()]
+        return np.stack(frames) if frames else np.zeros((0, *feature.shape), np.uint8)
+    sizes = []
+    while _is_list(arr.type):  # one level per axis (datasets' ArrayND) or one flat list
+        sizes.append(_row_size(arr, where))
+        arr = arr.flatten()
+        if arr.null_count:
+            raise DatasetError(f"{where}: {arr.null_count} null values")
+    # nested per axis, flattened into one list, or (one value per frame) a plain column
+    accepted = [list(feature.shape), [math.prod(feature.shape)]] + (
+        [[]] if feature.is_scalar else []
+    )
+    if rows and sizes not in accepted:
+        raise DatasetError(f"{where}: rows of shape {sizes}, declared {list(feature.shape)}")
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
+            or pa.types.is_boolean(arr.type)):  # fmt: skip
+        raise DatasetError(f"{where}: values of type {arr.type}, expected numbers")
+    try:
+        arr = arr.cast(pa.from_numpy_dtype(feature.numpy_dtype), safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise DatasetError(f"{where}: values do not fit dtype {feature.dtype} ({e})") from None
+    out = arr.to_numpy(zero_copy_only=False)
+    return out.reshape(rows, *feature.shape)
+
+
+def _row_size(arr: pa.Array, where: str) -> int:
+    """The one length every row of a list column has (DatasetError if rows differ)."""
+    if pa.types.is_fixed_size_list(arr.type):
+        return int(arr.type.list_size)
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    if len(lengths) and (lengths != lengths[0]).any():
+        raise DatasetError(f"{where}: rows of different lengths ({lengths.min()}..{lengths.max()})")
+    return int(lengths[0]) if len(lengths) else 0
 
 
 def _is_list(kind: pa.DataType) -> bool:
@@ -149,8 +194,8 @@ def _png(frame: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _unpng(data: bytes | None, where: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+def _unpng(data: bytes | None, shape: tuple[int, ...], where: str) -> np.ndarray:
+    from PIL import Image
 
     if data is None:
         raise DatasetError(f"{where}: an image without bytes (images stored as files by path "
@@ -158,9 +203,13 @@ def _unpng(data: bytes | None, where: str) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as image:
             out = np.asarray(image)
-    except (UnidentifiedImageError, OSError) as e:
-        raise DatasetError(f"{where}: undecodable image ({e})") from e
-    return out[..., None] if out.ndim == 2 else out
+    except Exception as e:  # not an image, truncated, a decompression bomb...
+        raise DatasetError(f"{where}: undecodable image ({type(e).__name__}: {e})") from None
+    out = out[..., None] if out.ndim == 2 else out
+    if out.dtype != np.uint8 or out.shape != shape:
+        raise DatasetError(f"{where}: an image of {out.dtype}{list(out.shape)}, declared "
+                           f"uint8{list(shape)}")  # fmt: skip
+    return out
 
 
 def hf_features(features: Mapping[str, Feature]) -> bytes:

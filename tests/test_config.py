@@ -57,7 +57,8 @@ def test_defaults_load_without_a_file() -> None:
         ({"run": {"name": "my run"}}, "run.name: 'my run' must be non-empty, not start with"),
         ({"run": {"name": ".."}}, "run.name: '..' must be non-empty, not start with '.'"),
         ({"algo": {"ent_coef": float("nan")}}, "algo.ent_coef: must be a finite number"),
-        ({"algo": {"lr": 10**400}}, "algo.lr: 1000"),
+        ({"algo": {"lr": 10**400}}, "algo.lr: a 401-digit number is too large"),
+        ({"run": {"seed": 2**64}}, "run.seed: must be <= 9223372036854775807"),
         ({"roles": {"trainer": {"count": 10**20}}}, "roles.trainer.count: must be <= 4096"),
         ({"run": {"name": "a/b"}}, "run.name: 'a/b' must be non-empty"),
     ],  # fmt: skip

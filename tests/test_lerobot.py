@@ -21,6 +21,7 @@ from sft.lerobot import (
     image_feature,
     to_policy_obs,
 )
+from sft.lerobot_format import IMAGE_STRUCT
 from sim.adapter import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
 
@@ -336,7 +337,7 @@ def test_reader_errors_name_the_file_and_field(tmp_path: Path) -> None:
     for change, match in [
         ({"codebase_version": "v4.0"}, r"info.json: codebase_version 'v4.0' is not supported"),
         ({"features": {**info["features"], "action": {"dtype": "float32", "shape": [5]}}},
-         r"action: 2 values per frame, declared shape \[5\]"),
+         r"action: rows of shape \[2\], declared \[5\]"),
         ({"features": {**info["features"], "action": {"dtype": "video", "shape": [2]}}},
          r"action: video features .* are not supported"),
         ({"features": {**info["features"], "action": {"dtype": "complex7", "shape": [2]}}},
@@ -429,3 +430,49 @@ def test_reads_datasets_written_by_lerobot(name: str) -> None:
         assert item["index"] == i and item["task"] == f"task {item['task_index']}"
     starts = np.cumsum([0] + [e.length for e in ds.episodes])[:-1]
     assert [int(ds[int(s)]["frame_index"]) for s in starts] == [0] * len(ds.episodes)
+
+
+def _rewrite_column(path: Path, name: str, column: pa.Array) -> None:
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.column_names.index(name), name, column), path)
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "match"),
+    [
+        (lambda root, ep: (root / "meta" / "episodes.jsonl").write_text(
+            (root / "meta" / "episodes.jsonl").read_text().replace('"episode_index": 1', '"episode_index": 0')),
+         r"episodes.jsonl:2: episode_index 0 appears twice"),
+        (lambda root, ep: (root / "meta" / "episodes.jsonl").write_text(
+            (root / "meta" / "episodes.jsonl").read_text().replace('"length": 3', '"length": -2')),
+         r"episodes.jsonl:1: length must be an integer from 1"),
+        (lambda root, ep: (root / "meta" / "tasks.jsonl").write_text('{"task_index": 5, "task": "x"}\n'),
+         r"episode 0: task_index \[0\] not in the tasks metadata"),
+        (lambda root, ep: _rewrite_column(ep, "action", pa.array([[0.5, 1.0, 2.0], [1.0], [0.0, 0.0]])),
+         r"action: rows of different lengths"),
+        (lambda root, ep: _rewrite_column(ep, "action", pa.array([["a", "b"]] * 3)),
+         r"action: values of type string, expected numbers"),
+        (lambda root, ep: _rewrite_column(ep, "next.reward", pa.array([1.0, None, 2.0], pa.float32())),
+         r"next.reward: 1 null values"),
+        (lambda root, ep: _rewrite_column(ep, "observation.instruction", pa.array([[0.5] * 12] * 3)),
+         r"observation.instruction: values do not fit dtype int32"),
+        (lambda root, ep: _rewrite_column(ep, "observation.image", pa.array(
+            [{"bytes": _png_of((6, 8, 3)), "path": None}] * 3, IMAGE_STRUCT)),
+         r"observation.image: an image of uint8\[6, 8, 3\], declared uint8\[8, 6, 3\]"),
+    ],
+)  # fmt: skip
+def test_inconsistent_data_is_refused_not_coerced(tmp_path: Path, corrupt, match: str) -> None:
+    """Data that does not match its metadata fails, naming file and field, instead of being
+    coerced into plausible-looking wrong frames."""
+    with LeRobotWriter(tmp_path / "ds", FEATURES) as writer:
+        writer.add_episode(_episode(np.random.default_rng(10), 3), "t")
+        writer.add_episode(_episode(np.random.default_rng(11), 2), "t")
+    corrupt(tmp_path / "ds", tmp_path / "ds" / "data" / "chunk-000" / "episode_000000.parquet")
+    with pytest.raises(DatasetError, match=match):
+        LeRobotDataset(tmp_path / "ds").episode(0)
+
+
+def _png_of(shape: tuple[int, int, int]) -> bytes:
+    from sft.lerobot_format import _png
+
+    return _png(np.zeros(shape, np.uint8))
