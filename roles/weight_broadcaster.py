@@ -42,25 +42,33 @@ class WeightBroadcaster(Role):
         self.next_link_scan = 0.0
 
     def step(self) -> None:
-        update = self._newest_update(timeout_s=0.1)
+        update = self._newest_valid_update(timeout_s=0.1)
         if update is not None:
             self._publish(update)
         if time.monotonic() >= self.next_link_scan:
             self._sync_links()
             self.next_link_scan = time.monotonic() + _LINK_SCAN_PERIOD_S
 
-    def _newest_update(self, timeout_s: float) -> WeightsUpdate | None:
-        newest = self.updates.recv(timeout_s=timeout_s)
-        while self.updates.poll(0):  # a backlog: only the newest version is worth sending
-            newer = self.updates.recv(timeout_s=0)
-            newest = newer if newer is not None else newest
+    def _newest_valid_update(self, timeout_s: float) -> WeightsUpdate | None:
+        """The newest acceptable update received (a backlog: only the newest is worth sending).
+        Every update is checked, so a bad one is refused and counted even in a backlog."""
+        newest: WeightsUpdate | None = None
+        update = self.updates.recv(timeout_s=timeout_s)
+        while update is not None:
+            problem = (
+                self._update_problem(update)
+                if isinstance(update, WeightsUpdate)
+                else f"a {type(update).__name__} is not a WeightsUpdate"
+            )
+            if problem is not None:
+                version = getattr(update, "version", "?")
+                self.drop("weights_rejected", f"weights v{version} dropped: {problem}")
+            elif newest is None or update.version > newest.version:
+                newest = update
+            update = self.updates.recv(timeout_s=0) if self.updates.poll(0) else None
         return newest
 
     def _publish(self, update: WeightsUpdate) -> None:
-        problem = self._update_problem(update)
-        if problem is not None:
-            self.drop("weights_rejected", f"weights v{update.version} dropped: {problem}")
-            return
         self.layout, self.numel = update.layout, update.flat.size
         with warnings.catch_warnings():  # a read-only view of the received frame, only read
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
