@@ -179,6 +179,7 @@ class EnvRunner:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"env-{env_index}", daemon=True)
         self.request_id = 0
+        self.answered = False  # any reply yet: before the first, waiting is expected
         self.chunk_id = 0
         self.steps: list[dict[str, Any]] = []
 
@@ -311,9 +312,14 @@ class EnvRunner:
                     raise InterruptedError
                 reply = self.dealer.recv(timeout_s=0.2)
                 if isinstance(reply, ActionReply) and reply.request_id == self.request_id:
+                    self.answered = True
                     return reply
             w.count("request_timeouts")
-            w.log.warning("env %d: no reply in %.1fs; re-sending", self.env_index, timeout)
+            if self.answered:
+                w.log.warning("env %d: no reply in %.1fs; re-sending", self.env_index, timeout)
+            else:  # servers answer once a trainer has published weights (SFT: after its data)
+                w.log.info("env %d: no action yet (servers wait for the first weights); "
+                           "asking again", self.env_index)  # fmt: skip
 
     def _push(self, bootstrap_value: float) -> None:
         if not self.worker.trains:
