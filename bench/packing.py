@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from rlvla3.policy.attention import backend_name  # noqa: E402
 from rlvla3.policy.vla import Transformer  # noqa: E402
 from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
-from sft.precision import enable_fp8, fp8_backend  # noqa: E402
+from sft.precision import Context, autocast_context, enable_fp8, fp8_backend  # noqa: E402
 
 MIN_LEN, MAX_LEN = 32, 512
 
@@ -111,13 +111,15 @@ def packed_step(model: Transformer, data: StepData, budget: int) -> torch.Tensor
 
 
 def timed(
-    fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device
-) -> float:
-    """Seconds for one training step: ``fn`` (forward + backward), then the optimizer step."""
+    fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device,
+    precision: Context,
+) -> float:  # fmt: skip
+    """Seconds for one training step: ``fn`` (forward + backward) under ``precision`` (bf16
+    autocast on GPU, or the FP8 context ``enable_fp8`` returned), then the optimizer step."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with precision():
         fn()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -142,9 +144,11 @@ def run(
     fp8_name = fp8_backend(device) if fp8 else None
     if fp8 and fp8_name is None:
         raise SystemExit(f"--fp8: no FP8 backend on {device} (needs a CUDA GPU of sm_89 or newer)")
+    precision = dict.fromkeys(models, autocast_context(device))
     if fp8_name is not None:
         models["packed_fp8"] = copy.deepcopy(models["padded"])
-        enable_fp8(models["packed_fp8"], fp8_name)
+        # its own context: Transformer Engine's FP8 is on only inside te.autocast
+        precision["packed_fp8"] = enable_fp8(models["packed_fp8"], fp8_name)
     opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
     fns = {
         "padded": lambda d: padded_step(models["padded"], d),
@@ -157,7 +161,8 @@ def run(
     for i, data in enumerate(all_steps):
         order = list(models) if i % 2 == 0 else list(reversed(models))
         times = {
-            name: timed(lambda n=name, d=data: fns[n](d), opts[name], device) for name in order
+            name: timed(lambda n=name, d=data: fns[n](d), opts[name], device, precision[name])
+            for name in order
         }
         if i < warmup:
             continue
