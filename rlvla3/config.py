@@ -10,11 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from rlvla3.role_settings import ROLE_SETTINGS
 from rlvla3.typed_load import ConfigError, bounded, from_dict, to_dict
-from rlvla3.yaml12 import YamlError, parse_yaml
+from rlvla3.yaml12 import YamlError, dump_yaml, parse_yaml
 
 Fp8Backend = Literal["transformer_engine", "torch_scaled_mm"]
 Mode = Literal["sync", "async_rollout", "async"]
@@ -279,7 +277,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 def dump_config(cfg: Config) -> str:
     """The resolved config as YAML, as saved beside the run's logs."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    return dump_yaml(to_dict(cfg))  # read back by the roles: the same YAML 1.2 rules both ways
 
 
 def _validate(cfg: Config) -> None:

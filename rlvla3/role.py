@@ -117,13 +117,13 @@ class Role(abc.ABC):
         bad input cannot flood the log."""
         self.count(counter)
         now = time.monotonic()
-        last, suppressed = self._drop_log.get(counter, (-_DROP_LOG_EVERY_S, 0))
-        if now - last < _DROP_LOG_EVERY_S:
-            self._drop_log[counter] = (last, suppressed + 1)
-            return
-        more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
-        self.log.warning("%s%s", reason, more)
-        self._drop_log[counter] = (now, 0)
+        with self._pending_lock:  # env threads drop concurrently
+            last, suppressed = self._drop_log.get(counter, (-_DROP_LOG_EVERY_S, 0))
+            report = now - last >= _DROP_LOG_EVERY_S
+            self._drop_log[counter] = (now, 0) if report else (last, suppressed + 1)
+        if report:
+            more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
+            self.log.warning("%s%s", reason, more)
 
     def bind(self, endpoint: str, sock: MessageSocket) -> str:
         """Bind ``sock`` on this node and publish it in Redis as ``endpoint``."""

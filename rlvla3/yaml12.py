@@ -28,6 +28,10 @@ class YamlError(ValueError):
 class _Loader(yaml.SafeLoader):
     """The safe loader (plain data only) with YAML 1.2 core-schema scalars."""
 
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_keys(self, node)
+        return super().construct_document(node)
+
 
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _INT, _FLOAT)]
@@ -59,28 +63,55 @@ def _int(loader: _Loader, node: yaml.ScalarNode) -> int:
     return int(text, 10)  # decimal, leading zeros and all: 017 is 17
 
 
-def _mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == _MERGE:  # ``<<: *anchor`` merges, it is not a key
+def _check_keys(loader: _Loader, root: yaml.Node) -> None:
+    """Every mapping's own keys are plain and unique. Checked on the composed document, before
+    construction: PyYAML's merge handling rewrites anchored mappings in place, after which a key
+    overridden by a merge would look written twice."""
+    stack, visited = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:  # an alias: checked where it was anchored
             continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a key must be a plain value, got {key!r}", key_node.start_mark
-            ) from None
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
+        visited.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            stack.append(value_node)
+            if key_node.tag == _MERGE:  # ``<<: *anchor`` merges, it is not a key
+                stack.append(key_node)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a plain value, got a {key_node.id}",
+                    key_node.start_mark,
+                )  # fmt: skip
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
 
 
 _Loader.add_constructor(_INT, _int)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes what ``parse_yaml`` reads back unchanged: a string that YAML 1.2 would read as a
+    number or boolean (``"1e3"``, ``"0o17"``) is quoted."""
+
+
+_Dumper.yaml_implicit_resolvers = {
+    first: list(resolvers) for first, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML text that :func:`parse_yaml` reads back as the same data."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def parse_yaml(text: str) -> Any:

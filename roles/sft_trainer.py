@@ -29,6 +29,8 @@ from rlvla3.role import RateMeter, Role, main
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
 
+_FINAL_BROADCAST_WAIT_S = 60.0
+
 
 class SftTrainer(Role):
     """Supervised (behaviour-cloning) training with packed batches; publishes weight versions."""
@@ -68,6 +70,8 @@ class SftTrainer(Role):
         )
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
+        self.last_loss: float | None = None
+        self.finish_deadline: float | None = None
         self._resume()
         self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.metrics = MetricsLog(self.run_dir, self.registry, "sft")
@@ -92,14 +96,13 @@ class SftTrainer(Role):
         return root
 
     def step(self) -> None:
-        if self.finished or self.steps >= self.cfg.sft.max_steps:  # also: resumed when done
-            if not self.finished:
-                self.finished = True
-                self.registry.request_stop(f"sft finished {self.steps} steps")
+        self.publisher.resend_if_due()  # the last send failed, or the broadcaster restarted
+        if self.finished:
             self.stop_event.wait(0.5)  # the launcher evaluates and stops the run
             return
-        if self.publisher.due():  # the last send failed, or the broadcaster restarted
-            self._publish()
+        if self.steps >= self.cfg.sft.max_steps:  # (also when resumed after the end)
+            self._finish()
+            return
         metrics = self._train_step()
         self.steps += 1
         s = self.cfg.sft
@@ -111,11 +114,24 @@ class SftTrainer(Role):
         self.gauge("steps", self.steps)
         self.gauge("loss", metrics["loss"])
         self.gauge("tokens_per_s", self.token_rate.rate())
-        if self.steps >= s.max_steps:
-            self.finished = True
-            self.registry.request_stop(
-                f"sft finished {self.steps} steps (loss {metrics['loss']:.3f})"
-            )
+        self.last_loss = metrics["loss"]
+
+    def _finish(self) -> None:
+        """Ask for the stop (and the evaluation) once the final weights are on the servers: the
+        launcher evaluates the broadcast version, which must be this last one. Gives up waiting
+        after ``_FINAL_BROADCAST_WAIT_S`` (a broadcaster that is down), saying so."""
+        if self.finish_deadline is None:
+            self.finish_deadline = time.monotonic() + _FINAL_BROADCAST_WAIT_S
+        broadcast = self.registry.weight_version()
+        if broadcast < self.version and time.monotonic() < self.finish_deadline:
+            self.stop_event.wait(0.1)
+            return
+        if broadcast < self.version:
+            self.log.warning("final weights v%d not broadcast after %.0fs (servers hold v%d)",
+                             self.version, _FINAL_BROADCAST_WAIT_S, broadcast)  # fmt: skip
+        self.finished = True
+        loss = f" (loss {self.last_loss:.3f})" if self.last_loss is not None else ""
+        self.registry.request_stop(f"sft finished {self.steps} steps{loss}")
 
     def _train_step(self) -> dict[str, float]:
         started = time.perf_counter()

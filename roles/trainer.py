@@ -97,8 +97,8 @@ class Trainer(Role):
             self.last_chunk_at = time.monotonic()
         if self.buffered_steps >= self.batch_steps and not self._frozen():
             self._train()
-        if not self.frozen and self.publisher.due():  # last send failed, or broadcaster restarted
-            self._publish()
+        if not self.frozen:  # the last send failed, or the broadcaster restarted
+            self.publisher.resend_if_due()
 
     def _frozen(self) -> bool:
         """True once the launcher started the end-of-run evaluation (checked at most 1/s)."""

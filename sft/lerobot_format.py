@@ -158,11 +158,20 @@ def from_column(column: pa.ChunkedArray | pa.Array, feature: Feature, where: str
             or pa.types.is_boolean(arr.type)):  # fmt: skip
         raise DatasetError(f"{where}: values of type {arr.type}, expected numbers")
     try:
-        arr = arr.cast(pa.from_numpy_dtype(feature.numpy_dtype), safe=True)
+        cast = arr.cast(pa.from_numpy_dtype(feature.numpy_dtype), safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise DatasetError(f"{where}: values do not fit dtype {feature.dtype} ({e})") from None
+    if pa.types.is_floating(cast.type) and _infinities(cast) > _infinities(arr):
+        raise DatasetError(f"{where}: values too large for dtype {feature.dtype}")
+    arr = cast
     out = arr.to_numpy(zero_copy_only=False)
     return out.reshape(rows, *feature.shape)
+
+
+def _infinities(arr: pa.Array) -> int:
+    if not pa.types.is_floating(arr.type):
+        return 0
+    return int(pc.sum(pc.is_inf(arr)).as_py() or 0)
 
 
 def _row_size(arr: pa.Array, where: str) -> int:

@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing as mp
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -77,3 +78,40 @@ def test_the_weight_store_listens_on_its_host_only() -> None:
     client = dist.TCPStore("127.0.0.1", store.port, is_master=False)
     client.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_publisher_resends_the_last_version_unchanged_and_follows_a_moved_broadcaster(
+    monkeypatch,
+) -> None:
+    """A version whose send found no room is sent again later, same number and weights (never a
+    new version without training), without blocking; a broadcaster at a new address gets it."""
+    import transport.weights as weights_mod
+    from rlvla3.messages import WeightsUpdate
+    from transport import sockets
+    from transport.weights import WeightPublisher
+
+    monkeypatch.setattr(weights_mod, "_SEND_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(weights_mod, "_RETRY_S", 0.0)
+    monkeypatch.setattr(weights_mod, "_LOOKUP_EVERY_S", 0.0)
+    model = torch.nn.Linear(3, 2)
+    address = {"now": "tcp://127.0.0.1:9"}  # nobody listens: the queue fills
+    announced: list[int] = []
+    publisher = WeightPublisher(model, lambda: address["now"], announce=announced.append)
+    while publisher.last_sent:
+        publisher.publish(model)
+    last = publisher.version
+    assert not publisher.resend_if_due()  # still no room: nothing sent, nothing new
+    assert publisher.version == last and announced[-1] == last
+
+    receiver = sockets.pull(hwm=16)
+    port = receiver.raw.bind_to_random_port("tcp://127.0.0.1")
+    address["now"] = f"tcp://127.0.0.1:{port}"  # the broadcaster restarted elsewhere
+    with torch.no_grad():
+        model.weight.add_(1.0)  # trained since: the resend must still carry the old weights
+    assert publisher.resend_if_due()
+    update = receiver.recv(timeout_s=5)
+    assert isinstance(update, WeightsUpdate) and update.version == last
+    assert publisher.version == last and announced[-1] == last
+    assert not np.allclose(update.flat[:6], model.weight.detach().numpy().ravel())
+    publisher.close()
+    receiver.close()

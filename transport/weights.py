@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -131,9 +132,8 @@ class WeightPublisher:
 
     Publishing never blocks training for long: if the broadcaster takes nothing for
     ``_SEND_TIMEOUT_S`` (busy, dead, or gone to a new address), that version is not sent
-    (``last_sent`` is False). The trainer then asks ``due()`` between updates; it says when to
-    publish again (soon after a failed send, or when the broadcaster moved), so the servers
-    never wait for weights that are never coming.
+    (``last_sent`` is False), and the trainer's calls of ``resend_if_due`` between updates send
+    it again once there is room or the broadcaster has moved.
     """
 
     def __init__(
@@ -149,6 +149,7 @@ class WeightPublisher:
         self.version = version
         self.announce = announce
         self.last_sent = True
+        self._last: Any = None  # the last WeightsUpdate published, for resending
         self._lookup = broadcaster if callable(broadcaster) else None
         self._next_check = time.monotonic() + _LOOKUP_EVERY_S
         self._sockets = sockets
@@ -166,21 +167,29 @@ class WeightPublisher:
         if self.announce is not None:
             self.announce(self.version)
         flat = self.layout.flatten(module).detach().cpu().numpy()
-        update = WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
-        self.last_sent = self.socket.send(update, timeout_s=_SEND_TIMEOUT_S)
+        self._last = WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
+        self.last_sent = self.socket.send(self._last, timeout_s=_SEND_TIMEOUT_S)
         if not self.last_sent:
             self._next_check = time.monotonic() + _RETRY_S
         return self.version
 
-    def due(self) -> bool:
-        """Whether to publish again now (checked at most every ``_RETRY_S`` after a failed send,
-        else every ``_LOOKUP_EVERY_S``): the last send found no room, or the broadcaster moved
-        (restarted: it holds no weights until it gets some). Reconnects when it moved."""
+    def resend_if_due(self) -> bool:
+        """Call between publishes; never blocks. Sends the last version again (same number, same
+        weights) when its send found no room, or when the broadcaster moved (restarted: it holds
+        no weights). Checked at most every ``_RETRY_S`` after a failed send, else every
+        ``_LOOKUP_EVERY_S``. Returns True when it sent.
+
+        Without it the servers could wait for weights that never come: they keep acting with old
+        weights, their chunks grow too stale to train on, and no training means no publish."""
         now = time.monotonic()
-        if self.version < 0 or now < self._next_check:
+        if self._last is None or now < self._next_check:
             return False
         self._next_check = now + (_LOOKUP_EVERY_S if self.last_sent else _RETRY_S)
-        return self._reconnect_if_moved() or not self.last_sent
+        moved = self._reconnect_if_moved()
+        if not moved and self.last_sent:
+            return False
+        self.last_sent = self.socket.send(self._last, timeout_s=0)
+        return self.last_sent
 
     def _reconnect_if_moved(self) -> bool:
         address = self._lookup() if self._lookup is not None else None
