@@ -105,8 +105,8 @@ class EnvConfig:
     """The simulator every env worker runs: any gymnasium id or a built-in ``rlvla3/...`` task."""
 
     id: str = "CartPole-v1"
-    num_envs_per_worker: int = 4
-    chunk_len: int = 32
+    num_envs_per_worker: int = bounded(4, ge=1)
+    chunk_len: int = bounded(32, ge=1)
     kwargs: dict[str, Any] = field(default_factory=dict)
     straggler: StragglerSettings = field(default_factory=StragglerSettings)
 
@@ -148,7 +148,7 @@ class AlgoConfig:
     """
 
     lr: float = bounded(2.5e-4, gt=0)
-    value_lr: float | None = None
+    value_lr: float | None = bounded(None, gt=0)
     lr_anneal_samples: int = bounded(0, ge=0)
     gamma: float = bounded(0.99, ge=0, le=1)
     lam: float = bounded(0.95, ge=0, le=1)
@@ -164,7 +164,7 @@ class AlgoConfig:
     publish_every: int = bounded(1, ge=1)
     checkpoint_every: int = bounded(50, ge=1)
     value_warmup_updates: int = bounded(0, ge=0)
-    ref_kl_coef: float = 0.0
+    ref_kl_coef: float = bounded(0.0, ge=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,7 +187,7 @@ class SftConfig:
     dataset: str = "data/demos"
     generate_demos: int = bounded(0, ge=0)
     demo_seed: int = 12345
-    expert_noise: float = 0.0
+    expert_noise: float = bounded(0.0, ge=0)
     token_budget: int = bounded(2048, ge=1)
     stream_buffer_frames: int = bounded(0, ge=0)
     lr: float = bounded(3e-4, gt=0)
@@ -282,8 +282,8 @@ def dump_config(cfg: Config) -> str:
 
 def _validate(cfg: Config) -> None:
     name = cfg.run.name
-    bad_char = any(c in name for c in ":/\\") or not name.isprintable() or " " in name
-    if not name or name.startswith(".") or bad_char or any(c.isspace() for c in name):
+    bad_char = any(c in ":/\\" or c.isspace() or not c.isprintable() for c in name)
+    if not name or name.startswith(".") or bad_char:
         raise ConfigError(f"run.name: {name!r} must be non-empty, not start with '.', without spaces, ':' or '/' "
                           "(it names the run dir and the run's Redis keys)")  # fmt: skip
     names = [n.name for n in cfg.nodes]
@@ -302,14 +302,6 @@ def _validate(cfg: Config) -> None:
         if rc.cpus is not None and (not rc.cpus or any(c < 0 for c in rc.cpus)):
             raise ConfigError(f"roles.{role}.cpus: a non-empty list of CPU ids >= 0, got {rc.cpus}")
         cfg.role_settings(role)
-    if cfg.env.num_envs_per_worker < 1:
-        raise ConfigError("env.num_envs_per_worker: must be >= 1")
-    if cfg.env.chunk_len < 1:
-        raise ConfigError("env.chunk_len: must be >= 1")
-    if cfg.algo.value_lr is not None and not cfg.algo.value_lr > 0:
-        raise ConfigError(f"algo.value_lr: must be > 0, got {cfg.algo.value_lr}")
-    if cfg.algo.ref_kl_coef < 0:
-        raise ConfigError(f"algo.ref_kl_coef: must be >= 0, got {cfg.algo.ref_kl_coef}")
     if cfg.algo.ref_kl_coef > 0 and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "algo.ref_kl_coef: needs policy.init_checkpoint (the reference policy's weights)"
@@ -318,5 +310,3 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
-    if cfg.sft.expert_noise < 0:
-        raise ConfigError(f"sft.expert_noise: must be >= 0, got {cfg.sft.expert_noise}")

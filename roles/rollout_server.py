@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlvla3.algo.chunk_check import obs_problem
 from rlvla3.messages import ActionReply, ObsRequest
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
@@ -175,14 +176,10 @@ class RolloutServer(Role):
         if not isinstance(req, ObsRequest):
             self.drop("bad_requests", f"dropped a {type(req).__name__} on the request socket")
             return False
-        spaces = self.obs_space.spaces
-        for key, space in spaces.items():
-            arr = req.obs.get(key)
-            if arr is None or arr.shape != space.shape or arr.dtype != space.dtype:
-                got = "nothing" if arr is None else f"{arr.dtype}{list(arr.shape)}"
-                self.drop("bad_requests", f"request {req.env_key}: obs[{key!r}] is {got}, "
-                          f"expected {space.dtype}{list(space.shape)}")  # fmt: skip
-                return False
+        problem = obs_problem(req.obs, self.obs_space)
+        if problem is not None:
+            self.drop("bad_requests", f"request {req.env_key}: {problem}")
+            return False
         return True
 
     def _drop_nonfinite(

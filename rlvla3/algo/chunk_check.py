@@ -45,14 +45,29 @@ def chunk_problem(
     expected_keys = set(observation_space.spaces)
     if set(chunk.obs) != expected_keys:
         return f"obs: keys {sorted(chunk.obs)}, expected {sorted(expected_keys)}"
-    for key, space in observation_space.spaces.items():
-        arr = chunk.obs[key]
-        if arr.shape != (steps, *space.shape) or arr.dtype != space.dtype:
-            return (f"obs[{key!r}]: {arr.dtype}{list(arr.shape)}, expected "
-                    f"{space.dtype}{[steps, *space.shape]}")  # fmt: skip
+    problem = obs_problem(chunk.obs, observation_space, leading=(steps,))
+    if problem is not None:
+        return problem
+    for key, arr in chunk.obs.items():
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             return f"obs[{key!r}]: not finite"
     return _action_problem(chunk.actions, steps, action_spec)
+
+
+def obs_problem(
+    obs: dict[str, np.ndarray], observation_space: spaces.Dict, leading: tuple[int, ...] = ()
+) -> str | None:
+    """Which of the space's observations is missing or not ``leading + space.shape`` of the
+    space's dtype (None: all fit). Shared by the trainer (a chunk: ``leading=(T,)``) and the
+    rollout servers (one request)."""
+    for key, space in observation_space.spaces.items():
+        arr = obs.get(key)
+        if arr is None:
+            return f"obs[{key!r}]: missing"
+        if arr.shape != (*leading, *space.shape) or arr.dtype != space.dtype:
+            return (f"obs[{key!r}]: {arr.dtype}{list(arr.shape)}, expected "
+                    f"{space.dtype}{[*leading, *space.shape]}")  # fmt: skip
+    return None
 
 
 def _action_problem(actions: np.ndarray, steps: int, spec: ActionSpec) -> str | None:
