@@ -35,7 +35,7 @@ def _monitor(args: argparse.Namespace) -> int:
         print("rlvla3 monitor: --redis needs --run RUN_ID (the run's name)", file=sys.stderr)
         return 2
     try:
-        registry = Registry(info["redis_url"], info["run_id"])
+        registry = Registry(info["redis_url"], info["run_id"], _monitor_password(info))
         first = snapshot(registry)  # raises if the run's Redis is gone
         if args.json:
             print(json.dumps(first, indent=2))
@@ -54,6 +54,18 @@ def _monitor(args: argparse.Namespace) -> int:
         print(f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?",
               file=sys.stderr)  # fmt: skip
         return 1
+
+
+def _monitor_password(info: dict) -> str | None:
+    """The run secret when the run's Redis wants it (a multi-node run's private Redis): from
+    ``RLVLA3_RUN_SECRET``, else the run dir's ``secret`` file (mode 0600, on every node)."""
+    from rlvla3 import run_secret
+
+    if "run_dir" not in info:  # --redis URL: the secret, if any, comes from the environment
+        return run_secret.from_env()
+    if not info.get("redis_auth"):
+        return None
+    return run_secret.load(Path(info["run_dir"]))
 
 
 def _demos(args: argparse.Namespace) -> int:

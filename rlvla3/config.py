@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rlvla3 import nodes as node_groups
 from rlvla3.role_settings import ROLE_SETTINGS
 from rlvla3.typed_load import ConfigError, bounded, from_dict, to_dict
 from rlvla3.yaml12 import YamlError, dump_yaml, parse_yaml
@@ -42,6 +43,13 @@ class RunConfig:
 
     ``transport``: ``tcp`` binds free ports on each node's host; ``ipc`` uses unix socket paths in
     the run dir (one host only).
+
+    Multi-node runs (see docs/multi-node.md): ``head`` is the node whose launcher starts the
+    run's private Redis (default: the first node). ``redis_port`` is the port it listens on
+    (0: under Slurm a port derived from the job id, so every node knows it; elsewhere a free
+    port, published in the shared run dir). Other nodes wait up to ``join_timeout_s`` for it.
+    A node that cannot reach the head for ``head_timeout_s`` stops its roles and its launcher
+    exits non-zero; a shorter outage is ridden out and its roles rejoin.
     """
 
     name: str = "run"
@@ -53,15 +61,26 @@ class RunConfig:
     heartbeat_ttl_s: float = bounded(5.0, gt=0)
     progress_interval_s: float = bounded(5.0, gt=0)
     stop_timeout_s: float = bounded(20.0, gt=0)
+    head: str | None = None
+    redis_port: int = bounded(0, ge=0, le=65535)
+    join_timeout_s: float = bounded(120.0, gt=0)
+    head_timeout_s: float = bounded(60.0, gt=0)
     stop: StopConfig = field(default_factory=StopConfig)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeConfig:
-    """One host. ``host`` is the address its roles bind and advertise (loopback by default)."""
+    """A group of ``count`` hosts (``rlvla3/nodes.py``): one node called ``name`` when
+    ``count`` is 1, else nodes ``name-0``, ``name-1``...
+
+    ``host`` is the address a node's roles bind and advertise. Unset, a run on one host uses
+    loopback, and a multi-node run the address of the interface that routes to the head node.
+    Only a group of one may set it. ``devices`` lists the devices each of its nodes has.
+    """
 
     name: str
-    host: str = "127.0.0.1"
+    count: int = bounded(1, ge=1, le=4096)
+    host: str | None = None
     devices: list[str] = field(default_factory=lambda: ["cpu"])
 
 
@@ -77,8 +96,8 @@ class RestartPolicy:
 class RoleConfig:
     """How many processes of a role, where, and the role's own settings.
 
-    ``node`` is a node name or a list of names the instances are spread over round-robin;
-    null places every instance on the first node. ``cpus`` pins every instance to those CPU
+    ``node`` is a node or group name, or a list of them; the instances are spread over their
+    nodes round-robin. Null places every instance on the first node. ``cpus`` pins every instance to those CPU
     ids of its node (Linux affinity, set before the role starts its threads); null lets the
     kernel schedule it anywhere. Pinning latency-bound roles (env workers, rollout servers)
     apart keeps their threads' wake-ups on one core each.
@@ -216,19 +235,32 @@ class Config:
         raw = self.roles[role].settings if role in self.roles else {}
         return from_dict(ROLE_SETTINGS[role], raw, f"roles.{role}.settings")
 
-    def node(self, name: str) -> NodeConfig:
-        """The node called ``name``."""
-        for node in self.nodes:
+    def all_nodes(self) -> list[node_groups.Node]:
+        """Every node of the run (groups expanded), in the order an allocation fills them."""
+        return node_groups.expand(self.nodes)
+
+    def node(self, name: str) -> node_groups.Node:
+        """The node called ``name`` (a group of one is also found by the group's name)."""
+        found = self.all_nodes()
+        for node in found:
             if node.name == name:
                 return node
-        known = ", ".join(n.name for n in self.nodes)
+        known = ", ".join(n.name for n in found)
         raise ConfigError(f"nodes: no node named {name!r} (nodes: {known})")
+
+    def head_node(self) -> node_groups.Node:
+        """The node whose launcher starts the run (``run.head``, else the first node)."""
+        if self.run.head is None:
+            return self.all_nodes()[0]
+        return self.node(node_groups.members(self.all_nodes(), self.run.head)[0])
 
     def placement(self, role: str) -> list[str]:
         """Node name of every instance of ``role``, by index."""
         rc = self.roles[role]
-        names = [rc.node] if isinstance(rc.node, str) else (rc.node or [self.nodes[0].name])
-        return [names[i % len(names)] for i in range(rc.count)]
+        placed = [rc.node] if isinstance(rc.node, str) else rc.node
+        if not placed:
+            placed = [self.all_nodes()[0].name]
+        return node_groups.spread(self.all_nodes(), placed, rc.count)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -286,11 +318,8 @@ def _validate(cfg: Config) -> None:
     if not name or name.startswith(".") or bad_char:
         raise ConfigError(f"run.name: {name!r} must be non-empty, not start with '.', without spaces, ':' or '/' "
                           "(it names the run dir and the run's Redis keys)")  # fmt: skip
-    names = [n.name for n in cfg.nodes]
-    if not names:
-        raise ConfigError("nodes: at least one node is required")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"nodes: duplicate node names in {names}")
+    _validate_nodes(cfg)
+    names = sorted({n.name for n in cfg.nodes} | {n.name for n in cfg.all_nodes()})
     for role, rc in cfg.roles.items():
         if role not in ROLE_SETTINGS:
             known = ", ".join(sorted(ROLE_SETTINGS))
@@ -298,7 +327,8 @@ def _validate(cfg: Config) -> None:
         placed = [rc.node] if isinstance(rc.node, str) else (rc.node or [])
         for node in placed:
             if node not in names:
-                raise ConfigError(f"roles.{role}.node: no node named {node!r} (nodes: {names})")
+                raise ConfigError(f"roles.{role}.node: no node or group named {node!r} "
+                                  f"(nodes: {names})")  # fmt: skip
         if rc.cpus is not None and (not rc.cpus or any(c < 0 for c in rc.cpus)):
             raise ConfigError(f"roles.{role}.cpus: a non-empty list of CPU ids >= 0, got {rc.cpus}")
         cfg.role_settings(role)
@@ -310,3 +340,31 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
+
+
+def _validate_nodes(cfg: Config) -> None:
+    groups = [n.name for n in cfg.nodes]
+    if not groups:
+        raise ConfigError("nodes: at least one node is required")
+    if len(set(groups)) != len(groups):
+        raise ConfigError(f"nodes: duplicate node names in {groups}")
+    for i, group in enumerate(cfg.nodes):
+        if group.count > 1 and group.host is not None:
+            raise ConfigError(f"nodes[{i}].host: group {group.name!r} has {group.count} nodes, "
+                              "so one address cannot be theirs; leave host unset (each node "
+                              "finds its own) or list the nodes one by one")  # fmt: skip
+        if not group.name or any(c in ":/\\" or c.isspace() for c in group.name):
+            raise ConfigError(f"nodes[{i}].name: {group.name!r} must be non-empty, without "
+                              "spaces, ':' or '/' (it names the node's Redis records)")  # fmt: skip
+    expanded = [n.name for n in cfg.all_nodes()]
+    clash = sorted({n for n in expanded if expanded.count(n) > 1} | (set(expanded) & (
+        set(groups) - {g.name for g in cfg.nodes if g.count == 1})))
+    if clash:
+        raise ConfigError(f"nodes: the name {clash[0]!r} is used twice (a group of N nodes "
+                          "names them NAME-0 .. NAME-(N-1))")  # fmt: skip
+    if cfg.run.head is not None:
+        try:
+            node_groups.members(cfg.all_nodes(), cfg.run.head)
+        except KeyError:
+            raise ConfigError(f"run.head: no node or group named {cfg.run.head!r} "
+                              f"(nodes: {', '.join(expanded)})") from None

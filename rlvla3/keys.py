@@ -62,6 +62,28 @@ def launch(run_id: str) -> str:
     return f"{run_prefix(run_id)}:launch"
 
 
+def launchers_index(run_id: str) -> str:
+    """Set of the node names whose launchers joined the run."""
+    return f"{run_prefix(run_id)}:launchers"
+
+
+def launcher_record(run_id: str, node: str) -> str:
+    """Hash: one node's launcher: ``status``, ``pid``, ``address``, ``hostname``, ``heartbeat_at``."""
+    _check(node, "node")
+    return f"{run_prefix(run_id)}:launcher:{node}"
+
+
+def launcher_alive(run_id: str, node: str) -> str:
+    """String with a TTL; present while the node's launcher heartbeats."""
+    _check(node, "node")
+    return f"{run_prefix(run_id)}:launcher_alive:{node}"
+
+
+def run_end(run_id: str) -> str:
+    """Hash: ``reason`` and exit ``code`` of a run the head launcher has ended."""
+    return f"{run_prefix(run_id)}:end"
+
+
 def stop_request(run_id: str) -> str:
     """String: set (with a reason) by any role that wants the whole run to end."""
     return f"{run_prefix(run_id)}:stop"

@@ -1,223 +1,280 @@
-"""The launcher: starts every role process of a run on this host, supervises, stops them.
+"""The launcher: starts the role processes of one node of a run, supervises them, stops them.
 
-One YAML describes the run. ``rlvla3 launch cfg.yaml`` starts all roles here; ``--node NAME``
-starts only that node's roles (multi-host runs: every node runs the same command against one
-configured Redis). Processes start with ``Popen([sys.executable, "-m", "roles.<name>", ...])``,
-never a shell, each with its own log file. A role that exits with an error is restarted per its
-restart policy; a role out of restarts fails the run. The first Ctrl-C (or SIGTERM) stops all
-roles gracefully, the second kills them.
+One YAML describes the run. ``rlvla3 launch cfg.yaml`` runs every node's roles on this host;
+``--node NAME`` (or a Slurm step, see ``rlvla3/cluster.py``) runs one node's. The head node's
+launcher starts the run's Redis (``rlvla3/rendezvous.py``), checks the stop rules and ends the
+run; every other node's launcher joins it, follows the head's end, and stops its roles when it
+cannot reach the head for ``run.head_timeout_s``. A role that exits with an error is restarted
+per its restart policy; a role out of restarts fails the run. The first Ctrl-C (or SIGTERM)
+stops all roles gracefully, the second kills them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import redis
 
+from rlvla3 import netaddr, run_secret
 from rlvla3.checkpoints import find_checkpoint
+from rlvla3.cluster import Seat, find_seat, own_address
 from rlvla3.config import Config, dump_config, load_config
-from rlvla3.redis_server import EmbeddedRedis
+from rlvla3.processes import STOP_ORDER, RoleProcess, SpawnContext, spawn, stop_group, stop_stages
 from rlvla3.registry import Registry
-from rlvla3.run_report import evaluation_episodes, progress_line, stop_condition, write_report
+from rlvla3.rendezvous import (
+    JoinError,
+    RunStore,
+    find_head_store,
+    head_store,
+    read_run_info,
+    write_node_info,
+    write_run_info,
+)
+from rlvla3.run_report import ProgressTracker, evaluation_episodes, stop_condition, write_report
 from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
 
 _TICK_S = 0.2
 _STOPPED_BY_SIGNAL = "stopped by signal"
-_HEAD_GRACE_S = 300.0  # a head launch mark younger than this counts as this run's
-# Producers stop first, so every queue is drained by its consumer before the consumer stops.
-STOP_ORDER = ("env_worker", "rollout_server", "trainer", "sft_trainer", "weight_broadcaster")
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-@dataclass(slots=True)
-class RoleProcess:
-    """One supervised role instance."""
-
-    role: str
-    index: int
-    node: str
-    log_path: Path
-    popen: subprocess.Popen | None = None
-    restarts: int = 0
-    restart_at: float | None = None
-    finished: bool = False
-    failed: bool = False
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_BUSY = ("starting", "running", "stopping")
 
 
 class Launcher:
-    """Starts, supervises and stops the role processes of one run on this host.
+    """Starts, supervises and stops the role processes of one node of a run.
 
     Args:
         cfg: the validated run config.
         run_dir: where the resolved config, logs, checkpoints and reports go.
-        node: start only this node's roles (None: every role, all on this host).
+        seat: this launcher's node (``rlvla3.cluster.find_seat``).
         echo: where progress lines go.
     """
 
     def __init__(
-        self,
-        cfg: Config,
-        run_dir: Path,
-        node: str | None = None,
-        echo: Callable[[str], None] = print,
+        self, cfg: Config, run_dir: Path, seat: Seat, echo: Callable[[str], None] = print
     ) -> None:
-        if node is not None:
-            cfg.node(node)  # raises if unknown
-            if cfg.run.redis_url is None and len(cfg.nodes) > 1:
-                raise ConfigError("run.redis_url: required when --node starts part of a run")
         self.cfg = cfg
         self.run_dir = run_dir
-        self.node = node
+        self.seat = seat
         self.echo = echo
         self.stop_requested = threading.Event()
         self.kill_requested = threading.Event()
         self.procs: list[RoleProcess] = []
         self.registry: Registry | None = None
-        self.redis_lost = False
-        if not any(node is None or n == node for role in cfg.roles for n in cfg.placement(role)):
-            where = f"on node {node!r}" if node is not None else "in this config"
-            raise ConfigError(f"roles: no role processes to start {where} (a run needs roles: "
-                              "see launch/cartpole.yaml)")  # fmt: skip
+        self.address = ""
+        self._next_beat = 0.0
+        if not any(n == name for role in cfg.roles for n in cfg.placement(role)
+                   for name in self._my_nodes()):  # fmt: skip
+            if not cfg.roles or sum(rc.count for rc in cfg.roles.values()) == 0:
+                raise ConfigError("roles: no role processes to start in this config (a run "
+                                  "needs roles: see launch/cartpole.yaml)")  # fmt: skip
+            if not seat.is_head:
+                raise ConfigError(f"roles: no role processes to start on node {seat.label!r}")
+
+    def _my_nodes(self) -> list[str]:
+        if self.seat.node is None:
+            return [n.name for n in self.cfg.all_nodes()]
+        return [self.seat.node.name]
 
     # --- public ----------------------------------------------------------------------------------
     def run(self) -> int:
-        """Run to the end; returns 0 on a clean stop, 1 if a role failed for good or the run's
-        Redis was lost, 130 if stopped by a signal (Ctrl-C)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs").mkdir(exist_ok=True)
-        self._install_signal_handlers()
-        with self._redis() as url:
-            cfg = _with_redis_url(self.cfg, url)
-            # the config as given (an embedded Redis's URL goes to run.json only), so that
-            # config.yaml can be launched again
-            config_path = self._write_run_files(self.cfg, url)
-            self.registry = Registry(url, cfg.run.name)
-            started = time.monotonic()
-            try:
-                self._join_run(cfg)
-                self._start_all(cfg, config_path)
-                reason = self._supervise(cfg, started)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
-                reason = f"lost the run's Redis at {url} ({err})"
-                self.redis_lost = True
-            finally:
-                self._stop_all(cfg.run.stop_timeout_s)
-            failed = [p for p in self.procs if p.failed]
-            wall_s = time.monotonic() - started
-            if self.redis_lost:
-                _write_partial_report(self.run_dir, cfg, wall_s, reason)
-            else:
-                write_report(self.registry, cfg, self.run_dir, wall_s, reason)
-            self.echo(f"run {cfg.run.name} ended: {reason}; run dir {self.run_dir}")
-            self.registry.close()
-        if failed or self.redis_lost:
-            return 1
-        return 130 if reason == _STOPPED_BY_SIGNAL else 0
+        """Run this node to the end. Returns 0 on a clean stop, 1 if a role failed for good,
+        the run's Redis (or, on other nodes, the head) was lost or the head ended the run with
+        an error, 130 if stopped by a signal (Ctrl-C)."""
+        install_stop_signals(self._on_signal)
+        if self.seat.is_head:
+            return self._run_as_head()
+        return self._run_as_member()
 
-    # --- start and supervise -------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _redis(self) -> Iterator[str]:
-        if self.cfg.run.redis_url is not None:
-            yield self.cfg.run.redis_url
-            return
-        with EmbeddedRedis() as server:
-            self.echo(f"started embedded redis-server at {server.url}")
-            yield server.url
-
-    def _join_run(self, cfg: Config) -> None:
-        """The head node (the first in ``nodes``, or a single launcher) starts the run afresh:
-        clears the run's old keys and marks the launch; other nodes wait for that mark, so none
-        of their registrations is wiped by a late head."""
-        if self.node is None or self.node == cfg.nodes[0].name:
+    # --- joining -------------------------------------------------------------------------------
+    def _run_as_head(self) -> int:
+        self.address = own_address(self.seat, None)
+        secret = (run_secret.from_env() or run_secret.new_secret()) if self.seat.multi_host else None
+        self._prepare_run_dir(secret)
+        with head_store(self.cfg, self.seat, self.address, secret) as store:
+            if self.cfg.run.redis_url is None:
+                self.echo(f"started the run's redis-server at {store.url}"
+                          + (" (AUTH with the run secret)" if secret else ""))  # fmt: skip
+            write_run_info(self.run_dir, self.cfg, self.seat, store)
+            self.registry = store.registry(self.cfg.run.name)
             self.registry.clear_run()
-            self.registry.save_config(dump_config(cfg))
+            self.registry.save_config(dump_config(self.cfg))
             self.registry.mark_launch()
-            return
-        self.echo(f"waiting for head node {cfg.nodes[0].name!r} to start run {cfg.run.name!r}")
-        since = time.time() - _HEAD_GRACE_S
-        while not self.stop_requested.wait(_TICK_S):
-            if self.registry.launched_since(since):
-                return
-        raise KeyboardInterrupt  # stopped by a signal before the head started
+            return self._run_roles(store, secret)
 
-    def _write_run_files(self, cfg: Config, url: str) -> Path:
+    def _run_as_member(self) -> int:
+        try:
+            store, secret = find_head_store(self.cfg, self.seat, self.run_dir,
+                                            self.stop_requested, self.echo)  # fmt: skip
+        except InterruptedError:
+            return 130
+        except JoinError as err:
+            self.echo(str(err))
+            return 1
+        head = urlparse(store.url).hostname
+        self.address = own_address(self.seat, head)
+        self._prepare_run_dir(secret)
+        if read_run_info(self.run_dir) is None:  # a run dir of this node's own (not shared)
+            write_run_info(self.run_dir, self.cfg, self.seat, store)
+        self.registry = store.registry(self.cfg.run.name)
+        return self._run_roles(store, secret)
+
+    def _prepare_run_dir(self, secret: str | None) -> None:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if secret is not None and run_secret.read(self.run_dir) != secret:
+            run_secret.write(self.run_dir, secret)
         config_path = self.run_dir / "config.yaml"
-        config_path.write_text(dump_config(cfg))
-        info = {"run_id": cfg.run.name, "redis_url": url, "launcher_pid": os.getpid(),
-                "node": self.node, "started_at": time.time()}  # fmt: skip
-        (self.run_dir / "run.json").write_text(json.dumps(info, indent=2))
-        return config_path
+        if self.seat.is_head or not config_path.exists():
+            # the config as given (the Redis URL goes to run.json), launchable again
+            config_path.write_text(dump_config(self.cfg))
+        if self.seat.node is not None:
+            write_node_info(self.run_dir, self.seat, self.address)
 
-    def _start_all(self, cfg: Config, config_path: Path) -> None:
-        for role in cfg.roles:
-            for index, node in enumerate(cfg.placement(role)):
-                if self.node is not None and node != self.node:
+    # --- the run -------------------------------------------------------------------------------
+    def _run_roles(self, store: RunStore, secret: str | None) -> int:
+        started = time.monotonic()
+        redis_lost = False
+        code = 0
+        interface = netaddr.interface_of(self.address) if self.seat.multi_host else None
+        ctx = SpawnContext(config_path=self.run_dir / "config.yaml", run_dir=self.run_dir,
+                           address=self.address, secret=secret, nccl_interface=interface)  # fmt: skip
+        try:
+            self._beat("running")
+            self._start_all(ctx)
+            if self.seat.is_head:
+                reason = self._supervise(ctx, started)
+            else:
+                reason, code = self._follow(ctx, started)
+        except _REDIS_ERRORS as err:
+            reason, redis_lost = f"lost the run's Redis at {store.url} ({err})", True
+        failed = [p for p in self.procs if p.failed]
+        if failed or redis_lost:
+            code = 1
+        elif reason == _STOPPED_BY_SIGNAL:
+            code = 130
+        if self.seat.is_head and self.seat.multi_host and not redis_lost:
+            self._try(lambda: self.registry.end_run(reason, code))
+        self._try(lambda: self._beat("stopping"))
+        self._stop_all()
+        wall_s = time.monotonic() - started
+        if self.seat.is_head:
+            self._finish_head(reason, wall_s, redis_lost)
+        else:
+            self._try(lambda: self._beat("done" if code == 0 else "error"))
+        self.echo(f"{self._who()}run {self.cfg.run.name} ended: {reason}; run dir {self.run_dir}")
+        self.registry.close()
+        return code
+
+    def _finish_head(self, reason: str, wall_s: float, redis_lost: bool) -> None:
+        if redis_lost:
+            _write_partial_report(self.run_dir, self.cfg, wall_s, reason)
+            return
+        if self.seat.multi_host:
+            self._wait_for_members()
+        self._try(lambda: self._beat("done"))  # every role has stopped: the report says so
+        write_report(self.registry, self.cfg, self.run_dir, wall_s, reason)
+
+    def _start_all(self, ctx: SpawnContext) -> None:
+        mine = set(self._my_nodes())
+        for role in self.cfg.roles:
+            for index, node in enumerate(self.cfg.placement(role)):
+                if node not in mine:
                     continue
                 log_path = self.run_dir / "logs" / f"{role}-{index}.log"
                 proc = RoleProcess(role=role, index=index, node=node, log_path=log_path)
                 self.procs.append(proc)
-                self._spawn(proc, config_path)
-        self.echo(f"started {len(self.procs)} role processes; logs in {self.run_dir / 'logs'}")
+                spawn(proc, ctx)
+        self.echo(f"{self._who()}started {len(self.procs)} role processes (address "
+                  f"{self.address}); logs in {self.run_dir / 'logs'}")  # fmt: skip
 
-    def _spawn(self, proc: RoleProcess, config_path: Path) -> None:
-        args = [sys.executable, "-m", f"roles.{proc.role}", "--config", str(config_path),
-                "--index", str(proc.index), "--node", proc.node, "--run-dir", str(self.run_dir)]  # fmt: skip
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-        with open(proc.log_path, "ab") as log:
-            # A new session keeps the terminal's Ctrl-C away from children: the launcher alone
-            # decides how they stop.
-            proc.popen = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        proc.restart_at = None
-
-    def _supervise(self, cfg: Config, started: float) -> str:
-        config_path = self.run_dir / "config.yaml"
-        next_progress = time.monotonic() + cfg.run.progress_interval_s
+    def _supervise(self, ctx: SpawnContext, started: float) -> str:
+        """The head's loop: restart crashed roles, check the stop rules, print progress."""
+        progress = ProgressTracker(self.cfg)
+        next_progress = time.monotonic() + self.cfg.run.progress_interval_s
         while not self.stop_requested.wait(_TICK_S):
             now = time.monotonic()
-            for proc in self.procs:
-                failure = self._check_process(proc, cfg, now)
-                if failure:
-                    return failure
-                if proc.restart_at is not None and now >= proc.restart_at:
-                    self._spawn(proc, config_path)
+            failure = self._tend_processes(ctx, now)
+            if failure:
+                return failure
             if all(p.finished for p in self.procs):
                 return "all roles finished"
-            reason = stop_condition(self.registry, cfg, now - started)
+            self._beat("running")
+            reason = stop_condition(self.registry, self.cfg, now - started)
             if reason:
-                return self._evaluate(cfg, reason)
+                return self._evaluate(ctx, reason)
             if now >= next_progress:
-                self.echo(progress_line(self.registry, cfg, now - started, self._restarts()))
-                next_progress = now + cfg.run.progress_interval_s
+                self.echo(progress.line(self.registry, now - started, self._restarts()))
+                next_progress = now + self.cfg.run.progress_interval_s
         return _STOPPED_BY_SIGNAL
 
-    def _evaluate(self, cfg: Config, reason: str) -> str:
+    def _follow(self, ctx: SpawnContext, started: float) -> tuple[str, int]:
+        """A member node's loop: restart crashed roles, follow the head's end of the run, stop
+        when the head has been out of reach for ``run.head_timeout_s``."""
+        last_contact = time.monotonic()
+        next_progress = last_contact + self.cfg.run.progress_interval_s
+        while not self.stop_requested.wait(_TICK_S):
+            now = time.monotonic()
+            try:
+                failure = self._tend_processes(ctx, now)
+                if failure:
+                    self.registry.request_stop(f"{failure} on node {self.seat.label}")
+                    return failure, 1
+                self._beat("running")
+                end = self.registry.run_end()
+                if end is not None:
+                    return f"the head ended the run: {end[0]}", end[1]
+                if self._head_alive():
+                    last_contact = now
+            except _REDIS_ERRORS:
+                pass  # a network outage: ride it out up to run.head_timeout_s
+            lost_s = now - last_contact
+            if lost_s >= self.cfg.run.head_timeout_s:
+                return (f"lost the head node {self.seat.head.name!r} for {lost_s:.0f}s "
+                        "(run.head_timeout_s)", 1)  # fmt: skip
+            if now >= next_progress:
+                alive = sum(p.popen is not None and p.popen.poll() is None for p in self.procs)
+                head = "reachable" if lost_s < 2 * _TICK_S + 1 else f"unreachable for {lost_s:.0f}s"
+                self.echo(f"[{now - started:5.0f}s] node {self.seat.label}: {alive}/"
+                          f"{len(self.procs)} roles running, restarts={self._restarts()}, "
+                          f"head {self.seat.head.name} {head}")  # fmt: skip
+                next_progress = now + self.cfg.run.progress_interval_s
+        return _STOPPED_BY_SIGNAL, 130
+
+    def _head_alive(self) -> bool:
+        return any(rec.node == self.seat.head.name and rec.alive and rec.status in _BUSY
+                   for rec in self.registry.launchers())  # fmt: skip
+
+    def _tend_processes(self, ctx: SpawnContext, now: float) -> str | None:
+        for proc in self.procs:
+            failure = self._check_process(proc, now)
+            if failure:
+                return failure
+            if proc.restart_at is not None and now >= proc.restart_at:
+                spawn(proc, ctx)
+        return None
+
+    def _evaluate(self, ctx: SpawnContext, reason: str) -> str:
         """Freeze training and wait for ``eval_episodes`` fresh episodes of the final weights."""
-        wanted = cfg.run.stop.eval_episodes
-        if not wanted or not any(p.role == "env_worker" for p in self.procs):
+        wanted = self.cfg.run.stop.eval_episodes
+        env_workers = self.cfg.roles.get("env_worker")
+        if not wanted or env_workers is None or env_workers.count == 0:
             return reason
         version = self.registry.weight_version()
         self.registry.start_evaluation(version)
         self.echo(f"{reason}; evaluating weights v{version} on {wanted} fresh episodes")
-        deadline = time.monotonic() + cfg.run.stop.eval_timeout_s
+        deadline = time.monotonic() + self.cfg.run.stop.eval_timeout_s
         while not self.stop_requested.wait(_TICK_S):
-            for proc in self.procs:
-                failure = self._check_process(proc, cfg, time.monotonic())
-                if failure:
-                    return failure
+            failure = self._tend_processes(ctx, time.monotonic())
+            if failure:
+                return failure
+            self._beat("running")
             done = len(evaluation_episodes(self.registry, version))
             if done >= wanted:
                 return f"{reason}; evaluated on {done} episodes"
@@ -225,7 +282,7 @@ class Launcher:
                 return f"{reason}; evaluation timed out after {done} episodes"
         return _STOPPED_BY_SIGNAL
 
-    def _check_process(self, proc: RoleProcess, cfg: Config, now: float) -> str | None:
+    def _check_process(self, proc: RoleProcess, now: float) -> str | None:
         if proc.popen is None or proc.finished or proc.restart_at is not None:
             return None
         code = proc.popen.poll()
@@ -234,58 +291,95 @@ class Launcher:
         if code == 0:
             proc.finished = True
             return None
-        self.registry.mark_dead(proc.role, proc.index)
-        policy = cfg.roles[proc.role].restart
-        name = f"{proc.role}/{proc.index}"
+        self._try(lambda: self.registry.mark_dead(proc.role, proc.index))
+        policy = self.cfg.roles[proc.role].restart
         if proc.restarts >= policy.max_restarts:
             proc.failed = True
-            self.echo(f"{name} exited with code {code}; out of restarts (see {proc.log_path})")
-            return f"{name} failed"
+            self.echo(f"{proc.name} exited with code {code}; out of restarts (see {proc.log_path})")
+            return f"{proc.name} failed"
         delay = policy.backoff_s * (2**proc.restarts)
-        proc.restarts = self.registry.record_restart(proc.role, proc.index)
+        proc.restarts += 1
+        self._try(lambda: self.registry.record_restart(proc.role, proc.index))
         proc.restart_at = now + delay
-        self.echo(f"{name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
+        self.echo(f"{proc.name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
         return None
 
     def _restarts(self) -> int:
         return sum(p.restarts for p in self.procs)
 
+    def _beat(self, status: str) -> None:
+        """This node's launcher heartbeat (at most once a second, unless the status changes)."""
+        now = time.monotonic()
+        if status == "running" and now < self._next_beat:
+            return
+        self._next_beat = now + 1.0
+        self.registry.launcher_heartbeat(
+            self.seat.label, ttl_s=self.cfg.run.heartbeat_ttl_s, status=status,
+            address=self.address, hostname=socket.gethostname(), pid=os.getpid(),
+        )  # fmt: skip
+
+    def _try(self, action: Callable[[], object]) -> None:
+        """Run a Redis bookkeeping ``action``; an unreachable Redis only skips it."""
+        try:
+            action()
+        except _REDIS_ERRORS:
+            pass
+
+    def _who(self) -> str:
+        return f"node {self.seat.label}: " if self.seat.multi_host else ""
+
     # --- stop ------------------------------------------------------------------------------------
-    def _stop_all(self, timeout_s: float) -> None:
-        """Stop producers before consumers (``STOP_ORDER``) so queued data is drained, not lost."""
-        rank = {role: i for i, role in enumerate(STOP_ORDER)}
-        groups: dict[int, list[subprocess.Popen]] = {}
-        for p in self.procs:
-            if p.popen is not None and p.popen.poll() is None:
-                groups.setdefault(rank.get(p.role, len(STOP_ORDER)), []).append(p.popen)
-        for _, group in sorted(groups.items()):
-            self._stop_group(group, timeout_s)
+    def _stop_all(self) -> None:
+        """Stop producers before consumers (``STOP_ORDER``) so queued data is drained, not lost.
 
-    def _stop_group(self, group: list[subprocess.Popen], timeout_s: float) -> None:
-        for popen in group:
-            with contextlib.suppress(ProcessLookupError):
-                popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for popen in group:
-            while popen.poll() is None and time.monotonic() < deadline:
-                if self.kill_requested.is_set():
-                    break
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    popen.wait(timeout=_TICK_S)
-            if popen.poll() is None:
-                popen.kill()
-                popen.wait()
+        In a multi-host run every node goes through the stages together: a node moves to the
+        next role only once no instance of this one is still busy on any node, so a trainer on
+        one host drains what env workers on another pushed until they stopped."""
+        timeout_s = self.cfg.run.stop_timeout_s
+        local = dict(stop_stages(self.procs))
+        stages = [r for r in STOP_ORDER if r in self.cfg.roles] + [
+            r for r in local if r not in STOP_ORDER
+        ]
+        for role in stages:
+            stop_group(local.get(role, []), timeout_s, self.kill_requested)
+            if self.seat.multi_host:
+                self._wait_remote(role, time.monotonic() + timeout_s)
 
-    def _install_signal_handlers(self) -> None:
-        def on_signal(_signum: int, count: int) -> None:  # on the signal watcher thread
-            if count > 1 or self.stop_requested.is_set():
-                self.echo("second signal: killing all roles")
-                self.kill_requested.set()
-            else:
-                self.echo("stopping all roles (Ctrl-C again to kill them)")
-                self.stop_requested.set()
+    def _wait_remote(self, role: str, deadline: float) -> None:
+        def busy() -> bool:
+            return any(r.role == role and r.alive and r.status in _BUSY
+                       for r in self.registry.roles())  # fmt: skip
 
-        install_stop_signals(on_signal)
+        try:
+            # another host's processes: only Redis tells when they have ended
+            while busy() and time.monotonic() < deadline:
+                if self.kill_requested.wait(_TICK_S):
+                    return
+        except _REDIS_ERRORS:
+            pass
+
+    def _wait_for_members(self) -> None:
+        """The head keeps the run's Redis up until every other node's launcher is done."""
+        deadline = time.monotonic() + self.cfg.run.stop_timeout_s
+
+        def members_busy() -> list[str]:
+            return [r.node for r in self.registry.launchers()
+                    if r.node != self.seat.label and r.alive and r.status in _BUSY]  # fmt: skip
+
+        try:
+            while members_busy() and time.monotonic() < deadline:
+                if self.kill_requested.wait(_TICK_S):
+                    return
+        except _REDIS_ERRORS:
+            pass
+
+    def _on_signal(self, _signum: int, count: int) -> None:  # on the signal watcher thread
+        if count > 1 or self.stop_requested.is_set():
+            self.echo("second signal: killing all roles")
+            self.kill_requested.set()
+        else:
+            self.echo("stopping all roles (Ctrl-C again to kill them)")
+            self.stop_requested.set()
 
 
 def _write_partial_report(run_dir: Path, cfg: Config, wall_s: float, reason: str) -> None:
@@ -293,12 +387,6 @@ def _write_partial_report(run_dir: Path, cfg: Config, wall_s: float, reason: str
     summary = {"run_id": cfg.run.name, "mode": cfg.run.mode, "wall_s": round(wall_s, 2),
                "stop_reason": reason, "solved": False, "complete": False}  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-
-def _with_redis_url(cfg: Config, url: str) -> Config:
-    from dataclasses import replace
-
-    return replace(cfg, run=replace(cfg.run, redis_url=url))
 
 
 def launch(
@@ -310,30 +398,42 @@ def launch(
     resume: bool = False,
     echo: Callable[[str], None] = print,
 ) -> int:
-    """Load a config and run it (the body of ``rlvla3 launch``). Returns the exit code.
+    """Load a config and run this host's part of it (the body of ``rlvla3 launch``). Returns the
+    exit code.
 
     A fresh launch into a run dir that holds an earlier run moves that run aside (nothing is
-    deleted); ``resume`` keeps it, so the trainer continues from its checkpoints.
+    deleted; only the head does this); ``resume`` keeps it, so the trainer continues from its
+    checkpoints.
     """
     cfg = load_config(config_path, overrides)
-    if node is None and cfg.policy.init_launch:
+    seat = find_seat(cfg, node)
+    if seat.node is None and cfg.policy.init_launch:
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
             return code  # a failed or interrupted first stage stops the chain
     elif (
-        node is None
+        seat.node is None
         and cfg.policy.init_checkpoint
         and not find_checkpoint(cfg.policy.init_checkpoint)
     ):  # (a --node launcher may start while the head still writes it, or hold no trainer)
         raise ConfigError(f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
                           "(a run dir with checkpoints/, or a .pt file)")  # fmt: skip
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
-    launcher = Launcher(cfg, run_dir, node=node, echo=echo)  # checks the placement first
-    if not resume and node is None and (run_dir / "run.json").exists():
+    launcher = Launcher(cfg, run_dir, seat, echo=echo)  # checks the placement first
+    if seat.multi_host:
+        echo(f"node {seat.label} of {len(cfg.all_nodes())} "
+             f"({'head' if seat.is_head else f'head: {seat.head.name}'})"
+             + (f", Slurm job {seat.slurm.job_id}" if seat.slurm else ""))  # fmt: skip
+    elif len(cfg.all_nodes()) > 1:
+        echo(f"running all {len(cfg.all_nodes())} nodes' roles on this host (loopback)")
+    if not resume and seat.is_head and (run_dir / "run.json").exists():
         moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(moved)
         echo(f"moved the earlier run in {run_dir} to {moved}")
-    return launcher.run()
+    try:
+        return launcher.run()
+    except netaddr.AddressError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:

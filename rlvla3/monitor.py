@@ -1,7 +1,8 @@
 """``rlvla3 monitor``: a live terminal view of a run, or one JSON snapshot for scripts.
 
 Read-only: it finds the run's Redis through ``run.json`` in the run dir and reads the registry,
-counters, weight version and the roles' own gauges.
+counters, weight version and the roles' own gauges. It works from any node of a multi-node run:
+every node's run dir has ``run.json`` and the run secret (``secret``, mode 0600).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from rlvla3.registry import Registry
+from rlvla3.registry import LauncherRecord, Registry, RoleRecord
 
 # Gauges each role publishes that the table shows first, in this order.
 _KEY_GAUGES = ("steps_per_s", "requests_per_s", "batch_fill", "queue_depth", "in_flight",
@@ -51,6 +52,7 @@ def find_run(run: str | None, runs_root: str = "runs") -> dict[str, Any]:
 def snapshot(registry: Registry) -> dict[str, Any]:
     """Everything the monitor shows, as plain data (what ``--json`` prints)."""
     counters = registry.counters()
+    roles = registry.roles()
     produced = counters.get("chunks_produced", 0)
     settled = counters.get("chunks_consumed", 0) + counters.get("chunks_dropped", 0)
     recent = registry.series("episodes", last=20)
@@ -64,12 +66,34 @@ def snapshot(registry: Registry) -> dict[str, Any]:
         "chunks_in_flight": produced - settled,
         "mean_return_last_20": sum(e["return"] for e in recent) / len(recent) if recent else None,
         "last_metrics": metrics[-1] if metrics else None,
-        "roles": [dataclasses.asdict(r) for r in registry.roles()],
+        "roles": [dataclasses.asdict(r) for r in roles],
+        "nodes": node_totals(roles, registry.launchers()),
     }
 
 
+def node_totals(roles: list[RoleRecord], launchers: list[LauncherRecord]) -> list[dict[str, Any]]:
+    """Per node: its launcher (status, address) and its roles (alive of all, summed rates)."""
+    launcher = {rec.node: rec for rec in launchers}
+    names = sorted({r.node for r in roles} | set(launcher))
+    totals = []
+    for name in names:
+        mine = [r for r in roles if r.node == name]
+        rec = launcher.get(name)
+        totals.append({
+            "node": name,
+            "launcher": (rec.status if rec.alive else "LOST") if rec else "-",
+            "address": rec.address if rec else (mine[0].host if mine else ""),
+            "roles_alive": sum(r.alive for r in mine),
+            "roles": len(mine),
+            "steps_per_s": sum(r.stats.get("steps_per_s", 0.0) for r in mine if r.alive),
+            "requests_per_s": sum(r.stats.get("requests_per_s", 0.0) for r in mine if r.alive),
+        })  # fmt: skip
+    return totals
+
+
 def render(snap: dict[str, Any]) -> Group:
-    """A rich renderable of one snapshot: a role table and a line of run-wide figures."""
+    """A rich renderable of one snapshot: a role table, a node table and a line of run-wide
+    figures."""
     table = Table(title=f"rlvla3 run {snap['run_id']}", expand=True)
     for col in ("role", "node", "pid", "status", "heartbeat", "restarts", "gauges"):
         table.add_column(col, overflow="fold")
@@ -80,6 +104,14 @@ def render(snap: dict[str, Any]) -> Group:
             f"{r['role']}/{r['index']}", r["node"], str(r["pid"]), f"[{style}]{status}[/]",
             f"{r['heartbeat_age_s']:.1f}s ago", str(r["restarts"]), _gauges(r["stats"]),
         )  # fmt: skip
+    nodes = Table(expand=True)
+    for col in ("node", "address", "launcher", "roles alive", "env steps/s", "requests/s"):
+        nodes.add_column(col)
+    for n in snap.get("nodes", []):
+        style = {"running": "green", "LOST": "red", "error": "red"}.get(n["launcher"], "yellow")
+        nodes.add_row(n["node"], n["address"], f"[{style}]{n['launcher']}[/]",
+                      f"{n['roles_alive']}/{n['roles']}", f"{n['steps_per_s']:.0f}",
+                      f"{n['requests_per_s']:.0f}")  # fmt: skip
     c = snap["counters"]
     mean = snap["mean_return_last_20"]
     line = (
@@ -89,7 +121,7 @@ def render(snap: dict[str, Any]) -> Group:
         f"consumed={c.get('chunks_consumed', 0)} dropped={c.get('chunks_dropped', 0)} "
         f"in_flight={snap['chunks_in_flight']}  bad_frames={c.get('bad_frames', 0)}"
     )
-    return Group(table, line)
+    return Group(table, nodes, line)
 
 
 def _gauges(stats: dict[str, float]) -> str:

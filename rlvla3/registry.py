@@ -48,13 +48,48 @@ class RoleRecord:
     stats: dict[str, float]
 
 
-class Registry:
-    """Typed access to one run's state in Redis."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LauncherRecord:
+    """One node's launcher as the registry knows it.
 
-    def __init__(self, url: str, run_id: str) -> None:
+    Attributes:
+        node: the node it runs on.
+        status: ``starting``, ``running``, ``stopping`` or ``done`` / ``error``.
+        address: the address its node's roles bind and advertise.
+        hostname: the host's name.
+        pid: the launcher's process id on that host.
+        heartbeat_age_s: seconds since its last heartbeat.
+        alive: whether that heartbeat is within its TTL.
+    """
+
+    node: str
+    status: str
+    address: str
+    hostname: str
+    pid: int
+    heartbeat_age_s: float
+    alive: bool
+
+
+class Registry:
+    """Typed access to one run's state in Redis.
+
+    Args:
+        url: the Redis URL (``redis://host:port/0``, ``unix:///path``).
+        run_id: the run whose keys it reads and writes.
+        password: Redis AUTH password (the run secret of a multi-node run's private Redis).
+    """
+
+    def __init__(self, url: str, run_id: str, password: str | None = None) -> None:
         self.url = url
         self.run_id = run_id
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
+        options: dict[str, Any] = {"decode_responses": True, "socket_timeout": 10,
+                                   "socket_connect_timeout": 5}  # fmt: skip
+        if not url.startswith("unix:"):  # a dead peer host is noticed, not waited on forever
+            options["socket_keepalive"] = True
+        if password is not None:
+            options["password"] = password
+        self.redis = redis.Redis.from_url(url, **options)
 
     # --- role registry and heartbeats -------------------------------------------------------
     def register(self, role: str, index: int, *, node: str, host: str, pid: int) -> None:
@@ -202,6 +237,47 @@ class Registry:
         """Whether the head launcher marked a launch at or after unix time ``since``."""
         value = self.redis.get(keys.launch(self.run_id))
         return value is not None and float(value) >= since
+
+    # --- launchers (one per node) -----------------------------------------------------------------
+    def launcher_heartbeat(
+        self, node: str, *, ttl_s: float, status: str, address: str, hostname: str, pid: int
+    ) -> None:
+        """Record a node's launcher and refresh its TTL key."""
+        pipe = self.redis.pipeline()
+        pipe.sadd(keys.launchers_index(self.run_id), node)
+        pipe.hset(keys.launcher_record(self.run_id, node),
+                  mapping={"status": status, "address": address, "hostname": hostname,
+                           "pid": pid, "heartbeat_at": time.time()})  # fmt: skip
+        pipe.set(keys.launcher_alive(self.run_id, node), 1, px=int(ttl_s * 1000))
+        pipe.execute()
+
+    def launchers(self) -> list[LauncherRecord]:
+        """Every node's launcher that joined the run, by node name."""
+        records = []
+        now = time.time()
+        for node in sorted(self.redis.smembers(keys.launchers_index(self.run_id))):
+            pipe = self.redis.pipeline()
+            pipe.hgetall(keys.launcher_record(self.run_id, node))
+            pipe.exists(keys.launcher_alive(self.run_id, node))
+            raw, alive = pipe.execute()
+            if raw:
+                records.append(LauncherRecord(
+                    node=node, status=raw.get("status", "?"), address=raw.get("address", ""),
+                    hostname=raw.get("hostname", ""), pid=int(raw.get("pid", 0)),
+                    heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
+                    alive=bool(alive),
+                ))  # fmt: skip
+        return records
+
+    def end_run(self, reason: str, code: int) -> None:
+        """The head launcher ends the run: every node stops its roles and exits with ``code``."""
+        self.redis.hset(keys.run_end(self.run_id), mapping={"reason": reason, "code": code})
+        self.request_stop(reason)
+
+    def run_end(self) -> tuple[str, int] | None:
+        """``(reason, exit code)`` once the head has ended the run, else None."""
+        raw = self.redis.hgetall(keys.run_end(self.run_id))
+        return (raw.get("reason", ""), int(raw.get("code", 1))) if raw else None
 
     def request_stop(self, reason: str) -> None:
         """Ask the launcher to end the run (first reason wins)."""

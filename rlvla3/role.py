@@ -5,7 +5,12 @@ alone owns the loop, Redis registration, TTL heartbeats, counters, status transi
 (``starting → running → stopping → done | error``) and signals: the first SIGINT/SIGTERM stops
 gracefully after the current step, the second exits at once.
 
-Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE``.
+Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
+--address ADDR``. In a multi-host run the launcher hands over the run secret in the
+environment: the role then authenticates to Redis with it and speaks CURVE on every socket
+(``transport/security.py``). A role rides out a Redis it cannot reach (a network outage, a
+restarting head) for ``run.head_timeout_s``, then stops with an error; when Redis answers again
+in time, its heartbeat resumes and it is part of the run again.
 """
 
 from __future__ import annotations
@@ -22,14 +27,20 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import redis
+
+from rlvla3 import run_secret
 from rlvla3.config import Config, load_config
 from rlvla3.registry import Registry
 from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
+from transport import security
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
 _FLUSH_PERIOD_S = 0.5
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_OUTAGE_RETRY_S = 1.0
 _DROP_LOG_EVERY_S = 10.0  # a counter's dropped-message warnings are at most this frequent
 
 
@@ -64,17 +75,22 @@ class Role(abc.ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, cfg: Config, index: int, *, node: str, run_dir: Path) -> None:
+    def __init__(
+        self, cfg: Config, index: int, *, node: str, run_dir: Path, address: str | None = None,
+        redis_password: str | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
         self.index = index
         self.node = cfg.node(node)
+        self.address = address or self.node.host or "127.0.0.1"
         self.run_dir = run_dir
         self.settings: Any = cfg.role_settings(self.name)
         self.log = logging.getLogger(f"{self.name}/{index}")
         self.stop_event = threading.Event()
         if cfg.run.redis_url is None:
             raise ValueError("run.redis_url: not set; roles are started by the launcher")
-        self.registry = Registry(cfg.run.redis_url, cfg.run.name)
+        self.registry = Registry(cfg.run.redis_url, cfg.run.name, redis_password)
+        self._redis_lost_since: float | None = None  # monotonic time Redis last failed us
         self._gauges: dict[str, float] = {}
         self._pending: collections.Counter[str] = collections.Counter()
         self._pending_lock = threading.Lock()
@@ -128,7 +144,7 @@ class Role(abc.ABC):
     def bind(self, endpoint: str, sock: MessageSocket) -> str:
         """Bind ``sock`` on this node and publish it in Redis as ``endpoint``."""
         address = sock.bind(
-            host=self.node.host, scheme=self.cfg.run.transport, ipc_dir=str(self.run_dir / "ipc")
+            host=self.address, scheme=self.cfg.run.transport, ipc_dir=str(self.run_dir / "ipc")
         )
         self.registry.publish_endpoint(self.name, self.index, endpoint, address)
         return address
@@ -175,7 +191,7 @@ class Role(abc.ABC):
         """Register, set up, step until stopped, shut down. Returns the process exit code."""
         self._install_signal_handlers()
         self.registry.register(
-            self.name, self.index, node=self.node.name, host=self.node.host, pid=os.getpid()
+            self.name, self.index, node=self.node.name, host=self.address, pid=os.getpid()
         )
         self.registry.heartbeat(self.name, self.index, self.cfg.run.heartbeat_ttl_s, {})
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -186,11 +202,16 @@ class Role(abc.ABC):
             self.registry.set_status(self.name, self.index, "running")
             self.log.info("running")
             while not self.stop_event.is_set():
-                self.step()
+                try:
+                    self.step()
+                except _REDIS_ERRORS as err:
+                    self._ride_out_redis_outage(err)
         except InterruptedError:
             pass
         except Exception:
             self.log.exception("failed")
+            code = 1
+        if self._redis_gone_for_good():
             code = 1
         code = self._finish(code)
         self._heartbeat_stop.set()
@@ -213,6 +234,23 @@ class Role(abc.ABC):
         self.log.info("stopped (%s)", "error" if code else "done")
         return code
 
+    def _ride_out_redis_outage(self, err: Exception) -> None:
+        """A step failed on Redis: wait and step again, up to ``run.head_timeout_s`` in all
+        (then raise: the role stops with an error)."""
+        now = time.monotonic()
+        if self._redis_lost_since is None:
+            self._redis_lost_since = now
+            self.log.warning("Redis unreachable (%s); riding it out for up to %.0fs", err,
+                             self.cfg.run.head_timeout_s)  # fmt: skip
+        if now - self._redis_lost_since >= self.cfg.run.head_timeout_s:
+            raise RuntimeError(f"Redis unreachable for {now - self._redis_lost_since:.0f}s "
+                               "(run.head_timeout_s)") from err  # fmt: skip
+        self.stop_event.wait(_OUTAGE_RETRY_S)
+
+    def _redis_gone_for_good(self) -> bool:
+        lost = self._redis_lost_since
+        return lost is not None and time.monotonic() - lost >= self.cfg.run.head_timeout_s
+
     def _set_status(self, status: str) -> None:
         try:
             self.registry.set_status(self.name, self.index, status)
@@ -221,7 +259,7 @@ class Role(abc.ABC):
 
     def _heartbeat_loop(self) -> None:
         ttl = self.cfg.run.heartbeat_ttl_s
-        last_beat = last_success = time.monotonic()
+        last_beat = time.monotonic()
         parent = os.getppid()
         while not self._heartbeat_stop.wait(_FLUSH_PERIOD_S):
             if os.getppid() != parent:  # the launcher died without stopping us: do not linger
@@ -233,13 +271,20 @@ class Role(abc.ABC):
             last_beat = time.monotonic()
             try:
                 self.registry.heartbeat(self.name, self.index, ttl, self.stats())
-                last_success = last_beat
-            except Exception as err:  # Redis hiccup: try again next period
-                self.log.warning("heartbeat failed: %s", err)
-                if last_beat - last_success > 3 * ttl:
-                    self.log.error(
-                        "Redis unreachable for %.0fs: stopping", last_beat - last_success
-                    )
+                took = time.monotonic() - last_beat
+                if self._redis_lost_since is not None or took > ttl:
+                    # failed beats, or one that hung on a dead link until the link came back:
+                    # either way the role was shown LOST meanwhile
+                    away = last_beat - (self._redis_lost_since or last_beat) + took
+                    self.log.info("Redis reachable again after %.0fs: rejoined the run", away)
+                self._redis_lost_since = None
+            except Exception as err:  # an outage: ride it out up to run.head_timeout_s
+                if self._redis_lost_since is None:
+                    self._redis_lost_since = last_beat
+                    self.log.warning("heartbeat failed: %s", err)
+                if self._redis_gone_for_good():
+                    self.log.error("Redis unreachable for %.0fs: stopping",
+                                   last_beat - self._redis_lost_since)  # fmt: skip
                     self.stop_event.set()
 
     def _flush_counters(self) -> None:
@@ -285,6 +330,8 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0, help="instance index within the role")
     parser.add_argument("--node", default=None, help="node name (default: the first node)")
     parser.add_argument("--run-dir", default=None, help="run directory (default: config's dir)")
+    parser.add_argument("--address", default=None,
+                        help="address to bind and advertise (default: the node's host)")  # fmt: skip
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     logging.basicConfig(
@@ -293,11 +340,18 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
+    redis_auth = False
     if cfg.run.redis_url is None:  # an embedded Redis: its URL is in run.json, not the config
-        cfg = _with_run_redis(cfg, run_dir / "run.json")
+        cfg, redis_auth = _with_run_redis(cfg, run_dir / "run.json")
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
-    role = role_cls(cfg, args.index, node=args.node or cfg.nodes[0].name, run_dir=run_dir)
+    secret = run_secret.from_env()
+    node = args.node or cfg.all_nodes()[0].name
+    role = role_cls(cfg, args.index, node=node, run_dir=run_dir, address=args.address,
+                    redis_password=secret if redis_auth else None)  # fmt: skip
+    if secret is not None:  # a multi-host run: only the run's peers may talk to us
+        security.enable(secret, on_refused=lambda what: role.drop(
+            "auth_refused", f"refused a peer without the run's secret: {what}"))  # fmt: skip
     code = role.run()
     # Everything is stopped, flushed and closed by now. Exit without running interpreter
     # teardown: a daemon thread still blocked inside a C++ call (a gloo receive, a TCPStore
@@ -308,12 +362,16 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     os._exit(code)
 
 
-def _with_run_redis(cfg: Config, run_json: Path) -> Config:
-    """``cfg`` with the Redis URL the launcher recorded in ``run.json`` (if it did)."""
+def _with_run_redis(cfg: Config, run_json: Path) -> tuple[Config, bool]:
+    """``cfg`` with the Redis URL the launcher recorded in ``run.json`` (if it did), and whether
+    that Redis wants the run secret (AUTH)."""
     from dataclasses import replace
 
     try:
-        url = json.loads(run_json.read_text()).get("redis_url")
+        info = json.loads(run_json.read_text())
     except (OSError, ValueError):
-        return cfg
-    return replace(cfg, run=replace(cfg.run, redis_url=url)) if url else cfg
+        return cfg, False
+    url = info.get("redis_url")
+    if not url:
+        return cfg, False
+    return replace(cfg, run=replace(cfg.run, redis_url=url)), bool(info.get("redis_auth"))

@@ -1,7 +1,7 @@
 """What the launcher reads from Redis while a run goes and writes when it ends.
 
 - ``stop_condition``: the run's stop rules (``run.stop``) checked against live counters.
-- ``progress_line``: one line of progress for the terminal.
+- ``ProgressTracker``: the launcher's progress line for the terminal.
 - ``write_report``: ``summary.json`` and ``learning_curve.png`` in the run dir.
 """
 
@@ -81,27 +81,57 @@ def evaluation_summary(registry: Registry) -> dict[str, Any] | None:
     return result
 
 
-def progress_line(registry: Registry, cfg: Config, elapsed_s: float, restarts: int) -> str:
-    """E.g. ``[  30s] env_steps=41200 (1373/s) episodes=310 mean_return=212.5 version=57 ...``."""
-    counters = registry.counters()
-    steps = counters.get("env_steps", 0)
-    mean = mean_recent(registry, "return", min(cfg.run.stop.return_window, 20))
-    roles = registry.roles()
-    alive = sum(r.alive for r in roles)
-    expected = max(len(roles), sum(rc.count for rc in cfg.roles.values()))  # not yet registered too
-    parts = [
-        f"[{elapsed_s:5.0f}s]",
-        f"env_steps={steps} ({steps / max(elapsed_s, 1e-9):.0f}/s)",
-        f"episodes={counters.get('episodes', 0)}",
-        f"mean_return={'-' if mean is None else f'{mean:.1f}'}",
-        f"version={registry.weight_version()}",
-        f"roles={alive}/{expected} alive",
-        f"restarts={restarts}",
-    ]
-    for counter in ("bad_frames", "bad_chunks", "bad_requests", "weights_rejected"):
-        if counters.get(counter):
-            parts.append(f"{counter}={counters[counter]}")
-    return " ".join(parts)
+_NO_PROGRESS_S = 20.0  # the progress line flags a run whose env steps and weights stand still
+
+
+class ProgressTracker:
+    """The launcher's progress line. Rates are over the time since the previous line, not the
+    average since the start (a run that stopped moving shows 0/s at once), roles whose
+    heartbeat expired are named, and a run whose env steps and weight version stand still says
+    so instead of only counting live roles."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._last: tuple[float, int, int] | None = None  # (elapsed_s, env steps, version)
+        self._moved_at = 0.0
+
+    def line(self, registry: Registry, elapsed_s: float, restarts: int) -> str:
+        """E.g. ``[  30s] env_steps=41200 (1373/s) episodes=310 mean_return=212.5 version=57
+        roles=5/5 alive restarts=0``."""
+        counters = registry.counters()
+        steps = counters.get("env_steps", 0)
+        version = registry.weight_version()
+        prev_s, prev_steps, prev_version = self._last or (0.0, 0, -1)
+        rate = (steps - prev_steps) / max(elapsed_s - prev_s, 1e-9)
+        if self._last is None or (steps, version) != (prev_steps, prev_version):
+            self._moved_at = elapsed_s
+        self._last = (elapsed_s, steps, version)
+        mean = mean_recent(registry, "return", min(self.cfg.run.stop.return_window, 20))
+        roles = registry.roles()
+        expected = max(len(roles), sum(rc.count for rc in self.cfg.roles.values()))
+        parts = [
+            f"[{elapsed_s:5.0f}s]",
+            f"env_steps={steps} ({rate:.0f}/s)",
+            f"episodes={counters.get('episodes', 0)}",
+            f"mean_return={'-' if mean is None else f'{mean:.1f}'}",
+            f"version={version}",
+            f"roles={sum(r.alive for r in roles)}/{expected} alive",
+            f"restarts={restarts}",
+        ]
+        lost = [f"{r.role}/{r.index}@{r.node}" for r in roles
+                if not r.alive and r.status in ("starting", "running")]  # fmt: skip
+        if lost:
+            parts.append(f"LOST={','.join(lost)}")
+        for counter in ("bad_frames", "bad_chunks", "bad_requests", "weights_rejected",
+                        "auth_refused"):  # fmt: skip
+            if counters.get(counter):
+                parts.append(f"{counter}={counters[counter]}")
+        still_s = elapsed_s - self._moved_at
+        if still_s >= _NO_PROGRESS_S:
+            what = ("no weights have reached the rollout servers" if version < 0
+                    else "env steps and weight version have not moved")  # fmt: skip
+            parts.append(f"NO PROGRESS for {still_s:.0f}s: {what}")
+        return " ".join(parts)
 
 
 def write_report(
@@ -146,6 +176,19 @@ def write_report(
         summary["solved"] = meets_target(
             cfg.run.stop, evaluation["mean_return"], evaluation.get("success_rate")
         )
+    # Chunks counted as pushed that no trainer received (a node lost with chunks on the wire,
+    # a worker killed with a full queue): lost, so produced = received + lost.
+    summary["chunks_lost"] = max(0, counters.get("chunks_produced", 0)
+                                 - counters.get("chunks_received", 0))  # fmt: skip
+    summary["roles"] = [
+        {"role": r.role, "index": r.index, "node": r.node, "host": r.host, "status": r.status,
+         "restarts": r.restarts, "stats": r.stats}
+        for r in registry.roles()
+    ]  # fmt: skip
+    summary["nodes"] = [
+        {"node": n.node, "address": n.address, "hostname": n.hostname, "status": n.status}
+        for n in registry.launchers()
+    ]  # fmt: skip
     last = registry.series("metrics", last=1)
     if last and "loss" in last[-1]:
         summary["final_loss"] = last[-1]["loss"]

@@ -95,7 +95,8 @@ class RolloutServer(Role):
                     )  # fmt: skip
                     store_address = address
                 self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
-                link = WeightLink(store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S)
+                link = WeightLink(store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S,
+                                  host=self.address)  # fmt: skip
                 while not self.stop_event.is_set():
                     version, numel = link.recv_header()  # waits for the trainer, no lock held
                     self._receive_into_standby(link, version, numel)

@@ -30,12 +30,12 @@ class WeightBroadcaster(Role):
     def setup(self) -> None:
         self.updates = sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame)
         self.bind("updates", self.updates)
-        self.store = start_store(self.node.host, timeout_s=self.settings.link_timeout_s)
+        self.store = start_store(self.address, timeout_s=self.settings.link_timeout_s)
         self.registry.publish_endpoint(
-            self.name, self.index, "store", f"{self.node.host}:{self.store.port}"
+            self.name, self.index, "store", f"{self.address}:{self.store.port}"
         )
         self.broadcaster = Broadcaster(
-            self.store, self.settings.device, self.settings.link_timeout_s
+            self.store, self.settings.device, self.settings.link_timeout_s, host=self.address
         )
         self.layout: str | None = None  # the first accepted update fixes layout and size
         self.numel = 0

@@ -32,7 +32,7 @@ def test_defaults_load_without_a_file() -> None:
         ({"run": {"seed": "zero"}}, "run.seed: expected int"),
         ({"run": {"stop": {"max_env_steps": 1.5}}}, "run.stop.max_env_steps: expected int"),
         ({"roles": {"nope": {}}}, "roles.nope: unknown role"),
-        ({"roles": {"trainer": {"node": "gpu9"}}}, "roles.trainer.node: no node named"),
+        ({"roles": {"trainer": {"node": "gpu9"}}}, "roles.trainer.node: no node or group named"),
         (
             {"roles": {"env_worker": {"settings": {"rate": 1}}}},
             "roles.env_worker.settings.rate: unknown key",

@@ -1,42 +1,210 @@
-"""Two launchers with --node share one run through one Redis (multi-host, simulated on loopback)."""
+"""The pieces of a multi-node run that need no cluster: node groups, Slurm's environment,
+addresses, the run secret, CURVE and Redis AUTH. Whole runs across hosts: tests/test_cluster.py."""
 
 from __future__ import annotations
 
-import json
+import os
 
+import pytest
+import redis
+import zmq
+
+from rlvla3 import netaddr, run_secret
+from rlvla3.cluster import find_seat, own_address, redis_port
+from rlvla3.config import load_config
+from rlvla3.redis_server import EmbeddedRedis
 from rlvla3.registry import Registry
-from tests.launching import launcher_output, start_launcher, write_yaml
+from rlvla3.run_report import ProgressTracker
+from rlvla3.slurm import HostListError, SlurmStep, expand_host_list
+from rlvla3.typed_load import ConfigError
+from tests.conftest import wait_until
+from transport.security import CurveSecurity, run_keys
+
+GROUPS = ["nodes=[{name: learner, devices: [cuda:0]}, {name: sim, count: 2}]",
+          "roles.env_worker.count=3", "roles.env_worker.node=sim",
+          "roles.trainer.count=1", "roles.trainer.node=learner"]  # fmt: skip
 
 
-def test_each_node_starts_only_its_roles_and_the_run_ends_everywhere(tmp_path, redis_url) -> None:
-    cfg = {
-        "run": {"name": "two_nodes", "redis_url": redis_url, "progress_interval_s": 5.0,
-                "stop": {"max_env_steps": 600, "max_wall_s": 200}},
-        "nodes": [{"name": "head", "host": "127.0.0.1"}, {"name": "sim", "host": "127.0.0.1"}],
-        "roles": {
-            "env_worker": {"count": 2, "node": "sim"},
-            "rollout_server": {"count": 1, "node": "head"},
-            "trainer": {"count": 1, "node": "head"},
-            "weight_broadcaster": {"count": 1, "node": "head"},
-        },
-        "env": {"id": "CartPole-v1", "num_envs_per_worker": 1, "chunk_len": 16},
-    }  # fmt: skip
-    config = write_yaml(tmp_path / "two.yaml", cfg)
-    head = start_launcher(config, tmp_path / "head", "--node", "head")
-    sim = start_launcher(config, tmp_path / "sim", "--node", "sim")
+def slurm_env(node_id: int, hosts: str = "gpu01,cpu[01-02]", job: str = "4242") -> dict:
+    return {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_NODEID": str(node_id),
+            "SLURM_JOB_NODELIST": hosts}  # fmt: skip
+
+
+# --- node groups ---------------------------------------------------------------------------------
+def test_groups_expand_in_order_and_roles_spread_over_a_group() -> None:
+    cfg = load_config(None, GROUPS)
+    assert [(n.name, n.group, n.rank) for n in cfg.all_nodes()] == [
+        ("learner", "learner", 0), ("sim-0", "sim", 1), ("sim-1", "sim", 2)]  # fmt: skip
+    assert cfg.placement("env_worker") == ["sim-0", "sim-1", "sim-0"]
+    assert cfg.placement("trainer") == ["learner"]
+    assert cfg.node("learner").devices == ("cuda:0",)
+    assert cfg.head_node().name == "learner"
+    assert load_config(None, [*GROUPS, "run.head=sim"]).head_node().name == "sim-0"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["nodes=[{name: sim, count: 2, host: 10.0.0.2}]"], "nodes[0].host: group 'sim' has 2"),
+        (["nodes=[{name: sim, count: 2}, {name: sim-1}]"], "the name 'sim-1' is used twice"),
+        (["nodes=[{name: 'a b'}]"], "nodes[0].name"),
+        (["nodes=[{name: sim, count: 0}]"], "nodes[0].count: must be >= 1"),
+        ([*GROUPS, "run.head=gpu"], "run.head: no node or group named 'gpu'"),
+        ([*GROUPS, "roles.trainer.node=gpu"], "roles.trainer.node: no node or group named 'gpu'"),
+    ],
+)  # fmt: skip
+def test_bad_node_groups_are_named(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(None, overrides)
+
+
+# --- Slurm ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "hosts"),
+    [
+        ("node1", ["node1"]),
+        ("node[1-3,7]", ["node1", "node2", "node3", "node7"]),
+        ("gpu[08-10],login", ["gpu08", "gpu09", "gpu10", "login"]),
+        ("r[1-2]-n[1-2]", ["r1-n1", "r1-n2", "r2-n1", "r2-n2"]),
+    ],
+)
+def test_slurm_host_lists_expand(text: str, hosts: list[str]) -> None:
+    assert expand_host_list(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["", "node[1-3", "node[3-1]", "node[a-b]", "n[1-[2]]"])
+def test_bad_slurm_host_lists_are_refused(text: str) -> None:
+    with pytest.raises(HostListError):
+        expand_host_list(text)
+
+
+def test_the_job_hosts_fill_the_groups_in_order() -> None:
+    cfg = load_config(None, GROUPS)
+    seats = [find_seat(cfg, None, slurm_env(i)) for i in range(3)]
+    assert [s.node.name for s in seats] == ["learner", "sim-0", "sim-1"]
+    assert [s.is_head for s in seats] == [True, False, False]
+    assert all(s.multi_host and s.slurm.hosts == ("gpu01", "cpu01", "cpu02") for s in seats)
+    assert redis_port(cfg, seats[1]) == SlurmStep.from_env(slurm_env(1)).redis_port()
+    assert redis_port(load_config(None, [*GROUPS, "run.redis_port=7000"]), seats[1]) == 7000
+
+
+def test_an_allocation_that_does_not_fit_is_one_line_naming_the_nodes() -> None:
+    cfg = load_config(None, GROUPS)
+    with pytest.raises(ConfigError, match=r"has 2 hosts .* are 3 \(learner, sim-0, sim-1\); "
+                                          r"submit with sbatch --nodes=3"):  # fmt: skip
+        find_seat(cfg, None, slurm_env(0, hosts="cpu[01-02]"))
+
+
+def test_slurm_is_ignored_by_a_one_node_config_and_overridden_by_node() -> None:
+    one = load_config(None, ["roles.trainer.count=1"])
+    assert find_seat(one, None, slurm_env(0)).node is None  # e.g. inside an salloc shell
+    cfg = load_config(None, GROUPS)
+    assert find_seat(cfg, "sim-1", slurm_env(0)).node.name == "sim-1"
+    assert find_seat(cfg, None, {}).node is None  # no Slurm, no --node: all on this host
+
+
+# --- addresses -----------------------------------------------------------------------------------
+def test_loopback_is_refused_in_a_multi_node_run_naming_the_node() -> None:
+    cfg = load_config(None, ["nodes=[{name: a, host: 127.0.0.1}, {name: b}]", "roles.trainer.count=1"])
+    seat = find_seat(cfg, "a")
+    with pytest.raises(netaddr.AddressError, match="node 'a': nodes\\[\\].host '127.0.0.1' gives "
+                                                   "127.0.0.1, which other nodes cannot reach"):  # fmt: skip
+        own_address(seat, None)
+    one_host = find_seat(cfg, None)  # every node on this host: loopback is right
+    assert not one_host.multi_host and own_address(one_host, None) == "127.0.0.1"
+
+
+def test_addresses_come_from_the_routing_table() -> None:
+    assert netaddr.route_address("127.0.0.1") == "127.0.0.1"
+    assert netaddr.interface_of("127.0.0.1") == "lo"
+    assert netaddr.is_loopback(netaddr.resolve("localhost"))
+    with pytest.raises(netaddr.AddressError, match="does not resolve"):
+        netaddr.resolve("no-such-host.invalid")
+
+
+# --- the run secret -------------------------------------------------------------------------------
+def test_the_secret_is_stored_0600_and_a_readable_one_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(run_secret.SECRET_ENV, raising=False)
+    assert run_secret.load(tmp_path) is None
+    secret = run_secret.new_secret()
+    path = run_secret.write(tmp_path, secret)
+    assert path.stat().st_mode & 0o777 == 0o600 and run_secret.load(tmp_path) == secret
+    os.chmod(path, 0o644)
+    with pytest.raises(run_secret.SecretError, match="readable by others"):
+        run_secret.read(tmp_path)
+    monkeypatch.setenv(run_secret.SECRET_ENV, "short")
+    with pytest.raises(run_secret.SecretError, match="RLVLA3_RUN_SECRET: a run secret must be"):
+        run_secret.load(tmp_path)
+
+
+def test_the_private_redis_of_a_multi_node_run_wants_the_secret(tmp_path) -> None:
+    secret = run_secret.new_secret()
+    with EmbeddedRedis(host="127.0.0.1", password=secret) as server:
+        assert server.url.startswith("redis://127.0.0.1:")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(server.url).ping()
+        with pytest.raises(redis.AuthenticationError):
+            Registry(server.url, "r", "wrong-secret-0123456789").counters()
+        assert Registry(server.url, "r", secret).counters() == {}
+        conf = next(server.directory.glob("redis.conf"))
+        assert conf.stat().st_mode & 0o777 == 0o600
+        cmdline = open(f"/proc/{server.process.pid}/cmdline", "rb").read()
+        assert secret.encode() not in cmdline  # not in `ps`
+
+
+# --- CURVE ---------------------------------------------------------------------------------------
+def test_curve_serves_the_runs_peers_and_refuses_and_counts_strangers() -> None:
+    secret = run_secret.new_secret()
+    server_ctx, peer_ctx = zmq.Context(), zmq.Context()  # two processes, in effect
+    refused: list[str] = []
+    security = CurveSecurity(secret, server_ctx, refused.append)
     try:
-        assert sim.wait(timeout=240) == 0, launcher_output(tmp_path / "sim")
-        assert head.wait(timeout=240) == 0, launcher_output(tmp_path / "head")
+        server = server_ctx.socket(zmq.ROUTER)
+        security.server(server)
+        endpoint = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+        keys = run_keys(secret)
+        stranger_public, stranger_secret = zmq.curve_keypair()
+        peers = {
+            "run": (keys.server_public, keys.client_public, keys.client_secret),
+            "wrong_key": (keys.server_public, stranger_public, stranger_secret),
+            "plain": None,
+        }
+        sockets = []  # kept referenced: a collected socket closes and drops what it queued
+        for name, key in peers.items():
+            sock = peer_ctx.socket(zmq.DEALER)
+            sockets.append(sock)
+            sock.linger = 0
+            if key is not None:
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = key
+            sock.connect(endpoint)
+            sock.send(name.encode())
+        received = []
+        while server.poll(2000):
+            received.append(server.recv_multipart()[-1])
+        assert received == [b"run"]
+        wait_until(lambda: len(refused) >= 2, 10, "both strangers counted")
+        assert any("auth" in r for r in refused) and any("protocol" in r for r in refused)
     finally:
-        for p in (head, sim):
-            if p.poll() is None:
-                p.kill()
-    registry = Registry(redis_url, "two_nodes")
-    placed = {(r.role, r.node) for r in registry.roles()}
-    assert placed == {("env_worker", "sim"), ("rollout_server", "head"), ("trainer", "head"),
-                      ("weight_broadcaster", "head")}  # fmt: skip
-    assert {r.status for r in registry.roles()} == {"done"}
-    assert sorted(p.name for p in (tmp_path / "sim" / "logs").iterdir()) == [
-        "env_worker-0.log", "env_worker-1.log"]  # fmt: skip
-    summary = json.loads((tmp_path / "head" / "summary.json").read_text())
-    assert summary["env_steps"] >= 600
+        security.close()
+        peer_ctx.destroy(linger=0)
+        server_ctx.destroy(linger=0)
+
+
+def test_keys_differ_per_secret_and_match_across_processes() -> None:
+    a, b = run_keys("a" * 32), run_keys("b" * 32)
+    assert a == run_keys("a" * 32) and a.client_public != b.client_public
+    assert a.server_public != a.client_public
+
+
+# --- progress ------------------------------------------------------------------------------------
+def test_the_progress_line_says_when_nothing_moves(registry) -> None:
+    cfg = load_config(None, ["roles.trainer.count=1"])
+    tracker = ProgressTracker(cfg)
+    assert "NO PROGRESS" not in tracker.line(registry, 5.0, 0)
+    line = tracker.line(registry, 30.0, 0)
+    assert "(0/s)" in line and "NO PROGRESS for 25s: no weights have reached" in line
+    registry.incr("env_steps", 500)
+    registry.set_weight_version(3)
+    line = tracker.line(registry, 35.0, 0)
+    assert "NO PROGRESS" not in line and "env_steps=500 (100/s)" in line
+    assert "NO PROGRESS for 20s: env steps and weight version" in tracker.line(registry, 55.0, 0)

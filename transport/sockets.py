@@ -7,7 +7,8 @@
 - PUB/SUB: control broadcasts.
 
 Binding always picks a free port (or a fresh ipc path); the caller publishes the address in Redis
-(see ``rlvla3/registry.py``) and peers find it there. Receivers never raise on bad input: a frame
+(see ``rlvla3/registry.py``) and peers find it there. When ``transport.security`` is enabled
+(multi-host runs), every tcp socket is a CURVE server (bound) or client (connected). Receivers never raise on bad input: a frame
 that fails to decode is handed to ``on_bad_frame`` and dropped, and receiving carries on.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from transport import security
 from transport.codec import DEFAULT_LIMITS, Codec, CodecError, CodecLimits
 
 BadFrameHandler = Callable[[CodecError], None]
@@ -63,10 +65,14 @@ class MessageSocket:
         self._poll_in = [(self.raw, zmq.POLLIN)]
         self._poll_out = [(self.raw, zmq.POLLOUT)]
         self.addresses: list[str] = []
+        self._curve_client = False
 
     def bind(self, host: str = "127.0.0.1", scheme: str = "tcp", ipc_dir: str | None = None) -> str:
         """Bind to a free port on ``host`` (tcp) or a new path in ``ipc_dir`` (ipc); return it."""
         if scheme == "tcp":
+            curve = security.active()
+            if curve is not None and not self.addresses:
+                curve.server(self.raw)
             port = self.raw.bind_to_random_port(f"tcp://{host}")
             address = f"tcp://{host}:{port}"
         elif scheme == "ipc":
@@ -84,6 +90,10 @@ class MessageSocket:
         """Connect to one or more peer addresses not already connected."""
         for address in [addresses] if isinstance(addresses, str) else addresses:
             if address not in self.addresses:
+                curve = security.active()
+                if curve is not None and not self._curve_client and address.startswith("tcp"):
+                    curve.client(self.raw)
+                    self._curve_client = True
                 self.raw.connect(address)
                 self.addresses.append(address)
 

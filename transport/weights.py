@@ -245,13 +245,18 @@ class WeightLink:
             tensors) when both ends sit on the same GPU, which NCCL refuses ("Duplicate GPU
             detected"): a one-GPU machine running broadcaster and server on ``cuda``.
         timeout_s: how long a broadcast may take before the link counts as broken.
+        host: the address this end listens on and advertises to the other (gloo binds its
+            pair there; without it gloo takes the address the host name resolves to, which
+            on many hosts is loopback and unreachable from another node). NCCL's own
+            bootstrap follows ``NCCL_SOCKET_IFNAME``, which the launcher sets to the
+            interface holding this address.
 
     ``backend`` says which library the link uses.
     """
 
     def __init__(
         self, store: dist.Store, link_id: str, rank: int, device: str = "cpu",
-        timeout_s: float = 60.0,
+        timeout_s: float = 60.0, host: str = "127.0.0.1",
     ) -> None:  # fmt: skip
         self.link_id = link_id
         self.rank = rank
@@ -263,7 +268,10 @@ class WeightLink:
             self.backend = "nccl"
             self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
         else:
-            self.group = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+            self.group = dist.ProcessGroupGloo(prefixed, rank, 2, options)
         self._opts = dist.BroadcastOptions()
         self._opts.rootRank = 0
 
@@ -314,10 +322,14 @@ def _same_gpu(store: dist.Store, rank: int, device: torch.device) -> bool:
 class Broadcaster:
     """Rank 0 of every link: keeps the newest weights and sends them to all linked servers."""
 
-    def __init__(self, store: dist.Store, device: str = "cpu", timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, store: dist.Store, device: str = "cpu", timeout_s: float = 60.0,
+        host: str = "127.0.0.1",
+    ) -> None:  # fmt: skip
         self.store = store
         self.device = device
         self.timeout_s = timeout_s
+        self.host = host
         self.links: dict[str, WeightLink] = {}
         self.version = -1
         self.flat: torch.Tensor | None = None
@@ -332,7 +344,7 @@ class Broadcaster:
 
         def connect() -> None:
             try:
-                link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s)
+                link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s, self.host)
                 if self.flat is not None:
                     link.send(self.version, self.flat)
                 result.append(link)

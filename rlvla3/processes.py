@@ -1,0 +1,117 @@
+"""Role processes of one node: start them, see them exit, stop them in order.
+
+Processes start with ``Popen([sys.executable, "-m", "roles.<name>", ...])``, never a shell, each
+in its own session (the terminal's Ctrl-C reaches the launcher only, which decides how they
+stop) with its own log file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlvla3 import run_secret
+
+_TICK_S = 0.2
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# Producers stop first, so every queue is drained by its consumer before the consumer stops.
+STOP_ORDER = ("env_worker", "rollout_server", "trainer", "sft_trainer", "weight_broadcaster")
+
+
+@dataclass(slots=True)
+class RoleProcess:
+    """One supervised role instance."""
+
+    role: str
+    index: int
+    node: str
+    log_path: Path
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    finished: bool = False
+    failed: bool = False
+
+    @property
+    def name(self) -> str:
+        """``role/index``."""
+        return f"{self.role}/{self.index}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpawnContext:
+    """What every role process of this node is started with.
+
+    Attributes:
+        config_path: the run's ``config.yaml``.
+        run_dir: the run dir (logs, checkpoints, ``run.json``).
+        address: the node address roles bind and advertise.
+        secret: the run secret (multi-host runs: Redis AUTH and CURVE), None on one host.
+        nccl_interface: the interface NCCL's bootstrap should use (``NCCL_SOCKET_IFNAME``).
+    """
+
+    config_path: Path
+    run_dir: Path
+    address: str
+    secret: str | None = None
+    nccl_interface: str | None = None
+
+
+def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
+    """Start (or restart) ``proc``; its output is appended to its log."""
+    args = [sys.executable, "-m", f"roles.{proc.role}", "--config", str(ctx.config_path),
+            "--index", str(proc.index), "--node", proc.node, "--run-dir", str(ctx.run_dir),
+            "--address", ctx.address]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
+    env.pop(run_secret.SECRET_ENV, None)  # a one-host run's roles must not switch CURVE on
+    if ctx.secret is not None:
+        env[run_secret.SECRET_ENV] = ctx.secret  # the environment: never on a command line
+    if ctx.nccl_interface and "NCCL_SOCKET_IFNAME" not in env:
+        env["NCCL_SOCKET_IFNAME"] = ctx.nccl_interface
+    with open(proc.log_path, "ab") as log:
+        proc.popen = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    proc.restart_at = None
+
+
+def running(procs: list[RoleProcess]) -> list[RoleProcess]:
+    """The processes that have not exited."""
+    return [p for p in procs if p.popen is not None and p.popen.poll() is None]
+
+
+def stop_group(
+    group: list[subprocess.Popen], timeout_s: float, kill_now: threading.Event
+) -> None:
+    """SIGTERM every process of ``group``, wait up to ``timeout_s`` (or until ``kill_now``),
+    then SIGKILL what is left."""
+    for popen in group:
+        with contextlib.suppress(ProcessLookupError):
+            popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for popen in group:
+        while popen.poll() is None and time.monotonic() < deadline:
+            if kill_now.is_set():
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=_TICK_S)
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+
+
+def stop_stages(procs: list[RoleProcess]) -> list[tuple[str, list[subprocess.Popen]]]:
+    """The running processes grouped by role, in ``STOP_ORDER`` (roles not listed last)."""
+    rank = {role: i for i, role in enumerate(STOP_ORDER)}
+    stages: dict[str, list[subprocess.Popen]] = {}
+    for p in sorted(running(procs), key=lambda p: rank.get(p.role, len(STOP_ORDER))):
+        stages.setdefault(p.role, []).append(p.popen)
+    return list(stages.items())

@@ -1,0 +1,165 @@
+"""How the launchers of one run meet: the head starts the run's Redis, the others find it.
+
+- One host: a private redis-server on a unix socket, no password (``run.redis_url`` overrides).
+- Multi-host head: a private redis-server on the head's node address, its port from
+  ``run.redis_port`` or the Slurm job, AUTH with the run secret.
+- Multi-host other nodes: wait (``run.join_timeout_s``) until the head's Redis answers and the
+  head has marked the launch. Where: ``run.redis_url``; else the head's address (its
+  configured host, or its Slurm host) and the known port; else ``run.json`` in the shared run
+  dir. The secret: ``RLVLA3_RUN_SECRET``, else ``RUN_DIR/secret``.
+
+``run.json`` in the run dir says how to reach the run's Redis (never the password), for roles
+and ``rlvla3 monitor``: ``run_id``, ``redis_url``, ``redis_auth`` (the run secret is its
+password), ``head``, ``started_at``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from rlvla3 import run_secret
+from rlvla3.cluster import Seat, head_address, redis_port
+from rlvla3.config import Config
+from rlvla3.redis_server import EmbeddedRedis
+from rlvla3.registry import Registry
+
+_RETRY_S = 0.5
+_HEAD_GRACE_S = 300.0  # on a shared Redis, a head launch mark younger than this is this run's
+
+
+class JoinError(RuntimeError):
+    """A node could not join the run (no head found within ``run.join_timeout_s``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStore:
+    """Where the run's Redis is.
+
+    Attributes:
+        url: its URL, without a password.
+        password: the run secret when the Redis is the run's private multi-host one, else None
+            (a configured ``run.redis_url`` carries its own credentials).
+    """
+
+    url: str
+    password: str | None
+
+    def registry(self, run_id: str) -> Registry:
+        """A registry client of this store for ``run_id``."""
+        return Registry(self.url, run_id, self.password)
+
+
+@contextlib.contextmanager
+def head_store(cfg: Config, seat: Seat, address: str, secret: str | None) -> Iterator[RunStore]:
+    """The run's Redis, started here (unless ``run.redis_url`` names one) and stopped at exit."""
+    if cfg.run.redis_url is not None:
+        yield RunStore(cfg.run.redis_url, None)
+        return
+    if not seat.multi_host:
+        with EmbeddedRedis() as server:
+            yield RunStore(server.url, None)
+        return
+    with EmbeddedRedis(host=address, port=redis_port(cfg, seat), password=secret) as server:
+        yield RunStore(server.url, secret)
+
+
+def find_head_store(
+    cfg: Config, seat: Seat, run_dir: Path, stop: threading.Event,
+    echo: Callable[[str], None],
+) -> tuple[RunStore, str]:  # fmt: skip
+    """Wait for the head's Redis and launch mark; returns the store and the run secret.
+
+    Raises:
+        JoinError: nothing answered within ``run.join_timeout_s`` (says what was tried).
+        InterruptedError: ``stop`` was set while waiting.
+    """
+    deadline = time.monotonic() + cfg.run.join_timeout_s
+    since = time.time() - _HEAD_GRACE_S
+    head = head_address(seat)
+    echo(f"node {seat.label}: waiting for head node {seat.head.name!r} "
+         f"({head or 'address from the run dir'}) to start run {cfg.run.name!r}")  # fmt: skip
+    last_problem = "nothing tried yet"
+    while True:
+        secret = run_secret.load(run_dir)
+        for store in _candidates(cfg, seat, run_dir, head, secret):
+            registry = store.registry(cfg.run.name)
+            try:
+                private = cfg.run.redis_url is None
+                if registry.launched_since(0 if private else since):
+                    if secret is None:
+                        raise JoinError(f"node {seat.label}: found the head's Redis but no "
+                                        f"run secret ({run_secret.SECRET_ENV} or "
+                                        f"{run_dir / run_secret.SECRET_FILE})")  # fmt: skip
+                    return store, secret
+                last_problem = f"{store.url} answers, but the head has not started the run yet"
+            except redis.AuthenticationError:
+                last_problem = f"{store.url} refused the run secret (an older run's secret?)"
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+                last_problem = f"{store.url}: {err}"
+            finally:
+                registry.close()
+        if secret is None:
+            last_problem = (f"no run secret yet ({run_secret.SECRET_ENV}, or "
+                            f"{run_dir / run_secret.SECRET_FILE} from the head)")  # fmt: skip
+        if time.monotonic() > deadline:
+            raise JoinError(f"node {seat.label}: head node {seat.head.name!r} not reached within "
+                            f"run.join_timeout_s={cfg.run.join_timeout_s:g}s ({last_problem})")  # fmt: skip
+        if stop.wait(_RETRY_S):
+            raise InterruptedError("stopped while waiting for the head node")
+
+
+def _candidates(
+    cfg: Config, seat: Seat, run_dir: Path, head: str | None, secret: str | None
+) -> list[RunStore]:
+    if cfg.run.redis_url is not None:
+        return [RunStore(cfg.run.redis_url, None)]
+    stores = []
+    port = redis_port(cfg, seat)
+    if head is not None and port:
+        stores.append(RunStore(f"redis://{head}:{port}/0", secret))
+    info = read_run_info(run_dir)
+    if info is not None and info.get("redis_url") and info.get("run_id") == cfg.run.name:
+        stores.append(RunStore(info["redis_url"], secret if info.get("redis_auth") else None))
+    return stores
+
+
+def write_run_info(run_dir: Path, cfg: Config, seat: Seat, store: RunStore) -> None:
+    """``RUN_DIR/run.json``: how to reach the run's Redis (the same on every node)."""
+    info = {"run_id": cfg.run.name, "redis_url": store.url,
+            "redis_auth": store.password is not None, "head": seat.head.name,
+            "started_at": time.time()}  # fmt: skip
+    _write_atomic(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
+
+
+def read_run_info(run_dir: Path) -> dict | None:
+    """The run dir's ``run.json``, None when missing or unreadable."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def write_node_info(run_dir: Path, seat: Seat, address: str) -> None:
+    """``RUN_DIR/nodes/NODE.json``: this node's launcher (address, host name, pid)."""
+    import socket
+
+    (run_dir / "nodes").mkdir(exist_ok=True)
+    info = {"node": seat.label, "address": address, "hostname": socket.gethostname(),
+            "launcher_pid": os.getpid(), "started_at": time.time()}  # fmt: skip
+    _write_atomic(run_dir / "nodes" / f"{seat.label}.json", json.dumps(info, indent=2) + "\n")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,75 @@
+"""The per-run secret of a multi-node run: Redis AUTH password and the seed of its CURVE keys.
+
+Made by the head node's launcher (or by ``launch/slurm.sbatch``, which hands it to every node's
+launcher in the ``RLVLA3_RUN_SECRET`` environment variable), kept in ``RUN_DIR/secret`` with
+mode 0600 so that ``rlvla3 monitor`` on any node can join, and never logged. One-host runs
+have none: nothing of theirs listens beyond loopback and a unix socket.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+SECRET_ENV = "RLVLA3_RUN_SECRET"
+SECRET_FILE = "secret"
+_MIN_LEN = 16
+
+
+class SecretError(RuntimeError):
+    """A run secret that is unusable, or readable by others."""
+
+
+def new_secret() -> str:
+    """A fresh secret (256 random bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def from_env() -> str | None:
+    """The secret handed over in ``RLVLA3_RUN_SECRET``, if any."""
+    value = os.environ.get(SECRET_ENV)
+    if value is None:
+        return None
+    return _checked(value.strip(), SECRET_ENV)
+
+
+def write(run_dir: Path, secret: str) -> Path:
+    """Store ``secret`` in ``RUN_DIR/secret`` (mode 0600, replaced atomically)."""
+    path = run_dir / SECRET_FILE
+    tmp = run_dir / f".{SECRET_FILE}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read(run_dir: Path) -> str | None:
+    """The secret in ``RUN_DIR/secret`` (None when there is none).
+
+    Raises:
+        SecretError: the file is readable by group or others, or not a usable secret.
+    """
+    path = run_dir / SECRET_FILE
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    if mode & 0o077:
+        raise SecretError(f"{path}: readable by others (mode {mode & 0o777:o}); "
+                          f"chmod 600 {path}")  # fmt: skip
+    return _checked(text.strip(), str(path))
+
+
+def load(run_dir: Path) -> str | None:
+    """The run's secret: ``RLVLA3_RUN_SECRET`` first, else ``RUN_DIR/secret``."""
+    return from_env() or read(run_dir)
+
+
+def _checked(value: str, where: str) -> str:
+    if len(value) < _MIN_LEN or not value.isprintable() or any(c.isspace() for c in value):
+        raise SecretError(f"{where}: a run secret must be at least {_MIN_LEN} printable "
+                          "characters without spaces")  # fmt: skip
+    return value
