@@ -8,8 +8,10 @@ sends pre-built frames of the same bytes with
 plain ``send_multipart``/``recv_multipart`` — the limit of the socket itself. Trials of the two
 alternate (``--repeats`` each, the best kept). Besides msgs/s, each side's CPU time per message
 (µs, best trial) is reported: on a shared 2-core host it moves far less than the rates do.
+"curve" is "ours" with CURVE on both sockets (``transport/security.py``, as in a multi-host run):
+its ratio to "ours" is what authentication and encryption cost.
 
-    python bench/transport.py [--messages N] [--json PATH]
+    python bench/transport.py [--messages N] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 from rlvla3.messages import ActionReply, ObsRequest  # noqa: E402
-from transport import sockets  # noqa: E402
+from transport import security, sockets  # noqa: E402
 from transport.codec import encode  # noqa: E402
+
+_SECRET = "bench-transport-secret-0123456789abcdef"
+MODES = ("ours", "raw", "curve")
 
 
 def make_message(kind: str, i: int):
@@ -43,7 +48,9 @@ def make_message(kind: str, i: int):
     return ObsRequest(env_key="0/0", request_id=i, obs={"image": image})
 
 
-def ours_sender(address: str, kind: str, count: int, cpu: Any) -> None:
+def ours_sender(address: str, kind: str, count: int, cpu: Any, secret: str | None = None) -> None:
+    if secret is not None:
+        security.enable(secret)
     sock = sockets.push(hwm=1000)
     sock.connect(address)
     # Messages are built before the clock starts, as raw's bytes are: building an observation
@@ -71,10 +78,30 @@ def raw_sender(address: str, kind: str, count: int, cpu: Any) -> None:
     cpu.send(time.process_time() - started)
 
 
-def measure(kind: str, count: int, ours: bool) -> tuple[float, float, float]:
+def measure(kind: str, count: int, mode: str) -> tuple[float, float, float]:
     """Messages per second received (and, for ours, decoded) over ``count`` messages, and the
     CPU time per message, in µs, of the sending and of the receiving process (all threads,
-    ZeroMQ's I/O thread included: a figure other load on the host barely moves)."""
+    ZeroMQ's I/O thread included: a figure other load on the host barely moves). ``curve``
+    runs in a process of its own, so that CURVE stays off for the other modes."""
+    if mode == "curve":
+        spawn = mp.get_context("spawn")
+        result_recv, result_send = spawn.Pipe(duplex=False)
+        proc = spawn.Process(target=_measure_with_curve, args=(kind, count, result_send))
+        proc.start()
+        result = result_recv.recv()
+        proc.join()
+        return result
+    return _measure(kind, count, mode == "ours")
+
+
+def _measure_with_curve(kind: str, count: int, result: Any) -> None:
+    security.enable(_SECRET)
+    result.send(_measure(kind, count, True, secret=_SECRET))
+
+
+def _measure(
+    kind: str, count: int, ours: bool, secret: str | None = None
+) -> tuple[float, float, float]:
     if ours:
         receiver = sockets.pull(hwm=1000)
         address = receiver.bind()
@@ -82,9 +109,12 @@ def measure(kind: str, count: int, ours: bool) -> tuple[float, float, float]:
         receiver = zmq.Context.instance().socket(zmq.PULL)
         receiver.setsockopt(zmq.RCVHWM, 1000)
         address = f"tcp://127.0.0.1:{receiver.bind_to_random_port('tcp://127.0.0.1')}"
-    target = ours_sender if ours else raw_sender
     cpu_recv, cpu_send = mp.get_context("spawn").Pipe(duplex=False)
-    proc = mp.get_context("spawn").Process(target=target, args=(address, kind, count + 1, cpu_send))
+    args = (address, kind, count + 1, cpu_send)
+    if ours:
+        proc = mp.get_context("spawn").Process(target=ours_sender, args=(*args, secret))
+    else:
+        proc = mp.get_context("spawn").Process(target=raw_sender, args=args)
     proc.start()
     if ours:
         receiver.recv()  # the first message: connection is up, start the clock
@@ -104,29 +134,24 @@ def measure(kind: str, count: int, ours: bool) -> tuple[float, float, float]:
     return count / elapsed, sender_cpu / count * 1e6, receiver_cpu / count * 1e6
 
 
-def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, float]]:
+def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, Any]]:
     results = {}
     for kind, count in messages.items():
         size = sum(len(memoryview(f)) for f in encode(make_message(kind, 0)))
-        trials: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
-        for _ in range(repeats):  # interleaved, so a change of load hits both alike
-            for is_ours in (True, False):
-                trials[is_ours].append(measure(kind, count, is_ours))
-        ours, raw = (max(t[0] for t in trials[k]) for k in (True, False))
-        cpu = {k: [min(t[i] for t in trials[k]) for i in (1, 2)] for k in (True, False)}
-        results[kind] = {
-            "bytes_per_msg": size,
-            "ours_msgs_per_s": round(ours, 1),
-            "raw_msgs_per_s": round(raw, 1),
-            "ours_gb_per_s": round(ours * size / 1e9, 4),
-            "raw_gb_per_s": round(raw * size / 1e9, 4),
-            "ratio": round(ours / raw, 3),
-            "ours_cpu_us_per_msg": {"send": round(cpu[True][0], 2), "recv": round(cpu[True][1], 2)},
-            "raw_cpu_us_per_msg": {
-                "send": round(cpu[False][0], 2),
-                "recv": round(cpu[False][1], 2),
-            },
-        }
+        trials: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
+        for _ in range(repeats):  # interleaved, so a change of load hits all alike
+            for mode in MODES:
+                trials[mode].append(measure(kind, count, mode))
+        rate = {m: max(t[0] for t in trials[m]) for m in MODES}
+        cpu = {m: [min(t[i] for t in trials[m]) for i in (1, 2)] for m in MODES}
+        results[kind] = {"bytes_per_msg": size}
+        for m in MODES:
+            results[kind][f"{m}_msgs_per_s"] = round(rate[m], 1)
+            results[kind][f"{m}_gb_per_s"] = round(rate[m] * size / 1e9, 4)
+            results[kind][f"{m}_cpu_us_per_msg"] = {"send": round(cpu[m][0], 2),
+                                                    "recv": round(cpu[m][1], 2)}  # fmt: skip
+        results[kind]["ratio"] = round(rate["ours"] / rate["raw"], 3)
+        results[kind]["curve_vs_ours"] = round(rate["curve"] / rate["ours"], 3)
     return results
 
 
@@ -138,15 +163,19 @@ def main() -> None:
     parser.add_argument("--obs-messages", type=int, default=20_000, help="obs messages per trial")
     parser.add_argument("--repeats", type=int, default=3, help="trials per case; best is kept")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--smoke", action="store_true", help="a few messages, one trial (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.messages, args.obs_messages, args.repeats = 2000, 500, 1
     results = run({"small": args.messages, "obs": args.obs_messages}, args.repeats)
-    print(f"{'payload':8} {'bytes':>7} {'ours msg/s':>12} {'raw msg/s':>12} {'ours GB/s':>10} "
-          f"{'raw GB/s':>9} {'ratio':>6}   CPU us/msg send+recv: ours  raw")  # fmt: skip
+    print(f"{'payload':8} {'bytes':>7} {'ours msg/s':>11} {'raw msg/s':>11} {'curve msg/s':>12} "
+          f"{'ours/raw':>9} {'curve/ours':>11}   CPU us/msg send+recv: ours  raw  curve")  # fmt: skip
     for kind, r in results.items():
-        o, w = r["ours_cpu_us_per_msg"], r["raw_cpu_us_per_msg"]
-        print(f"{kind:8} {r['bytes_per_msg']:7d} {r['ours_msgs_per_s']:12.0f} "
-              f"{r['raw_msgs_per_s']:12.0f} {r['ours_gb_per_s']:10.3f} {r['raw_gb_per_s']:9.3f} "
-              f"{r['ratio']:6.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} {w['send']:5.1f}+{w['recv']:.1f}")  # fmt: skip
+        o, w, c = (r[f"{m}_cpu_us_per_msg"] for m in ("ours", "raw", "curve"))
+        print(f"{kind:8} {r['bytes_per_msg']:7d} {r['ours_msgs_per_s']:11.0f} "
+              f"{r['raw_msgs_per_s']:11.0f} {r['curve_msgs_per_s']:12.0f} {r['ratio']:9.2f} "
+              f"{r['curve_vs_ours']:11.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} "
+              f"{w['send']:5.1f}+{w['recv']:<5.1f} {c['send']:5.1f}+{c['recv']:.1f}")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, unavailable
+from rlvla3.rehearsal import Cluster, unavailable
 from tests.conftest import wait_until
 from tests.launching import write_yaml
 

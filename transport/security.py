@@ -121,7 +121,11 @@ class CurveSecurity:
                 for monitor in added:
                     poller.register(monitor, zmq.POLLIN)
                     monitors.append(monitor)
-                for sock, _ in poller.poll(_POLL_MS):
+                try:
+                    ready = poller.poll(_POLL_MS)
+                except zmq.ContextTerminated:
+                    return  # the process is tearing ZeroMQ down: nothing left to guard
+                for sock, _ in ready:
                     if sock is self._zap:
                         self._answer(sock.recv_multipart())
                     elif not self._watch(sock):

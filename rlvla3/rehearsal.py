@@ -1,8 +1,10 @@
-"""A rehearsal cluster for tests: ``launch/rehearsal/cluster.sh`` driven from Python.
+"""A rehearsal cluster driven from Python (tests, ``bench/multi_node.py``): what
+``launch/rehearsal/cluster.sh`` makes, network namespaces with their own addresses and,
+optionally, a real Slurm.
 
 Each cluster gets namespace and interface names of its own (``RLVLA3_CLUSTER_PREFIX``) and a
-state dir under the test's tmp dir; ``down`` runs whatever happens, so no namespace, daemon or
-job outlives a test.
+state dir of its caller's choosing; callers run ``down`` whatever happens, so no namespace,
+daemon or job outlives them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.launching import REPO
-
+REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SH = REPO / "launch" / "rehearsal" / "cluster.sh"
 SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "munged", "munge")
 
@@ -53,12 +54,15 @@ class Cluster:
         self.slurm = slurm
 
     def address(self, i: int) -> str:
+        """The address of node ``i`` (1-based)."""
         return f"{self.net}.{10 + i}"
 
     def up(self) -> None:
+        """Make the namespaces (and start Slurm)."""
         self._sh("up", *([] if self.slurm else ["--no-slurm"]))
 
     def down(self) -> None:
+        """Stop everything and remove the namespaces (safe to call twice)."""
         self._sh("down", check=False)
 
     def _sh(self, *args: str, check: bool = True, timeout: float = 120) -> str:
@@ -82,6 +86,7 @@ class Cluster:
         return dict(item.split("=", 1) for item in out.split() if "=" in item)
 
     def job_done(self, job_id: int) -> dict[str, str] | None:
+        """The job's fields once it has ended, else None."""
         fields = self.job(job_id)
         ended = fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
                                             "NODE_FAIL", "OUT_OF_MEMORY")  # fmt: skip
@@ -106,9 +111,11 @@ class Cluster:
                                    "--json", "--run", str(run_dir)))  # fmt: skip
 
     def cut(self, node: int) -> None:
+        """Take node ``node``'s link down (its processes go on, unreachable)."""
         self._sh("cut", f"node{node}")
 
     def heal(self, node: int) -> None:
+        """Bring node ``node``'s link back up."""
         self._sh("heal", f"node{node}")
 
     def processes(self, node: int) -> list[str]:
