@@ -31,12 +31,14 @@ class Seat:
         multi_host: the run spans hosts (addresses must be routable, traffic authenticated).
         head: the run's head node (it starts the run's Redis and decides when the run ends).
         slurm: the Slurm step it runs in, when its node came from Slurm.
+        single_node: the config has one node only.
     """
 
     node: Node | None
     multi_host: bool
     head: Node
     slurm: SlurmStep | None = None
+    single_node: bool = False
 
     @property
     def is_head(self) -> bool:
@@ -61,18 +63,22 @@ def find_seat(cfg: Config, node_arg: str | None, env: Mapping[str, str] = os.env
     head = cfg.head_node()
     if node_arg is not None:
         node = cfg.node(node_arg)
-        return Seat(node=node, multi_host=len(nodes) > 1, head=head)
+        return Seat(node=node, multi_host=len(nodes) > 1, head=head, single_node=len(nodes) == 1)
     try:
-        step = SlurmStep.from_env(env) if len(nodes) > 1 else None
+        step = SlurmStep.from_env(env)
     except HostListError as err:
         raise ConfigError(f"Slurm: {err}") from None
-    if step is None:
-        return Seat(node=None, multi_host=False, head=head)
+    if step is None or len(step.hosts) == 1:  # no Slurm, or a one-host step (salloc, srun --pty)
+        return Seat(node=None, multi_host=False, head=head, single_node=len(nodes) == 1)
     if len(step.hosts) != len(nodes):
-        names = ", ".join(f"{n.name}" for n in nodes)
+        names = ", ".join(n.name for n in nodes)
         raise ConfigError(f"nodes: the Slurm allocation has {len(step.hosts)} hosts "
                           f"({','.join(step.hosts)}) but the YAML's nodes are {len(nodes)} "
                           f"({names}); submit with sbatch --nodes={len(nodes)}")  # fmt: skip
+    tasks = env.get("SLURM_STEP_NUM_TASKS")
+    if tasks is not None and tasks != str(len(step.hosts)):
+        raise ConfigError(f"Slurm: the step runs {tasks} tasks on {len(step.hosts)} hosts; a run "
+                          "needs one launcher per node (srun --ntasks-per-node=1)")  # fmt: skip
     return Seat(node=nodes[step.node_id], multi_host=True, head=head, slurm=step)
 
 
@@ -108,13 +114,24 @@ def own_address(seat: Seat, head: str | None) -> str:
     """
     node = seat.node
     if not seat.multi_host:
-        return netaddr.resolve(node.host) if node is not None and node.host else LOOPBACK
+        # a one-host run of several nodes ignores their hosts: those are other machines'
+        host = node.host if node is not None else (seat.head.host if seat.single_node else None)
+        return netaddr.resolve(host) if host else LOOPBACK
     if node.host is not None:
         return netaddr.require_routable(node.name, netaddr.resolve(node.host),
                                         f"nodes[].host {node.host!r}")  # fmt: skip
     if not seat.is_head and head is not None:
         return netaddr.require_routable(node.name, netaddr.route_address(head),
                                         f"the route to the head node ({head})")  # fmt: skip
+    if seat.is_head and seat.slurm is not None:
+        # what the other nodes resolve the head's Slurm host name to, where that is routable
+        # (on a host with several interfaces, the one its name points at)
+        try:
+            address = head_address(seat)
+        except netaddr.AddressError:
+            address = None
+        if address is not None and not netaddr.is_loopback(address):
+            return address
     peer = _another_slurm_host(seat)
     if peer is not None:
         return netaddr.require_routable(node.name, netaddr.route_address(peer),

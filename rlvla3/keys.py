@@ -58,7 +58,8 @@ def config(run_id: str) -> str:
 
 
 def launch(run_id: str) -> str:
-    """String: unix time at which the head launcher (re)started the run."""
+    """Hash: ``at`` (unix time) and ``id`` (a fresh id) of the head launcher's (re)start of the
+    run."""
     return f"{run_prefix(run_id)}:launch"
 
 

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
@@ -27,8 +28,10 @@ from rlvla3.checkpoints import find_checkpoint
 from rlvla3.cluster import Seat, find_seat, own_address
 from rlvla3.config import Config, dump_config, load_config
 from rlvla3.processes import STOP_ORDER, RoleProcess, SpawnContext, spawn, stop_group, stop_stages
+from rlvla3.redis_server import RedisServerError
 from rlvla3.registry import Registry
 from rlvla3.rendezvous import (
+    Joined,
     JoinError,
     RunStore,
     find_head_store,
@@ -40,6 +43,7 @@ from rlvla3.rendezvous import (
 from rlvla3.run_report import ProgressTracker, evaluation_episodes, stop_condition, write_report
 from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
+from transport import security
 
 _TICK_S = 0.2
 _STOPPED_BY_SIGNAL = "stopped by signal"
@@ -70,13 +74,17 @@ class Launcher:
         self.registry: Registry | None = None
         self.address = ""
         self._next_beat = 0.0
-        if not any(n == name for role in cfg.roles for n in cfg.placement(role)
-                   for name in self._my_nodes()):  # fmt: skip
-            if not cfg.roles or sum(rc.count for rc in cfg.roles.values()) == 0:
-                raise ConfigError("roles: no role processes to start in this config (a run "
-                                  "needs roles: see launch/cartpole.yaml)")  # fmt: skip
-            if not seat.is_head:
-                raise ConfigError(f"roles: no role processes to start on node {seat.label!r}")
+        self._check_roles()
+
+    def _check_roles(self) -> None:
+        """A run needs roles, and a node other than the head needs some of its own."""
+        if sum(rc.count for rc in self.cfg.roles.values()) == 0:
+            raise ConfigError("roles: no role processes to start in this config (a run "
+                              "needs roles: see launch/cartpole.yaml)")  # fmt: skip
+        mine = set(self._my_nodes())
+        placed = {n for role in self.cfg.roles for n in self.cfg.placement(role)}
+        if not self.seat.is_head and not placed & mine:
+            raise ConfigError(f"roles: no role processes to start on node {self.seat.label!r}")
 
     def _my_nodes(self) -> list[str]:
         if self.seat.node is None:
@@ -98,88 +106,106 @@ class Launcher:
         self.address = own_address(self.seat, None)
         secret = (run_secret.from_env() or run_secret.new_secret()) if self.seat.multi_host else None
         self._prepare_run_dir(secret)
+        launch_id = uuid.uuid4().hex
         with head_store(self.cfg, self.seat, self.address, secret) as store:
             if self.cfg.run.redis_url is None:
                 self.echo(f"started the run's redis-server at {store.url}"
                           + (" (AUTH with the run secret)" if secret else ""))  # fmt: skip
-            write_run_info(self.run_dir, self.cfg, self.seat, store)
+            write_run_info(self.run_dir, self.cfg, self.seat, store, launch_id, os.getpid())
             self.registry = store.registry(self.cfg.run.name)
             self.registry.clear_run()
             self.registry.save_config(dump_config(self.cfg))
-            self.registry.mark_launch()
+            self.registry.mark_launch(launch_id)
             return self._run_roles(store, secret)
 
     def _run_as_member(self) -> int:
         try:
-            store, secret = find_head_store(self.cfg, self.seat, self.run_dir,
-                                            self.stop_requested, self.echo)  # fmt: skip
+            joined = find_head_store(self.cfg, self.seat, self.run_dir,
+                                     self.stop_requested, self.echo)  # fmt: skip
         except InterruptedError:
             return 130
         except JoinError as err:
             self.echo(str(err))
             return 1
-        head = urlparse(store.url).hostname
-        self.address = own_address(self.seat, head)
-        self._prepare_run_dir(secret)
-        if read_run_info(self.run_dir) is None:  # a run dir of this node's own (not shared)
-            write_run_info(self.run_dir, self.cfg, self.seat, store)
-        self.registry = store.registry(self.cfg.run.name)
-        return self._run_roles(store, secret)
+        self.address = own_address(self.seat, urlparse(joined.store.url).hostname)
+        self._claim_run_dir(joined)
+        self._prepare_run_dir(joined.secret)
+        self.registry = joined.store.registry(self.cfg.run.name)
+        return self._run_roles(joined.store, joined.secret)
+
+    def _claim_run_dir(self, joined: Joined) -> None:
+        """A member's run dir: the head's own when shared (its ``run.json`` names this launch);
+        else this node's, where an earlier run's files are moved aside first, as the head
+        does, so that roles and the monitor never read an old run's Redis address."""
+        info = read_run_info(self.run_dir)
+        if info is not None and info.get("launch_id") == joined.launch_id:
+            return
+        if info is not None:
+            self.echo(f"node {self.seat.label}: {_move_aside(self.run_dir)}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_run_info(self.run_dir, self.cfg, self.seat, joined.store, joined.launch_id,
+                       os.getpid())  # fmt: skip
+        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
 
     def _prepare_run_dir(self, secret: str | None) -> None:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        if secret is not None and run_secret.read(self.run_dir) != secret:
+        if secret is not None and _stored_secret(self.run_dir) != secret:
             run_secret.write(self.run_dir, secret)
-        config_path = self.run_dir / "config.yaml"
-        if self.seat.is_head or not config_path.exists():
+        if self.seat.is_head:
             # the config as given (the Redis URL goes to run.json), launchable again
-            config_path.write_text(dump_config(self.cfg))
+            (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
         if self.seat.node is not None:
             write_node_info(self.run_dir, self.seat, self.address)
 
     # --- the run -------------------------------------------------------------------------------
     def _run_roles(self, store: RunStore, secret: str | None) -> int:
         started = time.monotonic()
-        redis_lost = False
-        code = 0
         interface = netaddr.interface_of(self.address) if self.seat.multi_host else None
         ctx = SpawnContext(config_path=self.run_dir / "config.yaml", run_dir=self.run_dir,
                            address=self.address, secret=secret, nccl_interface=interface)  # fmt: skip
+        reason, code, redis_lost = "launcher failed", 1, False
         try:
             self._beat("running")
             self._start_all(ctx)
             if self.seat.is_head:
-                reason = self._supervise(ctx, started)
+                reason, code = self._supervise(ctx, started), 0
             else:
                 reason, code = self._follow(ctx, started)
         except _REDIS_ERRORS as err:
             reason, redis_lost = f"lost the run's Redis at {store.url} ({err})", True
-        failed = [p for p in self.procs if p.failed]
-        if failed or redis_lost:
-            code = 1
-        elif reason == _STOPPED_BY_SIGNAL:
-            code = 130
+        finally:  # whatever ended the loop, the roles stop in order and the run is reported
+            code = self._exit_code(reason, code, redis_lost)
+            self._end(reason, code, redis_lost, time.monotonic() - started)
+        return code
+
+    def _exit_code(self, reason: str, code: int, redis_lost: bool) -> int:
+        if any(p.failed for p in self.procs) or redis_lost:
+            return 1
+        return 130 if reason == _STOPPED_BY_SIGNAL else code
+
+    def _end(self, reason: str, code: int, redis_lost: bool, wall_s: float) -> None:
         if self.seat.is_head and self.seat.multi_host and not redis_lost:
             self._try(lambda: self.registry.end_run(reason, code))
         self._try(lambda: self._beat("stopping"))
         self._stop_all()
-        wall_s = time.monotonic() - started
         if self.seat.is_head:
             self._finish_head(reason, wall_s, redis_lost)
         else:
             self._try(lambda: self._beat("done" if code == 0 else "error"))
         self.echo(f"{self._who()}run {self.cfg.run.name} ended: {reason}; run dir {self.run_dir}")
         self.registry.close()
-        return code
 
     def _finish_head(self, reason: str, wall_s: float, redis_lost: bool) -> None:
-        if redis_lost:
-            _write_partial_report(self.run_dir, self.cfg, wall_s, reason)
-            return
-        if self.seat.multi_host:
+        if not redis_lost and self.seat.multi_host:
             self._wait_for_members()
         self._try(lambda: self._beat("done"))  # every role has stopped: the report says so
-        write_report(self.registry, self.cfg, self.run_dir, wall_s, reason)
+        try:
+            if not redis_lost:
+                write_report(self.registry, self.cfg, self.run_dir, wall_s, reason)
+                return
+        except _REDIS_ERRORS as err:  # e.g. Slurm's scancel stopped the redis-server too
+            reason = f"{reason}; the run's Redis went away while reporting ({err})"
+        _write_partial_report(self.run_dir, self.cfg, wall_s, reason)
 
     def _start_all(self, ctx: SpawnContext) -> None:
         mine = set(self._my_nodes())
@@ -221,11 +247,11 @@ class Launcher:
         next_progress = last_contact + self.cfg.run.progress_interval_s
         while not self.stop_requested.wait(_TICK_S):
             now = time.monotonic()
+            failure = self._tend_processes(ctx, now)
+            if failure:
+                self._try(self.registry.request_stop, f"{failure} on node {self.seat.label}")
+                return failure, 1
             try:
-                failure = self._tend_processes(ctx, now)
-                if failure:
-                    self.registry.request_stop(f"{failure} on node {self.seat.label}")
-                    return failure, 1
                 self._beat("running")
                 end = self.registry.run_end()
                 if end is not None:
@@ -308,9 +334,11 @@ class Launcher:
         return sum(p.restarts for p in self.procs)
 
     def _beat(self, status: str) -> None:
-        """This node's launcher heartbeat (at most once a second, unless the status changes)."""
+        """This node's launcher heartbeat in a multi-host run (at most once a second while the
+        status stays the same)."""
         now = time.monotonic()
-        if status == "running" and now < self._next_beat:
+        if not self.seat.multi_host or (status in ("running", "stopping")
+                                        and now < self._next_beat):  # fmt: skip
             return
         self._next_beat = now + 1.0
         self.registry.launcher_heartbeat(
@@ -318,10 +346,10 @@ class Launcher:
             address=self.address, hostname=socket.gethostname(), pid=os.getpid(),
         )  # fmt: skip
 
-    def _try(self, action: Callable[[], object]) -> None:
-        """Run a Redis bookkeeping ``action``; an unreachable Redis only skips it."""
+    def _try(self, action: Callable[..., object], *args: object) -> None:
+        """Run a Redis bookkeeping ``action(*args)``; an unreachable Redis only skips it."""
         try:
-            action()
+            action(*args)
         except _REDIS_ERRORS:
             pass
 
@@ -341,7 +369,8 @@ class Launcher:
             r for r in local if r not in STOP_ORDER
         ]
         for role in stages:
-            stop_group(local.get(role, []), timeout_s, self.kill_requested)
+            stop_group(local.get(role, []), timeout_s, self.kill_requested,
+                       on_tick=lambda: self._try(lambda: self._beat("stopping")))  # fmt: skip
             if self.seat.multi_host:
                 self._wait_remote(role, time.monotonic() + timeout_s)
 
@@ -353,6 +382,7 @@ class Launcher:
         try:
             # another host's processes: only Redis tells when they have ended
             while busy() and time.monotonic() < deadline:
+                self._beat("stopping")
                 if self.kill_requested.wait(_TICK_S):
                     return
         except _REDIS_ERRORS:
@@ -407,6 +437,15 @@ def launch(
     """
     cfg = load_config(config_path, overrides)
     seat = find_seat(cfg, node)
+    if seat.node is not None and cfg.policy.init_launch and not find_checkpoint(
+        cfg.policy.init_checkpoint or ""
+    ):
+        raise ConfigError(f"policy.init_launch: a multi-node launch does not run the first stage; "
+                          f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
+                          f"{cfg.policy.init_checkpoint})")  # fmt: skip
+    if seat.multi_host and not security.available():
+        raise ConfigError("this pyzmq's libzmq has no CURVE, which a multi-node run needs "
+                          "(pip install --force-reinstall pyzmq)")  # fmt: skip
     if seat.node is None and cfg.policy.init_launch:
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
@@ -427,13 +466,29 @@ def launch(
     elif len(cfg.all_nodes()) > 1:
         echo(f"running all {len(cfg.all_nodes())} nodes' roles on this host (loopback)")
     if not resume and seat.is_head and (run_dir / "run.json").exists():
-        moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        run_dir.rename(moved)
-        echo(f"moved the earlier run in {run_dir} to {moved}")
+        echo(_move_aside(run_dir))
     try:
         return launcher.run()
-    except netaddr.AddressError as err:
+    except (netaddr.AddressError, run_secret.SecretError) as err:
         raise ConfigError(str(err)) from None
+    except RedisServerError as err:
+        hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
+        raise ConfigError(f"the run's redis-server: {err}{hint}") from None
+
+
+def _move_aside(run_dir: Path) -> str:
+    """Rename an earlier run's dir out of the way (nothing is deleted); says where to."""
+    moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(moved)
+    return f"moved the earlier run in {run_dir} to {moved}"
+
+
+def _stored_secret(run_dir: Path) -> str | None:
+    """The secret in the run dir, None when missing or unusable (it is then rewritten)."""
+    try:
+        return run_secret.read(run_dir)
+    except run_secret.SecretError:
+        return None
 
 
 def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:

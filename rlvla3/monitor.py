@@ -120,6 +120,7 @@ def render(snap: dict[str, Any]) -> Group:
         f"weights v{snap['weight_version']}  chunks produced={c.get('chunks_produced', 0)} "
         f"consumed={c.get('chunks_consumed', 0)} dropped={c.get('chunks_dropped', 0)} "
         f"in_flight={snap['chunks_in_flight']}  bad_frames={c.get('bad_frames', 0)}"
+        + (f"  auth_refused={c['auth_refused']}" if c.get("auth_refused") else "")
     )
     return Group(table, nodes, line)
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +90,11 @@ def running(procs: list[RoleProcess]) -> list[RoleProcess]:
 
 
 def stop_group(
-    group: list[subprocess.Popen], timeout_s: float, kill_now: threading.Event
-) -> None:
+    group: list[subprocess.Popen], timeout_s: float, kill_now: threading.Event,
+    on_tick: Callable[[], None] = lambda: None,
+) -> None:  # fmt: skip
     """SIGTERM every process of ``group``, wait up to ``timeout_s`` (or until ``kill_now``),
-    then SIGKILL what is left."""
+    then SIGKILL what is left. ``on_tick`` runs while waiting (the launcher's heartbeat)."""
     for popen in group:
         with contextlib.suppress(ProcessLookupError):
             popen.send_signal(signal.SIGTERM)
@@ -103,6 +105,7 @@ def stop_group(
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=_TICK_S)
+            on_tick()
         if popen.poll() is None:
             popen.kill()
             popen.wait()

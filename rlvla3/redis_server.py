@@ -81,19 +81,22 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         """Start the server and wait until it answers PING."""
         self.directory = Path(tempfile.mkdtemp(prefix="rlvla3-redis-"))
-        if self.host is not None and not self.port:
-            self.port = _free_port(self.host)
-        conf = self.directory / "redis.conf"
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(self._config_text())
-        args = [self.binary, str(conf)]
-        setpriv = shutil.which("setpriv")
-        if setpriv:  # dies with the launcher instead of outliving it
-            args = [setpriv, "--pdeathsig", "TERM", *args]
-        log = open(self.directory / "redis.log", "wb")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        try:
+            if self.host is not None and not self.port:
+                self.port = _free_port(self.host)
+            conf = self.directory / "redis.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(self._config_text())
+            args = [self.binary, str(conf)]
+            setpriv = shutil.which("setpriv")
+            if setpriv:  # dies with the launcher instead of outliving it (util-linux, Linux)
+                args = [setpriv, "--pdeathsig", "TERM", *args]
+            with open(self.directory / "redis.log", "wb") as log:
+                self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        except BaseException:
+            self.stop()  # removes the directory, password file included
+            raise
         self._wait_ready()
         return self
 

@@ -229,14 +229,19 @@ class Registry:
         """Store the resolved config YAML."""
         self.redis.set(keys.config(self.run_id), text)
 
-    def mark_launch(self) -> None:
-        """The head launcher started the run now (other nodes wait for this)."""
-        self.redis.set(keys.launch(self.run_id), time.time())
+    def mark_launch(self, launch_id: str) -> None:
+        """The head launcher started the run now, as launch ``launch_id`` (other nodes wait for
+        this, and tell this launch's files in a run dir from an earlier one's by the id)."""
+        self.redis.hset(keys.launch(self.run_id), mapping={"at": time.time(), "id": launch_id})
 
     def launched_since(self, since: float) -> bool:
         """Whether the head launcher marked a launch at or after unix time ``since``."""
-        value = self.redis.get(keys.launch(self.run_id))
+        value = self.redis.hget(keys.launch(self.run_id), "at")
         return value is not None and float(value) >= since
+
+    def launch_id(self) -> str | None:
+        """The id of the head's launch mark, None before there is one."""
+        return self.redis.hget(keys.launch(self.run_id), "id")
 
     # --- launchers (one per node) -----------------------------------------------------------------
     def launcher_heartbeat(

@@ -92,10 +92,13 @@ class Cluster:
                                             "NODE_FAIL", "OUT_OF_MEMORY")  # fmt: skip
         return fields if ended else None
 
-    def exec(self, node: int, *cmd: str, **popen: object) -> subprocess.Popen:
-        """Start ``cmd`` on node ``node`` (1-based) from the repository root."""
-        return subprocess.Popen([str(CLUSTER_SH), "exec", f"node{node}", *cmd], env=self.env,
-                                cwd=REPO, **popen)  # fmt: skip
+    def exec(
+        self, node: int, *cmd: str, env: dict[str, str] | None = None, **popen: object
+    ) -> subprocess.Popen:
+        """Start ``cmd`` on node ``node`` (1-based) from the repository root, with ``env``
+        added to the environment."""
+        return subprocess.Popen([str(CLUSTER_SH), "exec", f"node{node}", *cmd],
+                                env={**self.env, **(env or {})}, cwd=REPO, **popen)  # fmt: skip
 
     def run(self, node: int, *cmd: str, timeout: float = 60) -> str:
         """Run ``cmd`` on node ``node``; its stdout."""

@@ -10,7 +10,9 @@
 
 ``run.json`` in the run dir says how to reach the run's Redis (never the password), for roles
 and ``rlvla3 monitor``: ``run_id``, ``redis_url``, ``redis_auth`` (the run secret is its
-password), ``head``, ``started_at``.
+password), ``launch_id`` (the head's launch it belongs to), ``head`` (the head node's name,
+null on one host), ``node`` and ``launcher_pid`` (the node and launcher that wrote it: the head,
+or a node with a run dir of its own), ``started_at``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +41,15 @@ _HEAD_GRACE_S = 300.0  # on a shared Redis, a head launch mark younger than this
 
 class JoinError(RuntimeError):
     """A node could not join the run (no head found within ``run.join_timeout_s``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """What a node learns when it joins a run: the store, the secret and the launch's id."""
+
+    store: RunStore
+    secret: str
+    launch_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +87,8 @@ def head_store(cfg: Config, seat: Seat, address: str, secret: str | None) -> Ite
 def find_head_store(
     cfg: Config, seat: Seat, run_dir: Path, stop: threading.Event,
     echo: Callable[[str], None],
-) -> tuple[RunStore, str]:  # fmt: skip
-    """Wait for the head's Redis and launch mark; returns the store and the run secret.
+) -> Joined:  # fmt: skip
+    """Wait for the head's Redis and launch mark.
 
     Raises:
         JoinError: nothing answered within ``run.join_timeout_s`` (says what was tried).
@@ -89,7 +101,10 @@ def find_head_store(
          f"({head or 'address from the run dir'}) to start run {cfg.run.name!r}")  # fmt: skip
     last_problem = "nothing tried yet"
     while True:
-        secret = run_secret.load(run_dir)
+        try:
+            secret = run_secret.load(run_dir)
+        except run_secret.SecretError as err:
+            raise JoinError(f"node {seat.label}: {err}") from None
         for store in _candidates(cfg, seat, run_dir, head, secret):
             registry = store.registry(cfg.run.name)
             try:
@@ -99,11 +114,11 @@ def find_head_store(
                         raise JoinError(f"node {seat.label}: found the head's Redis but no "
                                         f"run secret ({run_secret.SECRET_ENV} or "
                                         f"{run_dir / run_secret.SECRET_FILE})")  # fmt: skip
-                    return store, secret
+                    return Joined(store, secret, registry.launch_id() or "")
                 last_problem = f"{store.url} answers, but the head has not started the run yet"
             except redis.AuthenticationError:
                 last_problem = f"{store.url} refused the run secret (an older run's secret?)"
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+            except (redis.RedisError, OSError) as err:  # not up yet, or not a Redis at all
                 last_problem = f"{store.url}: {err}"
             finally:
                 registry.close()
@@ -120,6 +135,8 @@ def find_head_store(
 def _candidates(
     cfg: Config, seat: Seat, run_dir: Path, head: str | None, secret: str | None
 ) -> list[RunStore]:
+    """Where the head's Redis may be, most direct first: ``run.redis_url``; the head's address
+    and the known port; the address in a shared run dir's ``run.json``."""
     if cfg.run.redis_url is not None:
         return [RunStore(cfg.run.redis_url, None)]
     stores = []
@@ -132,11 +149,16 @@ def _candidates(
     return stores
 
 
-def write_run_info(run_dir: Path, cfg: Config, seat: Seat, store: RunStore) -> None:
+def write_run_info(
+    run_dir: Path, cfg: Config, seat: Seat, store: RunStore, launch_id: str,
+    launcher_pid: int | None = None,
+) -> None:  # fmt: skip
     """``RUN_DIR/run.json``: how to reach the run's Redis (the same on every node)."""
     info = {"run_id": cfg.run.name, "redis_url": store.url,
-            "redis_auth": store.password is not None, "head": seat.head.name,
-            "started_at": time.time()}  # fmt: skip
+            "redis_auth": store.password is not None, "launch_id": launch_id,
+            "head": seat.head.name if seat.multi_host else None,
+            "node": seat.node.name if seat.node is not None else None,
+            "launcher_pid": launcher_pid, "started_at": time.time()}  # fmt: skip
     _write_atomic(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
 
 
@@ -151,8 +173,6 @@ def read_run_info(run_dir: Path) -> dict | None:
 
 def write_node_info(run_dir: Path, seat: Seat, address: str) -> None:
     """``RUN_DIR/nodes/NODE.json``: this node's launcher (address, host name, pid)."""
-    import socket
-
     (run_dir / "nodes").mkdir(exist_ok=True)
     info = {"node": seat.label, "address": address, "hostname": socket.gethostname(),
             "launcher_pid": os.getpid(), "started_at": time.time()}  # fmt: skip

@@ -8,9 +8,10 @@ gracefully after the current step, the second exits at once.
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run the launcher hands over the run secret in the
 environment: the role then authenticates to Redis with it and speaks CURVE on every socket
-(``transport/security.py``). A role rides out a Redis it cannot reach (a network outage, a
-restarting head) for ``run.head_timeout_s``, then stops with an error; when Redis answers again
-in time, its heartbeat resumes and it is part of the run again.
+(``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
+hosts) for ``run.head_timeout_s``, then stops with an error; when Redis answers again in time,
+its heartbeat resumes and it is part of the run again. A Redis that refuses the run's secret
+is no outage: the role stops at once.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ class Role(abc.ABC):
         if cfg.run.redis_url is None:
             raise ValueError("run.redis_url: not set; roles are started by the launcher")
         self.registry = Registry(cfg.run.redis_url, cfg.run.name, redis_password)
-        self._redis_lost_since: float | None = None  # monotonic time Redis last failed us
+        # monotonic time since which Redis has failed us (None: reachable); the main loop and
+        # the heartbeat thread both set it, under _redis_lock
+        self._redis_lost_since: float | None = None
+        self._redis_lock = threading.Lock()
         self._gauges: dict[str, float] = {}
         self._pending: collections.Counter[str] = collections.Counter()
         self._pending_lock = threading.Lock()
@@ -237,19 +241,32 @@ class Role(abc.ABC):
     def _ride_out_redis_outage(self, err: Exception) -> None:
         """A step failed on Redis: wait and step again, up to ``run.head_timeout_s`` in all
         (then raise: the role stops with an error)."""
+        if isinstance(err, redis.exceptions.AuthenticationError):
+            raise RuntimeError(f"the run's Redis refused the run secret: {err}") from err
         now = time.monotonic()
-        if self._redis_lost_since is None:
-            self._redis_lost_since = now
+        if self._mark_redis_lost(now):
             self.log.warning("Redis unreachable (%s); riding it out for up to %.0fs", err,
                              self.cfg.run.head_timeout_s)  # fmt: skip
-        if now - self._redis_lost_since >= self.cfg.run.head_timeout_s:
-            raise RuntimeError(f"Redis unreachable for {now - self._redis_lost_since:.0f}s "
+        if self._redis_gone_for_good():
+            raise RuntimeError(f"Redis unreachable for {self._redis_outage_s():.0f}s "
                                "(run.head_timeout_s)") from err  # fmt: skip
         self.stop_event.wait(_OUTAGE_RETRY_S)
 
-    def _redis_gone_for_good(self) -> bool:
+    def _mark_redis_lost(self, now: float) -> bool:
+        """Note that Redis failed at ``now``; True when this starts an outage."""
+        with self._redis_lock:
+            if self._redis_lost_since is not None:
+                return False
+            self._redis_lost_since = now
+            return True
+
+    def _redis_outage_s(self) -> float:
+        """How long Redis has been failing us (0: it has not)."""
         lost = self._redis_lost_since
-        return lost is not None and time.monotonic() - lost >= self.cfg.run.head_timeout_s
+        return 0.0 if lost is None else time.monotonic() - lost
+
+    def _redis_gone_for_good(self) -> bool:
+        return self._redis_outage_s() >= self.cfg.run.head_timeout_s
 
     def _set_status(self, status: str) -> None:
         try:
@@ -272,19 +289,19 @@ class Role(abc.ABC):
             try:
                 self.registry.heartbeat(self.name, self.index, ttl, self.stats())
                 took = time.monotonic() - last_beat
-                if self._redis_lost_since is not None or took > ttl:
+                with self._redis_lock:
+                    lost_since, self._redis_lost_since = self._redis_lost_since, None
+                if lost_since is not None or took > ttl:
                     # failed beats, or one that hung on a dead link until the link came back:
                     # either way the role was shown LOST meanwhile
-                    away = last_beat - (self._redis_lost_since or last_beat) + took
+                    away = last_beat - (lost_since or last_beat) + took
                     self.log.info("Redis reachable again after %.0fs: rejoined the run", away)
-                self._redis_lost_since = None
             except Exception as err:  # an outage: ride it out up to run.head_timeout_s
-                if self._redis_lost_since is None:
-                    self._redis_lost_since = last_beat
+                if self._mark_redis_lost(last_beat):
                     self.log.warning("heartbeat failed: %s", err)
                 if self._redis_gone_for_good():
                     self.log.error("Redis unreachable for %.0fs: stopping",
-                                   last_beat - self._redis_lost_since)  # fmt: skip
+                                   self._redis_outage_s())  # fmt: skip
                     self.stop_event.set()
 
     def _flush_counters(self) -> None:

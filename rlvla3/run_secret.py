@@ -38,7 +38,8 @@ def write(run_dir: Path, secret: str) -> Path:
     """Store ``secret`` in ``RUN_DIR/secret`` (mode 0600, replaced atomically)."""
     path = run_dir / SECRET_FILE
     tmp = run_dir / f".{SECRET_FILE}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # a left-over file would keep its own, maybe wider, mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(secret + "\n")
     os.replace(tmp, path)

@@ -73,8 +73,8 @@ def expand_host_list(text: str) -> list[str]:
     """
     hosts: list[str] = []
     for item in _split_top(text.strip()):
-        if item:
-            hosts.extend(_expand_one(item, text))
+        if item.strip():
+            hosts.extend(_expand_one(item.strip(), text))
     if not hosts:
         raise HostListError(f"host list {text!r}: no hosts")
     return hosts
@@ -97,6 +97,7 @@ def _split_top(text: str) -> list[str]:
 
 
 def _expand_one(item: str, whole: str) -> list[str]:
+    """One host expression (``rack[1-2]-n[01-04]``): every combination of its ranges."""
     parts = re.split(r"\[([^\]]*)\]", item)  # text, ranges, text, ranges, ..., text
     choices: list[list[str]] = []
     for i, part in enumerate(parts):

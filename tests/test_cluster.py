@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from rlvla3 import run_secret
 from rlvla3.rehearsal import Cluster, unavailable
 from tests.conftest import wait_until
 from tests.launching import write_yaml
+from transport.security import run_keys
 
 pytestmark = pytest.mark.cluster
 
@@ -179,13 +181,14 @@ def test_a_node_cut_off_mid_run_is_lost_then_rejoins(slurm_cluster: Cluster, tmp
 def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
     plain_cluster: Cluster, tmp_path: Path
 ) -> None:
-    """``rlvla3 launch --node NAME`` on each host (no Slurm; the run dir is shared, so the other
-    nodes find the head's Redis and secret there). A peer without the secret gets nothing from
-    Redis or a role socket and is counted; when the head's launcher is killed, every other node
-    stops its roles and exits non-zero, and no process is left on any node."""
+    """``rlvla3 launch --node NAME`` on each host, as docs/multi-node.md shows it: no Slurm, a
+    fixed Redis port, the secret in the environment, and a run dir per host (no shared file
+    system; one still holds an earlier run, which is moved aside). A peer without the secret
+    gets nothing from Redis or a role socket and is counted; when the head's launcher is
+    killed, every other node stops its roles and exits non-zero, and no process is left."""
     c = plain_cluster
     cfg = {
-        "run": {"name": "plain", "heartbeat_ttl_s": 3, "head_timeout_s": 10,
+        "run": {"name": "plain", "heartbeat_ttl_s": 3, "head_timeout_s": 10, "redis_port": 16379,
                 "stop": {"max_wall_s": 300}},
         "nodes": [{"name": "learner", "host": c.address(1)}, {"name": "simA", "host": c.address(2)},
                   {"name": "simB", "host": c.address(3)}],
@@ -195,33 +198,39 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
         "env": {"num_envs_per_worker": 2, "chunk_len": 16},
     }  # fmt: skip
     config = write_yaml(tmp_path / "plain.yaml", cfg)
-    run_dir = tmp_path / "run"
+    secret = run_secret.new_secret()
+    stale = tmp_path / "simA"
+    stale.mkdir()
+    (stale / "run.json").write_text(json.dumps({"run_id": "plain", "launch_id": "old",
+                                                "redis_url": "redis://10.77.0.99:1/0"}))  # fmt: skip
     launchers = {}
     for i, node in enumerate(("learner", "simA", "simB"), start=1):
         log = open(tmp_path / f"{node}.log", "wb")
         launchers[node] = c.exec(i, sys.executable, "-m", "rlvla3.cli", "launch", str(config),
-                                 "--node", node, "--out", str(run_dir),
+                                 "--node", node, "--out", str(tmp_path / node),
+                                 env={run_secret.SECRET_ENV: secret},
                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         def servers_updated() -> dict | None:
-            if not (run_dir / "run.json").exists():
+            info = json.loads((stale / "run.json").read_text())
+            if info.get("launch_id") == "old":
                 return None
-            snap = c.monitor(2, run_dir)
+            snap = c.monitor(2, stale)  # node simA, from its own run dir
             versions = [r["stats"].get("policy_version", -1) for r in snap["roles"]
                         if r["role"] == "rollout_server"]  # fmt: skip
             return snap if len(versions) == 2 and min(versions) >= 3 else None
 
         snap = wait_until(servers_updated, 180, "weights on both rollout servers")
+        assert list(tmp_path.glob("simA-*/run.json")), "the earlier run was not moved aside"
+        assert {n["node"] for n in snap["nodes"]} == {"learner", "simA", "simB"}
         server = next(r for r in snap["roles"] if r["role"] == "rollout_server" and r["index"] == 0)
-        info = json.loads((run_dir / "run.json").read_text())
-        from transport.security import run_keys
-
-        server_key = run_keys((run_dir / "secret").read_text().strip()).server_public.decode()
         probe = json.loads(c.run(2, sys.executable, "-m", "tests.cluster_probe",
-                                 info["redis_url"], server["endpoints"]["requests"], server_key))  # fmt: skip
+                                 f"redis://{c.address(1)}:16379/0",
+                                 server["endpoints"]["requests"],
+                                 run_keys(secret).server_public.decode()))  # fmt: skip
         assert probe == {"redis": "refused", "zmq_plain": "no reply", "zmq_wrong_key": "no reply"}
-        wait_until(lambda: c.monitor(1, run_dir)["counters"].get("auth_refused", 0) >= 2, 30,
-                   "the refused peers counted")  # fmt: skip
+        wait_until(lambda: c.monitor(3, tmp_path / "simB")["counters"].get("auth_refused", 0) >= 2,
+                   30, "the refused peers counted")  # fmt: skip
 
         os.kill(launchers["learner"].pid, signal.SIGKILL)
         for node in ("simA", "simB"):
@@ -230,6 +239,8 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
             assert code == 1 and "lost the head node 'learner'" in out, out
         wait_until(lambda: not any(c.processes(i) for i in (1, 2, 3)), 30,
                    "every process on every node gone")  # fmt: skip
+        for log in [*tmp_path.glob("*.log"), *tmp_path.glob("*/logs/*.log")]:
+            assert secret not in log.read_text(errors="replace"), f"the run secret is in {log}"
     finally:
         for proc in launchers.values():
             if proc.poll() is None:

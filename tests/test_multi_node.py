@@ -95,12 +95,22 @@ def test_an_allocation_that_does_not_fit_is_one_line_naming_the_nodes() -> None:
         find_seat(cfg, None, slurm_env(0, hosts="cpu[01-02]"))
 
 
-def test_slurm_is_ignored_by_a_one_node_config_and_overridden_by_node() -> None:
-    one = load_config(None, ["roles.trainer.count=1"])
-    assert find_seat(one, None, slurm_env(0)).node is None  # e.g. inside an salloc shell
+def test_a_one_host_step_runs_everything_here_and_node_overrides_slurm() -> None:
+    one_host_step = slurm_env(0, hosts="cpu01")  # an salloc shell, srun --pty
     cfg = load_config(None, GROUPS)
+    assert find_seat(cfg, None, one_host_step).node is None
+    assert find_seat(load_config(None, ["roles.trainer.count=1"]), None, one_host_step).node is None
     assert find_seat(cfg, "sim-1", slurm_env(0)).node.name == "sim-1"
     assert find_seat(cfg, None, {}).node is None  # no Slurm, no --node: all on this host
+
+
+def test_a_one_node_yaml_on_several_hosts_and_two_tasks_per_node_are_refused() -> None:
+    one_node = load_config(None, ["roles.trainer.count=1"])
+    with pytest.raises(ConfigError, match=r"has 3 hosts .* are 1 \(local\); submit with "
+                                          r"sbatch --nodes=1"):  # fmt: skip
+        find_seat(one_node, None, slurm_env(0))
+    with pytest.raises(ConfigError, match="one launcher per node"):
+        find_seat(load_config(None, GROUPS), None, {**slurm_env(0), "SLURM_STEP_NUM_TASKS": "6"})
 
 
 # --- addresses -----------------------------------------------------------------------------------
@@ -182,8 +192,10 @@ def test_curve_serves_the_runs_peers_and_refuses_and_counts_strangers() -> None:
         while server.poll(2000):
             received.append(server.recv_multipart()[-1])
         assert received == [b"run"]
-        wait_until(lambda: len(refused) >= 2, 10, "both strangers counted")
-        assert any("auth" in r for r in refused) and any("protocol" in r for r in refused)
+        # the wrong key fails at ZAP ("auth", once: libzmq does not retry it), the plain peer
+        # during the handshake ("protocol" or "no_detail", as it happens to be cut off)
+        wait_until(lambda: any("auth" in r for r in refused)
+                   and any("auth" not in r for r in refused), 10, "both strangers counted")  # fmt: skip
     finally:
         security.close()
         peer_ctx.destroy(linger=0)

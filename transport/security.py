@@ -157,6 +157,11 @@ class CurveSecurity:
 _active: CurveSecurity | None = None
 
 
+def available() -> bool:
+    """Whether this libzmq has CURVE (multi-host runs need it)."""
+    return bool(zmq.has("curve"))
+
+
 def enable(secret: str, on_refused: RefusedHandler | None = None) -> CurveSecurity:
     """Turn CURVE on for every socket this process binds or connects from now on."""
     global _active

@@ -46,9 +46,19 @@ check_tools() {
     ((${#missing[@]} == 0)) || die "missing ${missing[*]}: apt-get install slurmctld slurmd slurm-client munge iproute2"
 }
 
+own_state_dir() {  # the munge key and slurm.conf live here: nobody else may plant or read them
+    if [[ -e $DIR ]]; then
+        [[ -d $DIR && ! -L $DIR && $(stat -c %u "$DIR") == 0 ]] || die "$DIR is not root's own directory"
+        (( (8#$(stat -c %a "$DIR") & 8#022) == 0 )) || die "$DIR is writable by others"
+    else
+        mkdir -p -m 755 "$DIR"
+    fi
+}
+
 write_config() {
     local ctl_name
     ctl_name=$(hostname -s)  # slurmctld insists that SlurmctldHost names the host it runs on
+    own_state_dir
     mkdir -p "$DIR"/{etc,state,spool,run,log,munge-key,munge}
     chmod 700 "$DIR/munge-key"
     chmod 755 "$DIR/munge"  # munged wants its socket's directory searchable by all
@@ -139,11 +149,16 @@ start_daemons() {
     done
     local deadline=$((SECONDS + 60)) idle=0
     while ((SECONDS < deadline)); do
-        idle=$(ip netns exec "$CTL_NS" env "$(slurm_env)" sinfo -h -t idle -o '%D' 2>/dev/null | awk '{s+=$1} END {print s+0}')
+        # (slurmctld may not answer yet: sinfo failing is no reason to give up)
+        idle=$(ip netns exec "$CTL_NS" env "$(slurm_env)" sinfo -h -t idle -o '%D' 2>/dev/null | awk '{s+=$1} END {print s+0}' || true)
         ((idle == NODES)) && break
         sleep 0.5
     done
-    ((idle == NODES)) || { tail -20 "$DIR"/log/*.log >&2; die "only $idle of $NODES nodes came up"; }
+    if ((idle != NODES)); then
+        tail -20 "$DIR"/log/*.log >&2
+        cmd_down >&2
+        die "only $idle of $NODES nodes came up"
+    fi
 }
 
 cmd_up() {
@@ -152,10 +167,12 @@ cmd_up() {
     [[ $(id -u) == 0 ]] || die "needs root (network namespaces, slurmd)"
     ((slurm == 0)) || check_tools
     ip netns list | grep -q "^$CTL_NS\b" && die "a cluster named $PREFIX is up already (cluster.sh down first)"
+    trap 'echo "cluster.sh: up failed; taking down what was made" >&2; cmd_down >&2' ERR
     write_config
     write_hosts
     make_network
     ((slurm == 0)) || start_daemons
+    trap - ERR
     echo "cluster up: controller ${CTL_NS} ($CTL_ADDR), nodes node1..node$NODES ($(node_addr 1)..), state in $DIR"
     if ((slurm)); then
         echo "submit with: $0 sbatch --nodes=$NODES launch/slurm.sbatch CONFIG.yaml"
