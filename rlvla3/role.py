@@ -276,7 +276,7 @@ class Role(abc.ABC):
 
     def _heartbeat_loop(self) -> None:
         ttl = self.cfg.run.heartbeat_ttl_s
-        last_beat = time.monotonic()
+        last_beat = last_success = time.monotonic()
         parent = os.getppid()
         while not self._heartbeat_stop.wait(_FLUSH_PERIOD_S):
             if os.getppid() != parent:  # the launcher died without stopping us: do not linger
@@ -288,14 +288,15 @@ class Role(abc.ABC):
             last_beat = time.monotonic()
             try:
                 self.registry.heartbeat(self.name, self.index, ttl, self.stats())
-                took = time.monotonic() - last_beat
                 with self._redis_lock:
-                    lost_since, self._redis_lost_since = self._redis_lost_since, None
-                if lost_since is not None or took > ttl:
-                    # failed beats, or one that hung on a dead link until the link came back:
-                    # either way the role was shown LOST meanwhile
-                    away = last_beat - (lost_since or last_beat) + took
-                    self.log.info("Redis reachable again after %.0fs: rejoined the run", away)
+                    self._redis_lost_since = None
+                now = time.monotonic()
+                if now - last_success > ttl:
+                    # beats failed, or hung on a dead link until it came back: either way the
+                    # role was shown LOST meanwhile, and is back now
+                    self.log.info("Redis reachable again after %.0fs: rejoined the run",
+                                  now - last_success)  # fmt: skip
+                last_success = now
             except Exception as err:  # an outage: ride it out up to run.head_timeout_s
                 if self._mark_redis_lost(last_beat):
                     self.log.warning("heartbeat failed: %s", err)
