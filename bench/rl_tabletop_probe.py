@@ -34,9 +34,9 @@ from rlvla3.algo.optim import build_optimizer  # noqa: E402
 from rlvla3.algo.ppo import frozen_reference, ppo_update  # noqa: E402
 from rlvla3.checkpoints import load_checkpoint  # noqa: E402
 from rlvla3.config import Config, load_config  # noqa: E402
-from rlvla3.messages import TrajectoryChunk  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
-from sim.adapter import make_env  # noqa: E402
+from sim.envs import make_env  # noqa: E402
+from transport.messages import TrajectoryChunk  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -58,12 +58,12 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from rlvla3.config import config_from_dict  # noqa: E402
-from rlvla3.messages import ActionReply, ObsRequest  # noqa: E402
 from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
 from rlvla3.registry import Registry  # noqa: E402
 from roles.rollout_server import RolloutServer  # noqa: E402  (imported once, in the forkserver)
 from transport import sockets  # noqa: E402
 from transport.codec import encode  # noqa: E402
+from transport.messages import ActionReply, ObsRequest  # noqa: E402
 from transport.weights import Broadcaster, FlatLayout, start_store  # noqa: E402
 
 HOST = "127.0.0.1"

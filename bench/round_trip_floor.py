@@ -45,8 +45,8 @@ def serve(kind: str, address_out: mp.Queue, stop: mp.Event) -> None:
     import gymnasium as gym
     import torch
 
-    from rlvla3.messages import ActionReply
     from rlvla3.policy.mlp import MLPPolicy
+    from transport.messages import ActionReply
     from transport.sockets import RouterSocket
 
     torch.set_num_threads(1)
@@ -79,9 +79,9 @@ def serve(kind: str, address_out: mp.Queue, stop: mp.Event) -> None:
 
 def envs(address: str, args: argparse.Namespace, worker: int, results: mp.Queue) -> None:
     """``num_envs / num_workers`` env threads: sleep a straggler delay, then one round trip."""
-    from rlvla3.messages import ActionReply, ObsRequest
     from sim.straggler import lognormal_mu, tighten_timer_slack
     from transport import sockets
+    from transport.messages import ActionReply, ObsRequest
 
     per_env: list[tuple[int, float, float]] = []
     lock = threading.Lock()

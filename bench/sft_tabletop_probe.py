@@ -43,7 +43,7 @@ from rlvla3.config import config_from_dict  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
 from sft.data import DemoSet  # noqa: E402
 from sft.demos import generate_demos  # noqa: E402
-from sim.adapter import make_env  # noqa: E402
+from sim.envs import make_env  # noqa: E402
 from sim.experts import TableTopExpert  # noqa: E402
 
 

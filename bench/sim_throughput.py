@@ -28,7 +28,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.adapter import SimAdapter, make_env  # noqa: E402
+from sim.adapter import SimAdapter  # noqa: E402
+from sim.envs import make_env  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

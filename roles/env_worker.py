@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from rlvla3.messages import ActionReply, ObsRequest, TrajectoryChunk
 from rlvla3.role import RateMeter, Role, main
-from sim.adapter import SimAdapter, make_env
+from sim.adapter import SimAdapter
+from sim.envs import make_env
 from sim.straggler import StragglerConfig
 from transport import sockets
+from transport.messages import ActionReply, ObsRequest, TrajectoryChunk
 
 _PEER_SCAN_PERIOD_S = 1.0
 

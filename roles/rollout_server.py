@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from rlvla3.algo.chunk_check import obs_problem
-from rlvla3.messages import ActionReply, ObsRequest
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, Role, main
+from transport.messages import ActionReply, ObsRequest
 from transport.sockets import RouterSocket
 from transport.weights import FlatLayout, WeightLink
 

@@ -28,12 +28,12 @@ from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
 from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlvla3.messages import TrajectoryChunk
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, Role, main
 from transport import sockets
+from transport.messages import TrajectoryChunk
 
 
 class Trainer(Role):

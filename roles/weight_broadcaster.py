@@ -14,9 +14,9 @@ import warnings
 import numpy as np
 import torch
 
-from rlvla3.messages import WeightsUpdate
 from rlvla3.role import Role, main
 from transport import sockets
+from transport.messages import WeightsUpdate
 from transport.weights import Broadcaster, start_store
 
 _LINK_SCAN_PERIOD_S = 0.5

@@ -23,7 +23,8 @@ import numpy as np
 from gymnasium import spaces
 
 from sft.lerobot import Feature, LeRobotWriter, image_feature
-from sim.adapter import SimAdapter, make_env
+from sim.adapter import SimAdapter
+from sim.envs import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
 from sim.tabletop import CONTROL_HZ
 
@@ -120,7 +121,7 @@ def generate_demos(
             the clean expert action (DART). ~0.3 makes cloned policies far more robust.
         max_attempts: give up after this many rollouts (default ``2 * num_episodes + 10``).
         overwrite: replace an existing dataset at ``root``.
-        **env_kwargs: passed to :func:`sim.adapter.make_env` (e.g. ``obs_mode="state"``).
+        **env_kwargs: passed to :func:`sim.envs.make_env` (e.g. ``obs_mode="state"``).
     """
     if env_id not in EXPERT_ENVS:
         raise ValueError(f"no scripted expert for {env_id!r}; have {EXPERT_ENVS}")

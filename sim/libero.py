@@ -9,7 +9,7 @@ Observation (``S = image_size``, ``L = instruction_max_len``):
 - ``image``: uint8[S, S, 3], the agent-view camera, upright (LIBERO renders in OpenGL
   convention, upside down; turned 180 degrees here like OpenVLA / openpi / LeRobot do).
 - ``wrist_image``: uint8[S, S, 3], the eye-in-hand camera, turned the same way.
-- ``instruction``: int32[L], the task's language (``rlvla3.policy.tokenizer.encode_instruction``).
+- ``instruction``: int32[L], the task's language (``sim.tokenizer.encode_instruction``).
 - ``proprio``: float32[8], end-effector position (m, 3), orientation as axis-angle (rad, 3) and
   the two gripper finger joint positions (m, 2).
 
@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from rlvla3.policy.tokenizer import encode_instruction
-from sim.adapter import Obs, SimAdapter, SimulatorNotInstalledError, StepResult
+from sim.adapter import Obs, SimAdapter, StepResult
+from sim.libero_setup import import_libero
+from sim.tokenizer import encode_instruction
 
 SUITES = {  # suite -> (number of tasks, default max episode steps)
     "libero_spatial": (10, 220),
@@ -113,37 +113,6 @@ def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return np.array([x, y, z]) * (2.0 * math.acos(w) / den)
 
 
-def _import_libero() -> tuple[Any, Any, Any]:
-    """Import LIBERO offline and non-interactively: ``(benchmark, OffScreenRenderEnv, config)``.
-
-    Writes LIBERO's config first (its import prompts on stdin without one), selects a headless
-    MuJoCo GL backend (``MUJOCO_GL``, default ``egl``) before robosuite reads it, and points
-    LIBERO's asset lookup at the installed asset folder so it never tries to download them.
-    """
-    from sim.libero_setup import LiberoSetupError, ensure_config
-
-    try:
-        config = ensure_config()
-    except LiberoSetupError as exc:
-        raise SimulatorNotInstalledError(str(exc)) from exc
-    if sys.platform.startswith("linux"):  # headless default; robosuite picks cgl on macOS
-        backend = os.environ.setdefault("MUJOCO_GL", "egl")
-        if backend in ("egl", "osmesa"):
-            os.environ.setdefault("PYOPENGL_PLATFORM", backend)
-    try:
-        import libero.libero as libero_root
-        from libero.libero import benchmark
-        from libero.libero.envs import OffScreenRenderEnv
-    except ImportError as exc:
-        raise SimulatorNotInstalledError(
-            f"importing libero failed ({exc}); run: python -m sim.libero_setup"
-        ) from exc
-    # libero 0.1.1 looks for assets inside its own package, then downloads them from a hub;
-    # this cache (checked first) makes it use the configured folder instead.
-    libero_root._assets_path_cache = config["assets"]
-    return benchmark, OffScreenRenderEnv, config
-
-
 class LiberoAdapter(SimAdapter):
     """One LIBERO task (see the module docstring for obs, action, reward and reset).
 
@@ -154,7 +123,7 @@ class LiberoAdapter(SimAdapter):
 
     def __init__(self, config: LiberoConfig | None = None, *, seed: int | None = None) -> None:
         self.config = cfg = config or LiberoConfig()
-        benchmark, env_cls, libero_config = _import_libero()
+        benchmark, env_cls, libero_config = import_libero()
         suite = benchmark.get_benchmark_dict()[cfg.suite]()
         task = suite.get_task(cfg.task_index)
         self.task_name: str = task.name
@@ -285,7 +254,7 @@ class LiberoAdapter(SimAdapter):
 
 
 def make_libero_env(env_id: str, *, seed: int, **kwargs: Any) -> LiberoAdapter:
-    """The :func:`sim.adapter.make_env` factory for ``libero/<suite>/<task_index>`` ids.
+    """The :func:`sim.envs.make_env` factory for ``libero/<suite>/<task_index>`` ids.
 
     ``kwargs`` are the other fields of :class:`LiberoConfig` (``image_size``, ...).
     """

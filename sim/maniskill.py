@@ -6,7 +6,7 @@ One ManiSkill env (``num_envs=1``) per adapter instance. Observations, exactly w
   n = 42, PushCube-v1: 35, PegInsertionSide-v1: 43).
 - ``obs_mode="rgb"``: ``{"image": uint8[S, S, 3]`` (the ``camera`` sensor, default
   ``base_camera``, rendered at ``S x S``), ``"instruction": int32[L]`` (a fixed description of the
-  task, :func:`rlvla3.policy.tokenizer.encode_instruction`), ``"proprio": float32[P]}`` (the
+  task, :func:`sim.tokenizer.encode_instruction`), ``"proprio": float32[P]}`` (the
   robot's joint positions then joint velocities; Panda: P = 9 + 9 = 18; plus ManiSkill's flattened
   ``extra`` task observations when ``proprio_extra``).
 
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from rlvla3.policy.tokenizer import encode_instruction
 from sim.adapter import Obs, SimAdapter, StepResult
+from sim.tokenizer import encode_instruction
 
 PREFIX = "maniskill/"
 

@@ -33,7 +33,7 @@ class StragglerConfig:
         mean_ms: mean delay per step in milliseconds (the lognormal is parameterised by its
             MEAN: ``mu = ln(mean_ms) - sigma**2 / 2``).
         sigma: lognormal shape (std of the underlying normal); larger means heavier tail.
-        seed: seed of the delay stream; None lets :func:`sim.adapter.make_env` use the env seed.
+        seed: seed of the delay stream; None lets :func:`sim.envs.make_env` use the env seed.
     """
 
     distribution: str = "lognormal"

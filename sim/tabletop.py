@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from rlvla3.policy.tokenizer import encode_instruction
 from sim.adapter import Obs, SimAdapter, StepResult
+from sim.tokenizer import encode_instruction
 
 COLOURS = ("red", "green", "blue")
 NUM_OBJECTS = len(COLOURS)

@@ -14,8 +14,8 @@ import numpy as np
 import redis
 import zmq
 
-from rlvla3.messages import ObsRequest
 from transport.codec import Codec
+from transport.messages import ObsRequest
 
 _WAIT_MS = 3000
 

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rlvla3 import messages as m
-from rlvla3.messages import SCHEMA_VERSION as V
+from transport import messages as m
 from transport.codec import (
     ZERO_COPY_MIN_BYTES,
     CodecLimits,
@@ -23,6 +22,7 @@ from transport.codec import (
     decode,
     encode,
 )
+from transport.messages import SCHEMA_VERSION as V
 
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64"]  # fmt: skip

@@ -164,9 +164,9 @@ def test_weight_path_survives_forgery_and_a_broadcaster_restart(tmp_path, redis_
     replacement to its new address and versions keep rising."""
     import gymnasium as gym
 
-    from rlvla3.messages import WeightsUpdate
     from rlvla3.policy.mlp import MLPPolicy
     from transport import sockets
+    from transport.messages import WeightsUpdate
     from transport.weights import FlatLayout
 
     run_dir = tmp_path / "run"
@@ -188,7 +188,7 @@ def test_weight_path_survives_forgery_and_a_broadcaster_restart(tmp_path, redis_
         wait_until(lambda: registry.weight_version() > before + 2, 60, "real versions go on")
 
         # A NaN observation gets no action (it would be NaN); a good one still does.
-        from rlvla3.messages import ActionReply, ObsRequest
+        from transport.messages import ActionReply, ObsRequest
 
         client = sockets.dealer()
         client.connect(registry.endpoints("rollout_server", "requests")[0])

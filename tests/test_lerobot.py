@@ -22,7 +22,7 @@ from sft.lerobot import (
     to_policy_obs,
 )
 from sft.lerobot_format import IMAGE_STRUCT
-from sim.adapter import make_env
+from sim.envs import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
 
 FEATURES = {

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from rlvla3.policy.tokenizer import decode_instruction
-from sim.adapter import SimAdapter, SimulatorNotInstalledError, make_env
+from sim.adapter import SimAdapter, SimulatorNotInstalledError
+from sim.envs import make_env
+from sim.tokenizer import decode_instruction
 
 pytestmark = pytest.mark.maniskill
 

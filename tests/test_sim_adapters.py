@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from rlvla3.policy.tokenizer import decode_instruction
-from sim.adapter import GymAdapter, SimAdapter, SimulatorNotInstalledError, make_env
+from sim.adapter import SimAdapter, SimulatorNotInstalledError
+from sim.envs import make_env
 from sim.experts import TableTopExpert
+from sim.gym_adapter import GymAdapter
 from sim.straggler import StragglerAdapter, StragglerConfig, lognormal_mu
 from sim.tabletop import COLOURS, NUM_OBJECTS, STATE_DIM, TableTopConfig, TableTopEnv
+from sim.tokenizer import decode_instruction
 
 
 def _check_obs(env: SimAdapter, obs: dict[str, np.ndarray]) -> None:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import zmq
 
-from rlvla3.messages import ActionReply, Control, ObsRequest, WeightsUpdate
 from transport import sockets
 from transport.codec import CodecError
+from transport.messages import ActionReply, Control, ObsRequest, WeightsUpdate
 
 
 def ping(seq: int, n: int = 4) -> WeightsUpdate:

@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.policy.tokenizer import (
-    VOCAB_SIZE,
-    decode_instruction,
-    encode_instruction,
-    encode_instructions,
-)
 from rlvla3.policy.vla import (
     VLAConfig,
     VLAPolicy,
     bins_to_continuous,
     continuous_to_bins,
+)
+from sim.tokenizer import (
+    VOCAB_SIZE,
+    decode_instruction,
+    encode_instruction,
+    encode_instructions,
 )
 
 HEADS = ["discrete_bins", "gaussian", "categorical"]

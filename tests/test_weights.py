@@ -86,8 +86,8 @@ def test_publisher_resends_the_last_version_unchanged_and_follows_a_moved_broadc
     """A version whose send found no room is sent again later, same number and weights (never a
     new version without training), without blocking; a broadcaster at a new address gets it."""
     import transport.weights as weights_mod
-    from rlvla3.messages import WeightsUpdate
     from transport import sockets
+    from transport.messages import WeightsUpdate
     from transport.weights import WeightPublisher
 
     monkeypatch.setattr(weights_mod, "_SEND_TIMEOUT_S", 0.05)

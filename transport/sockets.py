@@ -1,4 +1,4 @@
-"""ZeroMQ sockets that speak ``rlvla3.messages`` through the codec.
+"""ZeroMQ sockets that speak ``transport.messages`` through the codec.
 
 - PUSH/PULL: one-way queues with high-water marks; a full queue blocks the sender (back-pressure)
   instead of growing memory.

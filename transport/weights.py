@@ -161,7 +161,7 @@ class WeightPublisher:
 
     def publish(self, module: nn.Module) -> int:
         """Send the module's current weights as a new version; returns that version."""
-        from rlvla3.messages import WeightsUpdate
+        from transport.messages import WeightsUpdate
 
         self.version += 1
         if self.announce is not None:

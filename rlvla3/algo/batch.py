@@ -14,8 +14,8 @@ import torch
 
 from rlvla3.algo.ppo import compute_gae, truncated_importance_weights, vtrace
 from rlvla3.config import AlgoConfig
-from rlvla3.messages import TrajectoryChunk
 from rlvla3.policy.base import ActorCritic
+from transport.messages import TrajectoryChunk
 
 Batch = dict[str, torch.Tensor | dict[str, torch.Tensor]]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from rlvla3.messages import TrajectoryChunk
 from rlvla3.policy.base import ActionSpec
+from transport.messages import TrajectoryChunk
 
 _PER_STEP = {  # field -> the kind of numbers it must hold
     "rewards": "f",

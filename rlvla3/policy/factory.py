@@ -22,7 +22,7 @@ class EnvSpaces:
 
 def env_spaces(cfg: Config) -> EnvSpaces:
     """Read the spaces from one throw-away env instance."""
-    from sim.adapter import make_env
+    from sim.envs import make_env
 
     env = make_env(cfg.env.id, seed=cfg.run.seed, **cfg.env.kwargs)
     try:

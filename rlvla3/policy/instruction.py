@@ -1,6 +1,6 @@
 """Instruction tokens and FiLM conditioning for ``VLAPolicy`` (see rlvla3/policy/vla.py).
 
-Two ways to turn the byte tokens of ``rlvla3.policy.tokenizer`` into transformer tokens
+Two ways to turn the byte tokens of ``sim.tokenizer`` into transformer tokens
 (``VLAConfig.instruction_tokens``):
 
 - ``"bytes"``: one token per real (non-pad) byte: ``byte_embedding + position``.
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlvla3.policy.tokenizer import PAD_ID, VOCAB_SIZE
+from sim.tokenizer import PAD_ID, VOCAB_SIZE
 
 InstructionTokens = Literal["bytes", "words"]
 SPACE_ID = ord(" ") + 1  # the tokenizer's id of the space byte
