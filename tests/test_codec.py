@@ -45,8 +45,6 @@ MESSAGES = {
         actions=arrays, rewards=arrays, terminated=arrays, truncated=arrays, log_probs=arrays,
         values=arrays, policy_versions=arrays, bootstrap_value=floats),
     m.WeightsUpdate: st.builds(m.WeightsUpdate, version=ints, layout=st.text(), flat=arrays),
-    m.WeightsAvailable: st.builds(m.WeightsAvailable, version=ints),
-    m.Control: st.builds(m.Control, command=st.text(), round=ints),
 }  # fmt: skip
 
 
@@ -157,11 +155,10 @@ def _update(flat: object) -> bytes:
         ([*_big_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
         ([_header(99, "WeightsUpdate", [])], SchemaMismatch, "schema version 99"),
         ([_header(V, "Evil", [])], UnknownMessage, "'Evil'"),
-        ([_header(V, "Control", ["x", 1, 2])], MalformedFrame, "Control: expected 1 to 2 field values, got 3"),
-        ([_header(V, "Control", [])], MalformedFrame, "Control: expected 1 to 2 field values, got 0"),
-        ([_header(V, "Control", [5, 1])], MalformedFrame, "Control.command: Expected `str`"),
-        ([_header(V, "WeightsAvailable", ["1"])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
-        ([_header(V, "WeightsAvailable", [True])], MalformedFrame, "WeightsAvailable.version: Expected `int`"),
+        ([_header(V, "WeightsUpdate", [1, "x", None, 5])], MalformedFrame, "WeightsUpdate: expected 3 field values, got 4"),
+        ([_header(V, "WeightsUpdate", [])], MalformedFrame, "WeightsUpdate: expected 3 field values, got 0"),
+        ([_header(V, "WeightsUpdate", ["1", "x", None])], MalformedFrame, "WeightsUpdate.version: Expected `int`"),
+        ([_header(V, "WeightsUpdate", [True, "x", None])], MalformedFrame, "WeightsUpdate.version: Expected `int`"),
         ([_update(["object", [1], b"x"])], MalformedFrame, "WeightsUpdate.flat: array dtype 'object'"),
         ([_update(5)], MalformedFrame, "WeightsUpdate.flat: expected an array"),
         ([_update(["float32", [4], b"123"])], MalformedFrame, "needs 16 bytes, got 3"),

@@ -8,7 +8,7 @@ import zmq
 
 from transport import sockets
 from transport.codec import CodecError
-from transport.messages import ActionReply, Control, ObsRequest, WeightsUpdate
+from transport.messages import ActionReply, ObsRequest, WeightsUpdate
 
 
 def ping(seq: int, n: int = 4) -> WeightsUpdate:
@@ -85,19 +85,6 @@ def test_router_dealer_request_reply_across_two_servers(pair) -> None:
     assert seen == {0: 2, 1: 2}  # a DEALER spreads requests round-robin over its servers
     ids = sorted(client.recv(timeout_s=5).request_id for _ in range(4))
     assert ids == [0, 1, 2, 3]
-
-
-def test_pub_sub_control(pair) -> None:
-    pub = pair(sockets.publisher)
-    sub = pair(sockets.subscriber)
-    sub.connect(pub.bind())
-    # A subscription takes effect asynchronously: publish until the first one arrives.
-    for attempt in range(200):
-        pub.send(Control(command="pause", round=attempt))
-        if sub.poll(0.05):
-            break
-    msg = sub.recv(timeout_s=5)
-    assert msg.command == "pause"
 
 
 def test_bad_frames_go_to_the_handler_and_receiving_carries_on(pair) -> None:

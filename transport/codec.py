@@ -1,6 +1,6 @@
 """Message codec: one msgpack header frame, plus one raw frame per large array. Never pickle.
 
-Wire format (``rlvla3.messages.SCHEMA_VERSION`` 3)::
+Wire format (``transport.messages.SCHEMA_VERSION`` 3)::
 
     frame 0:  msgpack [version, [message_name, value of each field, in schema order]]
     frame 1+: raw bytes of each array of at least ZERO_COPY_MIN_BYTES (sent without copying)
@@ -12,7 +12,7 @@ on the hot path (``ObsRequest`` / ``ActionReply``) every extra ZeroMQ frame cost
 copy of a small array.
 
 The header is written and read by msgspec's C msgpack codec against the message structs of
-``rlvla3/messages.py``: field types are checked in C while decoding, and only arrays go through
+``transport/messages.py``: field types are checked in C while decoding, and only arrays go through
 Python (``Codec.decode_array``). Measured on the 2-core CI machine for an ``ActionReply``: the
 first codec (3 frames, msgpack-python, checks in Python) took 13 µs to encode and 23 µs to
 decode; this one takes ~3 and ~4 µs. Error paths are not hot: when msgspec rejects a header,
@@ -35,7 +35,7 @@ import msgpack
 import msgspec
 import numpy as np
 
-from rlvla3.messages import MESSAGE_TYPES, SCHEMA_VERSION, Obs
+from transport.messages import MESSAGE_TYPES, SCHEMA_VERSION, Obs
 
 _ALLOWED_DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
@@ -152,7 +152,7 @@ class Codec:
         fields = _ARRAY_FIELDS.get(type(msg))
         if fields is None:
             raise TypeError(
-                f"encode: {type(msg).__name__} is not a message type of rlvla3.messages"
+                f"encode: {type(msg).__name__} is not a message type of transport.messages"
             )
         arrays, optional, obs = fields
         for name in arrays:

@@ -127,29 +127,7 @@ class WeightsUpdate(Message):
     flat: np.ndarray
 
 
-class WeightsAvailable(Message):
-    """Control broadcast: a new weight version is about to be broadcast (or was).
-
-    Attributes:
-        version: the weight version, increasing from 0.
-    """
-
-    version: int
-
-
-class Control(Message):
-    """Control broadcast to all roles (e.g. ``pause``, ``resume`` in sync mode).
-
-    Attributes:
-        command: what to do.
-        round: the round or version the command refers to; -1 if none.
-    """
-
-    command: str
-    round: int = -1
-
-
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate, WeightsAvailable, Control)
+    for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate)
 }

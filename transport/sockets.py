@@ -4,7 +4,6 @@
   instead of growing memory.
 - ROUTER/DEALER: request-reply across many clients and servers; a DEALER connected to several
   servers spreads its requests over them.
-- PUB/SUB: control broadcasts.
 
 Binding always picks a free port (or a fresh ipc path); the caller publishes the address in Redis
 (see ``rlvla3/registry.py``) and peers find it there. When ``transport.security`` is enabled
@@ -211,15 +210,3 @@ def pull(**kwargs: Any) -> MessageSocket:
 def dealer(**kwargs: Any) -> MessageSocket:
     """A DEALER socket (client side of request-reply; round-robins over connected servers)."""
     return MessageSocket(zmq.DEALER, **kwargs)
-
-
-def publisher(**kwargs: Any) -> MessageSocket:
-    """A PUB socket for control broadcasts."""
-    return MessageSocket(zmq.PUB, **kwargs)
-
-
-def subscriber(**kwargs: Any) -> MessageSocket:
-    """A SUB socket subscribed to every message."""
-    sock = MessageSocket(zmq.SUB, **kwargs)
-    sock.raw.setsockopt(zmq.SUBSCRIBE, b"")
-    return sock
