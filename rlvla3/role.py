@@ -1,7 +1,9 @@
 """The role base class: every process of a run (env worker, rollout server, trainer...) is one.
 
-A role implements ``setup()``, ``step()`` (one bounded unit of work) and ``shutdown()``. The base
-alone owns the loop, Redis registration, TTL heartbeats, counters, status transitions
+A role implements ``setup()``, ``step()`` (one bounded unit of work) and ``shutdown()``; what
+``setup()`` opens it hands to ``own()``, and the base closes it at exit (also when ``setup()``
+failed half-way), so ``shutdown()`` runs only after a complete setup. The base alone owns the
+loop, Redis registration, TTL heartbeats, counters, status transitions
 (``starting → running → stopping → done | error``) and signals: the first SIGINT/SIGTERM stops
 gracefully after the current step, the second exits at once.
 
@@ -25,8 +27,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import redis
 
@@ -39,6 +42,7 @@ from transport import security
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
+T = TypeVar("T")
 _FLUSH_PERIOD_S = 0.5
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _OUTAGE_RETRY_S = 1.0
@@ -100,6 +104,8 @@ class Role(abc.ABC):
         self._pending_lock = threading.Lock()
         self._drop_log: dict[str, tuple[float, int]] = {}  # counter -> (last logged, suppressed)
         self._heartbeat_stop = threading.Event()
+        self._owned: list[Callable[[], object]] = []  # closers of what setup() opened
+        self._set_up = False
 
     # --- the interface subclasses implement ----------------------------------------------------
     def setup(self) -> None:
@@ -110,13 +116,21 @@ class Role(abc.ABC):
         """One bounded unit of work; must return within about a second so stops are prompt."""
 
     def shutdown(self) -> None:
-        """Flush and close. Runs once after the loop ends, also after an error."""
+        """Final work that needs everything ``setup()`` made (drain a queue, a last checkpoint).
+        Runs once after the loop ends, also after an error, but only when ``setup()`` finished;
+        closing is ``own()``'s job."""
 
     def stats(self) -> dict[str, float]:
         """Gauges published with every heartbeat; subclasses may extend (call super)."""
         return dict(self._gauges)
 
     # --- helpers for subclasses -------------------------------------------------------------------
+    def own(self, resource: T, close: Callable[[], object] | None = None) -> T:
+        """Register something ``setup()`` opened; the base closes it at exit (``close``, else
+        its ``close()``), the newest first, whether or not ``setup()`` finished."""
+        self._owned.append(close if close is not None else resource.close)
+        return resource
+
     def gauge(self, name: str, value: float) -> None:
         """Set a gauge shown by the monitor (e.g. ``queue_depth``)."""
         self._gauges[name] = float(value)
@@ -164,8 +178,8 @@ class Role(abc.ABC):
             return found[0] if found else None
 
         self.wait_for_endpoints("weight_broadcaster", "updates")
-        return WeightPublisher(module, broadcaster, version,
-                               announce=self.registry.set_trained_version)  # fmt: skip
+        return self.own(WeightPublisher(module, broadcaster, version,
+                                        announce=self.registry.set_trained_version))  # fmt: skip
 
     def publish_weights(self, publisher: Any, module: Any) -> int:
         """Publish ``module``'s weights as the next version; returns it."""
@@ -203,6 +217,7 @@ class Role(abc.ABC):
         code = 0
         try:
             self.setup()
+            self._set_up = True
             self.registry.set_status(self.name, self.index, "running")
             self.log.info("running")
             while not self.stop_event.is_set():
@@ -225,10 +240,17 @@ class Role(abc.ABC):
     def _finish(self, code: int) -> int:
         self._set_status("stopping")
         try:
-            self.shutdown()
+            if self._set_up:
+                self.shutdown()
         except Exception:
             self.log.exception("shutdown failed")
             code = 1
+        for close in reversed(self._owned):
+            try:
+                close()
+            except Exception:
+                self.log.exception("closing %s failed", close)
+                code = 1
         self._flush_counters()
         try:  # the last gauges, not those of the last heartbeat (up to a second old)
             self.registry.publish_stats(self.name, self.index, self.stats())

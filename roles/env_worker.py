@@ -113,15 +113,14 @@ class EnvWorker(Role):
         self.stop_event.set()
         if self.barrier is not None:
             self.barrier.abort()
-        for runner in getattr(self, "runners", []):
+        for runner in self.runners:
             runner.thread.join(timeout=30)
-        if hasattr(self, "finished_episodes"):
-            try:
-                self._write_episodes()  # the last ones too: a stop loses no finished episode
-            except Exception as err:  # Redis already gone: say what was lost, stop cleanly
-                self.log.warning(
-                    "%d finished episodes not recorded: %s", len(self.finished_episodes), err
-                )
+        try:
+            self._write_episodes()  # the last ones too: a stop loses no finished episode
+        except Exception as err:  # Redis already gone: say what was lost, stop cleanly
+            self.log.warning(
+                "%d finished episodes not recorded: %s", len(self.finished_episodes), err
+            )
 
     def record_episode(
         self, ret: float, length: int, success: bool | None, versions: tuple[int, int]

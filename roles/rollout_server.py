@@ -57,7 +57,7 @@ class RolloutServer(Role):
         self.pending_version: int | None = None
         self.swap_lock = threading.Lock()
         self.weights_ready = threading.Event()
-        self.requests = RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame)
+        self.requests = self.own(RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame))
         self.bind("requests", self.requests)
         self.full_batch = (
             self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
@@ -235,10 +235,6 @@ class RolloutServer(Role):
             log_prob=out.log_prob.cpu().numpy(),
             value=out.value.cpu().numpy(),
         )
-
-    def shutdown(self) -> None:
-        if hasattr(self, "requests"):
-            self.requests.close()
 
 
 if __name__ == "__main__":

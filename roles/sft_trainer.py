@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlvla3.checkpoints import resume_training, save_training
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
 from rlvla3.role import RateMeter, Role, main
@@ -53,6 +53,7 @@ class SftTrainer(Role):
             )  # fmt: skip
         else:
             self.data = DemoSet(self._dataset(), **tokens)
+        self.own(self.data)
         self.log.info("%d demo frames from %d episodes (%s)", len(self.data),
                       self.data.num_episodes, type(self.data).__name__)  # fmt: skip
         self.data.check_budget(s.token_budget)
@@ -74,7 +75,7 @@ class SftTrainer(Role):
         self.finish_deadline: float | None = None
         self._resume()
         self.publisher = self.start_weight_publisher(self.policy, self.version)
-        self.metrics = MetricsLog(self.run_dir, self.registry, "sft")
+        self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "sft"))
         self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
         self.token_rate = RateMeter(window_s=20.0)
         self.finished = False
@@ -154,27 +155,18 @@ class SftTrainer(Role):
         self.version = self.publish_weights(self.publisher, self.policy)
 
     def _checkpoint(self) -> None:
-        state = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "version": self.version, "updates": self.steps}  # fmt: skip
-        save_checkpoint(self.ckpt_dir, self.version, state, self.settings.keep_checkpoints)
+        save_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
+                      version=self.version, updates=self.steps,
+                      keep=self.settings.keep_checkpoints)  # fmt: skip
 
     def _resume(self) -> None:
-        path = latest_checkpoint(self.ckpt_dir)
-        if path is None:
+        resumed = resume_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
+                                  device=self.device, log=self.log)  # fmt: skip
+        if resumed is None:
             return
-        state = load_checkpoint(path, self.device)
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["updates"])
-        self.version = max(int(state["version"]), self.registry.weight_version())
-        self.log.info("resumed from %s (step %d)", path.name, self.steps)
-
-    def shutdown(self) -> None:
-        if hasattr(self, "data"):
-            self.data.close()
-        if hasattr(self, "metrics"):
-            self.metrics.close()
-            self.publisher.close()
+        self.steps = resumed.updates
+        self.version = max(resumed.version, self.registry.weight_version())
+        self.log.info("resumed from %s (step %d)", resumed.path.name, self.steps)
 
 
 def _vla_config(policy: torch.nn.Module) -> Any:

@@ -27,7 +27,7 @@ from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
-from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, resume_training, save_training
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
@@ -53,8 +53,8 @@ class Trainer(Role):
         self.version, self.updates, self.samples_trained = -1, 0, 0
         self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
         self._resume()
-        self.chunks = sockets.pull(
-            hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame
+        self.chunks = self.own(
+            sockets.pull(hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame)
         )
         self.bind("chunks", self.chunks)
         self._write_off_lost_chunks()
@@ -63,7 +63,7 @@ class Trainer(Role):
         self.buffered_steps = 0
         self.batch_steps = self.cfg.algo.batch_steps or self._round_steps()
         self.sample_rate = RateMeter(window_s=20.0)
-        self.metrics = MetricsLog(self.run_dir, self.registry, "train")
+        self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "train"))
         self.frozen, self.next_freeze_check = False, 0.0
         self.last_chunk_at = time.monotonic()
         self._publish()
@@ -188,10 +188,10 @@ class Trainer(Role):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        state = {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "version": self.version, "updates": self.updates,
-                 "samples_trained": self.samples_trained}  # fmt: skip
-        save_checkpoint(self.ckpt_dir, self.version, state, self.settings.keep_checkpoints)
+        save_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
+                      version=self.version, updates=self.updates,
+                      keep=self.settings.keep_checkpoints,
+                      samples_trained=self.samples_trained)  # fmt: skip
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.ckpt_dir)
@@ -206,29 +206,19 @@ class Trainer(Role):
                 self.policy.load_state_dict(init)
                 self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
             return
-        state = load_checkpoint(path, self.device)
-        self.policy.load_state_dict(state["model"])
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-        except ValueError as err:  # written with other parameter groups (e.g. before value_lr)
-            self.log.warning("%s: optimizer state not restored (%s); Adam starts afresh", path, err)
-        self.updates = int(state["updates"])
-        self.samples_trained = int(state.get("samples_trained", 0))
+        resumed = resume_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
+                                  device=self.device, log=self.log)  # fmt: skip
+        self.updates = resumed.updates
+        self.samples_trained = int(resumed.extra.get("samples_trained", 0))
         # Versions only grow: continue after whatever was published before the restart.
-        self.version = max(int(state["version"]), self.registry.weight_version())
-        self.log.info(
-            "resumed from %s (update %d, version %d)", path.name, self.updates, self.version
-        )
+        self.version = max(resumed.version, self.registry.weight_version())
+        self.log.info("resumed from %s (update %d, version %d)", resumed.path.name, self.updates,
+                      self.version)  # fmt: skip
 
     def shutdown(self) -> None:
-        if not hasattr(self, "chunks"):
-            return
         self._drain()
         if self.updates:
             self._checkpoint()
-        self.metrics.close()
-        self.chunks.close()
-        self.publisher.close()
 
     def _drain(self) -> None:
         """Count chunks still buffered or queued at exit, so produced = consumed + dropped + these."""

@@ -28,7 +28,7 @@ class WeightBroadcaster(Role):
     name = "weight_broadcaster"
 
     def setup(self) -> None:
-        self.updates = sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame)
+        self.updates = self.own(sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame))
         self.bind("updates", self.updates)
         self.store = start_store(self.address, timeout_s=self.settings.link_timeout_s)
         self.registry.publish_endpoint(
@@ -114,10 +114,6 @@ class WeightBroadcaster(Role):
         for link_id in set(self.broadcaster.links) - live:
             self.broadcaster.remove(link_id)
         self.gauge("links", len(self.broadcaster.links))
-
-    def shutdown(self) -> None:
-        if hasattr(self, "updates"):
-            self.updates.close()
 
 
 if __name__ == "__main__":
