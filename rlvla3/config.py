@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlvla3 import nodes as node_groups
+from rlvla3.policy.vla_config import VLAConfig
 from rlvla3.role_settings import ROLE_SETTINGS
 from rlvla3.typed_load import ConfigError, bounded, from_dict, to_dict
 from rlvla3.yaml12 import YamlError, dump_yaml, parse_yaml
@@ -132,7 +133,8 @@ class EnvConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyConfig:
-    """Which policy network. ``vla`` holds the VLA model's fields (see rlvla3/policy/vla.py).
+    """Which policy network. ``vla`` holds the VLA model's fields (``VLAConfig`` in
+    rlvla3/policy/vla_config.py; those it leaves out follow the env's spaces), checked at load.
 
     ``init_checkpoint``: a trainer checkpoint (e.g. from an SFT run) whose model weights a trainer
     starts from when it has no checkpoint of its own.
@@ -332,6 +334,7 @@ def _validate(cfg: Config) -> None:
         if rc.cpus is not None and (not rc.cpus or any(c < 0 for c in rc.cpus)):
             raise ConfigError(f"roles.{role}.cpus: a non-empty list of CPU ids >= 0, got {rc.cpus}")
         cfg.role_settings(role)
+    _validate_vla(cfg.policy.vla)
     if cfg.algo.ref_kl_coef > 0 and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "algo.ref_kl_coef: needs policy.init_checkpoint (the reference policy's weights)"
@@ -340,6 +343,17 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
+
+
+def _validate_vla(raw: dict[str, Any]) -> None:
+    """``policy.vla`` at load time: keys, types, ranges (a typo is a config error, not a role
+    that keeps restarting). The image size usually comes from the env's spaces when the policy
+    is built, so here it only has to fit the patch size."""
+    probe = dict(raw)
+    patch = probe.get("patch_size", 8)
+    if "image_size" not in probe and isinstance(patch, int) and patch > 0:
+        probe["image_size"] = 8 * patch
+    from_dict(VLAConfig, probe, "policy.vla")
 
 
 def _validate_nodes(cfg: Config) -> None:

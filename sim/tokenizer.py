@@ -8,11 +8,14 @@ on the wire as ``obs["instruction"]``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
 PAD_ID = 0
 VOCAB_SIZE = 257
+SPACE_ID = ord(" ") + 1  # the id of the space byte
+InstructionTokens = Literal["bytes", "words"]
 
 
 def encode_instruction(text: str, max_len: int) -> np.ndarray:
@@ -50,3 +53,19 @@ def decode_instruction(tokens: Sequence[int] | np.ndarray) -> str:
         raise ValueError(f"tokens must lie in [0, {VOCAB_SIZE}), got {arr.min()}..{arr.max()}")
     data = (arr[arr != PAD_ID] - 1).astype(np.uint8).tobytes()
     return data.decode("utf-8", errors="replace")
+
+
+def instruction_token_counts(instructions: np.ndarray, mode: InstructionTokens) -> np.ndarray:
+    """Transformer tokens of each instruction int[N, L] under ``mode``: int64[N].
+
+    ``bytes``: one per real byte; ``words``: one per space-separated word (what the VLA's
+    instruction encoder makes of them, rlvla3/policy/instruction.py; the SFT packer budgets with
+    these counts).
+    """
+    instr = np.asarray(instructions)
+    is_char = instr != PAD_ID
+    if mode == "bytes":
+        return is_char.sum(1).astype(np.int64)
+    is_char &= instr != SPACE_ID
+    before = np.pad(is_char[:, :-1], ((0, 0), (1, 0)))
+    return (is_char & ~before).sum(1).astype(np.int64)

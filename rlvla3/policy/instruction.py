@@ -12,8 +12,8 @@ Two ways to turn the byte tokens of ``sim.tokenizer`` into transformer tokens
   falls accordingly (the instruction was ~40 of ~106 tokens of the table-top VLA).
 
 Both return padded ``[B, L, d]`` tokens and a ``bool[B, L]`` "real" mask; the policy drops the
-unreal ones before the trunk, exactly as it drops pad bytes. ``instruction_token_counts`` gives
-the same counts on the host (numpy) for the SFT packer's token budgets.
+unreal ones before the trunk, exactly as it drops pad bytes. ``sim.tokenizer.instruction_token_counts``
+gives the same counts on the host (numpy) for the SFT packer's token budgets.
 
 ``FiLM`` (Perez et al. 2018, as used by RT-1 on its image tokens): a pooled summary of the
 instruction tokens — the mean over real tokens of a per-token ``GELU(Linear(.))``, which, unlike a
@@ -26,16 +26,10 @@ say (e.g. amplifying the channels that detect the named colour).
 
 from __future__ import annotations
 
-from typing import Literal
-
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from sim.tokenizer import PAD_ID, VOCAB_SIZE
-
-InstructionTokens = Literal["bytes", "words"]
-SPACE_ID = ord(" ") + 1  # the tokenizer's id of the space byte
+from sim.tokenizer import PAD_ID, SPACE_ID, VOCAB_SIZE, InstructionTokens
 
 
 def _word_layout(instr: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -52,17 +46,6 @@ def _word_layout(instr: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     pos = torch.arange(instr.shape[1], device=instr.device).expand_as(instr)
     start_pos = torch.where(starts, pos, torch.zeros_like(pos)).cummax(1).values
     return is_char, word_index.clamp(min=0), pos - start_pos, starts.sum(1)
-
-
-def instruction_token_counts(instructions: np.ndarray, mode: InstructionTokens) -> np.ndarray:
-    """Transformer tokens of each instruction int[N, L] under ``mode``: int64[N] (host side)."""
-    instr = np.asarray(instructions)
-    is_char = instr != PAD_ID
-    if mode == "bytes":
-        return is_char.sum(1).astype(np.int64)
-    is_char &= instr != SPACE_ID
-    before = np.pad(is_char[:, :-1], ((0, 0), (1, 0)))
-    return (is_char & ~before).sum(1).astype(np.int64)
 
 
 class InstructionEncoder(nn.Module):
