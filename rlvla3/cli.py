@@ -1,4 +1,5 @@
-"""The ``rlvla3`` command: ``launch`` a run, ``monitor`` it, write ``demos``."""
+"""The ``rlvla3`` command: ``launch`` a run, ``monitor`` it, print its resolved ``config``,
+write ``demos``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ def _launch(args: argparse.Namespace) -> int:
     from rlvla3.launcher import launch
 
     return launch(args.config, args.set, node=args.node, out=args.out, resume=args.resume)
+
+
+def _config(args: argparse.Namespace) -> int:
+    from rlvla3.config import dump_config, load_config
+
+    print(dump_config(load_config(args.config, args.set)), end="")
+    return 0
 
 
 def _monitor(args: argparse.Namespace) -> int:
@@ -122,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="reuse an existing run dir and continue from its checkpoints",
     )
     p.set_defaults(func=_launch)
+
+    p = sub.add_parser("config", help="print a launch YAML resolved, with every default")
+    p.add_argument("config", nargs="?", default=None, help="launch YAML (none: the defaults)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, as for launch (repeatable)")  # fmt: skip
+    p.set_defaults(func=_config)
 
     p = sub.add_parser("monitor", help="live view of a run (or one --json snapshot)")
     p.add_argument("--run", default=None, help="run dir or run name (default: newest under runs/)")

@@ -22,7 +22,7 @@ from rich.table import Table
 from rlvla3.registry import LauncherRecord, Registry, RoleRecord
 
 # Gauges each role publishes that the table shows first, in this order.
-_KEY_GAUGES = ("steps_per_s", "requests_per_s", "batch_fill", "queue_depth", "in_flight",
+_KEY_GAUGES = ("steps_per_s", "requests_per_s", "batch_fill", "chunks_queued", "queue_wait_ms",
                "staleness", "policy_version", "updates", "bad_frames")  # fmt: skip
 
 

@@ -35,6 +35,7 @@ import redis
 
 from rlvla3 import run_secret
 from rlvla3.config import Config, load_config
+from rlvla3.metric_names import COUNTERS, GAUGES
 from rlvla3.registry import Registry
 from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
@@ -132,11 +133,17 @@ class Role(abc.ABC):
         return resource
 
     def gauge(self, name: str, value: float) -> None:
-        """Set a gauge shown by the monitor (e.g. ``queue_depth``)."""
+        """Set a gauge shown by the monitor (one of ``rlvla3.metric_names.GAUGES``)."""
+        if name not in GAUGES:
+            raise KeyError(f"gauge {name!r}: not in rlvla3/metric_names.py (add it with its meaning)")
         self._gauges[name] = float(value)
 
     def count(self, name: str, amount: int = 1) -> None:
-        """Add to a run-wide Redis counter (batched; flushed every 0.5 s and at exit)."""
+        """Add to a run-wide Redis counter (one of ``rlvla3.metric_names.COUNTERS``; batched,
+        flushed every 0.5 s and at exit)."""
+        if name not in COUNTERS:
+            raise KeyError(f"counter {name!r}: not in rlvla3/metric_names.py (add it with its "
+                           "meaning)")  # fmt: skip
         with self._pending_lock:
             self._pending[name] += amount
         self._gauges[name] = self._gauges.get(name, 0.0) + amount

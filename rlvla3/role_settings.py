@@ -15,18 +15,17 @@ from rlvla3.typed_load import bounded
 class EnvWorkerSettings:
     """Env worker: owns ``env.num_envs_per_worker`` simulators, one thread each.
 
-    ``request_timeout_s``: an action request unanswered this long is re-sent (to any live server).
-    ``chunk_queue_hwm``: chunks one env may queue towards the trainer before its push blocks.
-    ``max_chunks_queued``: run-wide back-pressure: while more chunks than this have been pushed
-    but not yet received by a trainer (Redis counters), every env pauses at its next chunk
-    boundary. Bounds how stale queued data gets when the trainer is slower than the envs (a
-    compute-bound VLA on few cores): ZeroMQ's per-socket queues and the kernel's socket buffers
-    alone let thousands of steps pile up, to be dropped as stale. Async modes only; 0: no limit.
+    ``max_chunks_queued`` bounds how stale queued data gets when the trainer is slower than the
+    envs (a compute-bound VLA on few cores): ZeroMQ's per-socket queues and the kernel's socket
+    buffers alone let thousands of steps pile up, to be dropped as stale.
     """
 
     request_timeout_s: float = bounded(10.0, gt=0)
+    """An action request unanswered this long is re-sent (to any live server)."""
     chunk_queue_hwm: int = bounded(64, ge=1)
+    """Chunks one env may queue towards the trainer before its push blocks."""
     max_chunks_queued: int = bounded(0, ge=0)
+    """Back-pressure (async modes): envs pause while more chunks than this wait for a trainer (0: off)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,15 +33,20 @@ class RolloutServerSettings:
     """Rollout server: dynamic batching of action requests across all env workers.
 
     A batch is every request already waiting (up to ``max_batch``), plus those arriving within
-    ``max_wait_ms`` (0: never wait — requests that arrive during a batch form the next one). In
+    ``max_wait_ms`` (0: never wait; requests that arrive during a batch form the next one). In
     ``sync`` mode a batch waits for every env (or ``sync_max_wait_ms``).
     """
 
     max_batch: int = bounded(64, ge=1)
+    """Most requests in one batch."""
     max_wait_ms: float = bounded(0.0, ge=0)
+    """How long a batch waits for more requests (async modes)."""
     sync_max_wait_ms: float = bounded(500.0, ge=0)
+    """How long a batch waits for every env (sync mode)."""
     device: str = "cpu"
+    """Where the policy runs (``cpu``, ``cuda:0``...)."""
     num_threads: int = bounded(1, ge=1)
+    """torch CPU threads."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,9 +54,13 @@ class TrainerSettings:
     """Trainer: consumes trajectory chunks, runs PPO, publishes weights, checkpoints."""
 
     device: str = "cpu"
+    """Where training runs."""
     num_threads: int = bounded(1, ge=1)
+    """torch CPU threads."""
     chunk_queue_hwm: int = bounded(256, ge=1)
+    """Chunks the trainer's socket queues before senders block."""
     keep_checkpoints: int = bounded(2, ge=1)
+    """Newest checkpoints kept."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +68,9 @@ class WeightBroadcasterSettings:
     """Weight broadcaster: trainer → every rollout server over torch.distributed."""
 
     device: str = "cpu"
+    """Where the broadcast copy lives (``cuda`` for NCCL links)."""
     link_timeout_s: float = bounded(60.0, gt=0)
+    """A link that takes longer to form or to send one version counts as broken."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,8 +78,11 @@ class SftTrainerSettings:
     """SFT trainer: packed-sequence supervised training (the run's ``sft`` section)."""
 
     device: str = "cpu"
+    """Where training runs."""
     num_threads: int = bounded(1, ge=1)
+    """torch CPU threads."""
     keep_checkpoints: int = bounded(2, ge=1)
+    """Newest checkpoints kept."""
 
 
 ROLE_SETTINGS: dict[str, type] = {

@@ -15,53 +15,50 @@ ActionHead = Literal["discrete_bins", "gaussian", "categorical"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VLAConfig:
-    """Architecture of ``VLAPolicy``. Defaults are the tiny CPU test model.
-
-    Attributes:
-        image_size: square image side in pixels (obs["image"] is uint8[B, S, S, channels]).
-        patch_size: side of a square patch in pixels; must divide ``image_size``.
-        channels: image channels.
-        d_model: transformer width.
-        num_layers: transformer blocks.
-        num_heads: attention heads; must divide ``d_model``.
-        mlp_ratio: MLP hidden width / ``d_model``.
-        max_instruction_len: longest instruction in tokens (obs["instruction"] is int32[B, <=this]).
-        proprio_dim: proprioceptive state size (obs["proprio"] is float32[B, P]); 0 = no token.
-        action_head: ``"discrete_bins"``, ``"gaussian"`` or ``"categorical"``.
-        action_dim: continuous action dimensions D (bins and Gaussian heads).
-        num_bins: bins per action dimension (bins head).
-        action_low: lower bound of every action dimension (bins head; Gaussian ``to_env_action``).
-        action_high: upper bound of every action dimension.
-        num_actions: number of discrete actions (categorical head).
-        init_log_std: initial log standard deviation (Gaussian head).
-        dropout: dropout on the residual branches (0 for RL: log-probs must be reproducible).
-        instruction_tokens: ``"bytes"`` (one token per byte) or ``"words"`` (one per word).
-        film: FiLM-condition the patch embeddings (and the keypoint stem) on the instruction.
-        keypoints: spatial-softmax keypoints of the conv stem's one extra token (0: no stem).
-        stem_channels: width of the keypoint conv stem.
-    """
+    """Architecture of ``VLAPolicy``. Defaults are the tiny CPU test model."""
 
     image_size: int = 64
+    """Square image side in pixels (obs["image"] is uint8[B, S, S, channels])."""
     patch_size: int = 8
+    """Side of a square patch in pixels; must divide ``image_size``."""
     channels: int = 3
+    """Image channels."""
     d_model: int = 64
+    """Transformer width."""
     num_layers: int = 2
+    """Transformer blocks."""
     num_heads: int = 4
+    """Attention heads; must divide ``d_model``."""
     mlp_ratio: float = 4.0
+    """MLP hidden width / ``d_model``."""
     max_instruction_len: int = 32
+    """Longest instruction in tokens (obs["instruction"] is int32[B, <=this])."""
     proprio_dim: int = 8
+    """Proprioceptive state size (obs["proprio"] is float32[B, P]); 0 = no token."""
     action_head: ActionHead = "discrete_bins"
+    """``"discrete_bins"``, ``"gaussian"`` or ``"categorical"``."""
     action_dim: int = 7
+    """Continuous action dimensions D (bins and Gaussian heads)."""
     num_bins: int = 256
+    """Bins per action dimension (bins head)."""
     action_low: float = -1.0
+    """Lower bound of every action dimension (bins head; Gaussian ``to_env_action``)."""
     action_high: float = 1.0
+    """Upper bound of every action dimension."""
     num_actions: int = 2
+    """Number of discrete actions (categorical head)."""
     init_log_std: float = -0.5
+    """Initial log standard deviation (Gaussian head)."""
     dropout: float = 0.0
+    """Dropout on the residual branches (0 for RL: log-probs must be reproducible)."""
     instruction_tokens: InstructionTokens = "bytes"
+    """``"bytes"`` (one token per byte) or ``"words"`` (one per word)."""
     film: bool = False
+    """FiLM-condition the patch embeddings (and the keypoint stem) on the instruction."""
     keypoints: int = 0
+    """Spatial-softmax keypoints of the conv stem's one extra token (0: no stem)."""
     stem_channels: int = 16
+    """Width of the keypoint conv stem."""
 
     def __post_init__(self) -> None:
         checks = {

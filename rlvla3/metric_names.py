@@ -1,0 +1,65 @@
+"""Every counter and gauge the roles publish, with what it means.
+
+Counters are run-wide sums in Redis (``Role.count``, ``Role.drop``; each role also shows its own
+share among its gauges). Gauges are one role instance's current values, published with its
+heartbeat (``Role.gauge``). A name that is not listed here is refused when a role uses it, so
+this list and ``docs/metrics.md`` (generated from it: ``python -m rlvla3.reference``) stay
+complete.
+"""
+
+from __future__ import annotations
+
+COUNTERS: dict[str, str] = {
+    # env workers
+    "env_steps": "simulator steps taken",
+    "episodes": "episodes finished",
+    "chunks_produced": "trajectory chunks pushed towards a trainer",
+    "action_requests": "action requests sent to rollout servers",
+    "action_wait_us": "time envs waited for actions, in µs (÷ action_requests: the mean round trip)",
+    "env_step_us": "time spent in the simulators' step, in µs",
+    "request_timeouts": "action requests unanswered within request_timeout_s and re-sent",
+    "backpressure_pauses": "times envs paused because too many chunks waited for a trainer",
+    "sim_faults": "simulator steps or resets that returned NaN/inf (episode cut, env reset)",
+    # rollout servers
+    "requests_served": "action requests answered",
+    "bad_requests": "requests refused: not an observation request, wrong shape or dtype, NaN/inf",
+    "weight_relinks": "times a rollout server re-formed its weight link",
+    # trainers
+    "chunks_received": "chunks a trainer took off its queue",
+    "chunks_consumed": "chunks trained on",
+    "chunks_dropped": "chunks dropped: too stale, or refused by the chunk checks",
+    "chunks_in_flight_at_exit": "chunks still buffered or queued when a trainer stopped",
+    "chunks_written_off": "chunks counted as pushed that a trainer found would never arrive",
+    "bad_chunks": "chunks refused by the chunk checks (also in chunks_dropped)",
+    "samples_consumed": "env steps trained on",
+    "samples_dropped": "env steps in dropped chunks",
+    "updates": "PPO updates",
+    "nonfinite_minibatches": "optimizer steps skipped for non-finite gradients",
+    "sft_samples": "demonstration samples the SFT trainer trained on",
+    # weights
+    "weights_rejected": "weight updates the broadcaster refused (size, layout, dtype, version)",
+    "weights_unsent": "weight versions the broadcaster had no room for within a second (resent)",
+    # any role
+    "bad_frames": "messages that failed to decode, or of a type the socket does not take",
+    "auth_refused": "peers refused for not holding the run's secret (CURVE handshakes)",
+    # launcher
+    "role_restarts": "role processes the launchers restarted",
+}
+
+GAUGES: dict[str, str] = {
+    "steps_per_s": "env worker: env steps per second over the last 5 s",
+    "chunks_queued": "env worker: chunks pushed and not yet received by a trainer (run-wide)",
+    "requests_per_s": "rollout server: requests per second over the last 5 s",
+    "batch_fill": "rollout server: last batch's size / its largest (max_batch, or every env in sync)",
+    "queue_wait_ms": "rollout server: how long the last batch waited to fill, in ms",
+    "policy_version": "the weight version the role serves, trains or broadcasts",
+    "staleness": "trainer: versions the last accepted chunk lagged behind the trainer",
+    "samples_per_s": "trainer: samples trained per second over the last 20 s",
+    "policy_loss": "trainer: the last update's policy loss",
+    "updates": "trainer: updates so far",
+    "steps": "SFT trainer: steps so far",
+    "loss": "SFT trainer: the last step's loss",
+    "tokens_per_s": "SFT trainer: packed tokens per second over the last 20 s",
+    "links": "weight broadcaster: live weight links (one per rollout server)",
+    "last_sync_ms": "weight broadcaster: how long the last broadcast to every link took, in ms",
+}
