@@ -36,6 +36,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rlvla3.provenance import write_result  # noqa: E402
 from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
 from rlvla3.registry import Registry  # noqa: E402
 
@@ -158,7 +159,10 @@ def main() -> None:
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
+    if args.smoke:
+        args.duration_s, args.warmup_s, args.num_envs = 3.0, 2.0, 4
     if args.num_envs % args.num_workers:
         parser.error("--num-envs must be a multiple of --num-workers")
     bound = args.num_envs / (args.latency_mean_ms / 1000)
@@ -198,9 +202,7 @@ def main() -> None:
     if measured_bound:
         print(f"{'no-wait bound':14s} {measured_bound:12.1f}   (async's measured simulator step:"
               f" async at {rates['async'] / measured_bound:.1%})")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_result(args.json, "async_vs_sync", report, vars(args))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rlvla3.provenance import write_result  # noqa: E402
 from rlvla3.rehearsal import Cluster, unavailable  # noqa: E402
 
 CONFIG = "launch/cartpole_3nodes.yaml"
@@ -117,9 +118,7 @@ def main() -> None:
         report["ratio_env_steps_per_s"] = round(report["three_nodes"]["median_env_steps_per_s"]
                                                 / report["one_host"]["median_env_steps_per_s"], 3)  # fmt: skip
         print(f"three nodes / one host, env steps/s: {report['ratio_env_steps_per_s']:.2f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_result(args.json, "multi_node", report, vars(args))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from rlvla3.policy.attention import backend_name  # noqa: E402
 from rlvla3.policy.vla import Transformer  # noqa: E402
+from rlvla3.provenance import write_result  # noqa: E402
 from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
 from sft.precision import Context, autocast_context, enable_fp8, fp8_backend  # noqa: E402
 
@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fp8", action="store_true", help="also time packed steps in FP8 (GPU)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--profile", action="store_true", help="print top GPU kernels (CUDA)")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.batch, args.d_model, args.layers = 1, 2, 32, 1
     for flag in ("steps", "threads", "batch", "d_model", "layers", "heads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -267,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     if args.profile:
         profile(2, args.seed, device, budget, shape, args.fp8)
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.json, "packing", result, vars(args))
     return 0
 
 

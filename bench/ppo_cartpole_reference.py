@@ -33,6 +33,7 @@ import copy
 import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -40,6 +41,7 @@ import torch
 
 from rlvla3.algo.ppo import compute_gae, ppo_update, truncated_importance_weights
 from rlvla3.policy.mlp import MLPPolicy
+from rlvla3.provenance import write_result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,11 +252,13 @@ def train(s: Settings, seed: int, verbose: bool = False) -> Result:
     )  # fmt: skip
 
 
-def _parse() -> tuple[Settings, list[int], bool]:
+def _parse() -> tuple[Settings, list[int], bool, Path | None]:
     """Settings from the command line (every ``Settings`` field is a flag)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--smoke", action="store_true", help="one seed, 2,000 env steps (CI)")
     for name, default in asdict(Settings()).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):
@@ -264,17 +268,22 @@ def _parse() -> tuple[Settings, list[int], bool]:
         else:
             parser.add_argument(flag, type=type(default))
     args = vars(parser.parse_args())
-    seeds, verbose = args.pop("seeds"), args.pop("verbose")
+    seeds, verbose, json_path = args.pop("seeds"), args.pop("verbose"), args.pop("json")
+    if args.pop("smoke"):
+        seeds, args["max_steps"] = seeds[:1], 2000
     overrides = {k: (tuple(v) if k == "hidden" else v) for k, v in args.items() if v is not None}
-    return Settings(**overrides), seeds, verbose
+    return Settings(**overrides), seeds, verbose, json_path
 
 
 def main() -> None:
     torch.set_num_threads(1)
-    settings, seeds, verbose = _parse()
+    settings, seeds, verbose, json_path = _parse()
     print(json.dumps(asdict(settings)))
+    results = []
     for seed in seeds:
-        print(json.dumps(asdict(train(settings, seed, verbose))), flush=True)
+        results.append(asdict(train(settings, seed, verbose)))
+        print(json.dumps(results[-1]), flush=True)
+    write_result(json_path, "ppo_cartpole_reference", {"seeds": results}, asdict(settings))
 
 
 if __name__ == "__main__":

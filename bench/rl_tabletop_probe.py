@@ -15,7 +15,6 @@ episodes; at the end it measures the greedy policy on ``--eval-episodes`` fresh 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from rlvla3.algo.ppo import frozen_reference, ppo_update  # noqa: E402
 from rlvla3.checkpoints import load_checkpoint  # noqa: E402
 from rlvla3.config import Config, load_config  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
+from rlvla3.provenance import write_result  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 from transport.messages import TrajectoryChunk  # noqa: E402
 
@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-seed", type=int, default=2_000_000)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--json", default=None)
+    p.add_argument("--smoke", action="store_true", help="a few seconds of training, for CI")
     return p.parse_args(argv)
 
 
@@ -118,6 +119,8 @@ def _chunk(steps: list[dict[str, Any]], bootstrap: float) -> TrajectoryChunk:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.smoke:
+        args.max_train_s, args.eval_episodes, args.report_every = 3.0, 2, 1
     cfg = load_config(args.config, args.set)
     torch.set_num_threads(args.threads)
     torch.manual_seed(cfg.run.seed)
@@ -165,8 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"greedy eval on {args.eval_episodes} fresh episodes: {ev}", flush=True)
     result = {"args": vars(args), "curve": curve, "eval": ev, "updates": updates,
               "env_steps": rollouts.env_steps}  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    write_result(args.json, "rl_tabletop_probe", result, vars(args))
     return result
 
 

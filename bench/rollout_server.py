@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -58,6 +57,7 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from rlvla3.config import config_from_dict  # noqa: E402
+from rlvla3.provenance import write_result  # noqa: E402
 from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
 from rlvla3.registry import Registry  # noqa: E402
 from roles.rollout_server import RolloutServer  # noqa: E402  (imported once, in the forkserver)
@@ -93,10 +93,11 @@ def _instrument(role: Any) -> dict[str, list[tuple]]:
     records: dict[str, list[tuple]] = {"batches": [], "loads": [], "rate_gauge": []}
     serve, setup = role._serve, role.setup
 
-    def timed_serve(batch: list) -> None:
+    def timed_serve(batch: list) -> int:
         started = time.monotonic()
-        serve(batch)
+        served = serve(batch)  # how many were answered: the role counts them
         records["batches"].append((started, time.monotonic(), len(batch), role.version))
+        return served
 
     def timed_setup() -> None:
         setup()  # returns once the first weights are in; later receives are timed
@@ -491,16 +492,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="windows per case; median kept")
     parser.add_argument("--inflight", type=int, default=64, help="concurrent envs for (b)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
+    if args.smoke:
+        args.duration_s, args.repeats, args.inflight = 0.5, 1, 8
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     r: dict[str, Any] = run(args.duration_s, args.repeats, args.inflight)
     r["host"] = {"cpus": os.cpu_count(), "load_avg_1m_before": load_before,
                  "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
     print_table(r, args.inflight)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(r, indent=2))
+    write_result(args.json, "rollout_server", r, vars(args))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ writes them under ``servers`` with the workload.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import sys
@@ -36,6 +35,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from rlvla3.provenance import write_result  # noqa: E402
 
 SERVERS = ("echo", "mlp", "mlp+load")
 
@@ -170,7 +171,10 @@ def main() -> None:
     parser.add_argument("--load-duty", type=float, default=0.5, help="mlp+load: busy fraction")
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
+    if args.smoke:
+        args.duration_s, args.repeats, args.num_envs = 2.0, 1, 4
     bound = args.num_envs / (args.latency_mean_ms / 1000)
     runs: dict[str, list[dict]] = {kind: [] for kind in args.servers}
     for _ in range(args.repeats):  # alternate, so a change of load on the host hits all alike
@@ -185,12 +189,8 @@ def main() -> None:
                          "trials": trials}  # fmt: skip
         print(f"{kind:<10} {rate:>12.1f} {rate / bound:>8.1%} {trip:>14.3f}")
     print(f"{'bound':<10} {bound:>12.1f}   ({args.num_envs} envs / {args.latency_mean_ms} ms)")
-    if args.json:
-        workload = {k: v for k, v in vars(args).items() if k not in ("json", "servers")}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(
-            {"workload": workload, "bound_env_steps_per_s": bound, "servers": servers}, indent=2
-        ))  # fmt: skip
+    write_result(args.json, "round_trip_floor",
+                 {"bound_env_steps_per_s": bound, "servers": servers}, vars(args))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from rlvla3.config import config_from_dict  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
+from rlvla3.provenance import write_result  # noqa: E402
 from sft.data import DemoSet  # noqa: E402
 from sft.demos import generate_demos  # noqa: E402
 from sim.envs import make_env  # noqa: E402
@@ -79,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
     p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--smoke", action="store_true",
+                   help="5 demos, 3 steps, 2 evaluation episodes (CI)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -183,6 +186,9 @@ def train_step(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.smoke:
+        args.num_demos, args.max_steps, args.eval_every, args.eval_episodes = 5, 3, 0, 2
+        args.demo_dir = f"{args.demo_dir}_smoke"
     torch.set_num_threads(args.threads)
     root = demo_root(args)
     policy = build(args).train()
@@ -230,9 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"args": vars(args), "frames": len(data), "params": n_params, "curve": curve,
               "final_success": curve[-1]["success_rate"], "train_s": train_s,
               "train_cpu_s": train_cpu_s}  # fmt: skip
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    write_result(args.json, "sft_tabletop_probe", result, vars(args))
     return result
 
 

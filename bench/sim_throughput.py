@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlvla3.provenance import write_result  # noqa: E402
 from sim.adapter import SimAdapter  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 
@@ -119,11 +119,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first reset")
     p.add_argument("--only", default="", help="run only cases whose name contains this")
     p.add_argument("--json", type=Path, default=None, help="write {case: steps_per_s} here")
+    p.add_argument("--smoke", action="store_true", help="50 steps per case, for CI")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.smoke:
+        args.steps, args.max_seconds, args.warmup = 50, 2.0, 1
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"{'case':32s} {'steps/s':>10s} {'steps':>7s} {'episodes':>8s} {'setup s':>8s}")
     figures: dict[str, float] = {}
@@ -143,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.name:32s} {r.steps_per_s:10.1f} {r.steps:7d} {r.episodes:8d} {r.setup_s:8.1f}",
             flush=True,
         )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    write_result(args.json, "sim_throughput", figures, vars(args))
     return 0
 
 

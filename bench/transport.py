@@ -17,7 +17,6 @@ its ratio to "ours" is what authentication and encryption cost.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import time
@@ -31,6 +30,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
+from rlvla3.provenance import write_result  # noqa: E402
 from transport import security, sockets  # noqa: E402
 from transport.codec import encode  # noqa: E402
 from transport.messages import ActionReply, ObsRequest  # noqa: E402
@@ -176,9 +176,7 @@ def main() -> None:
               f"{r['raw_msgs_per_s']:11.0f} {r['curve_msgs_per_s']:12.0f} {r['ratio']:9.2f} "
               f"{r['curve_vs_ours']:11.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} "
               f"{w['send']:5.1f}+{w['recv']:<5.1f} {c['send']:5.1f}+{c['recv']:.1f}")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_result(args.json, "transport", results, vars(args))
 
 
 if __name__ == "__main__":

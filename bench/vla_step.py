@@ -9,7 +9,6 @@ median of several repeats. Prints a table; ``--json PATH`` writes ``{config: {ba
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlvla3.config import load_config  # noqa: E402
 from rlvla3.policy.factory import env_spaces  # noqa: E402
+from rlvla3.provenance import write_result  # noqa: E402
 
 SIZES = {
     "tiny (d64 L2)": {"d_model": 64, "num_layers": 2, "num_heads": 4},
@@ -87,7 +87,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 128])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.batches = 1, [1]
     torch.set_num_threads(args.threads)
     results = {}
     print(f"{'model':16s} {'params':>8s} {'batch':>6s} {'act ms':>8s} {'train step ms':>14s}")
@@ -98,9 +101,7 @@ def main() -> None:
             print(
                 f"{name:16s} {params / 1e6:7.2f}M {n:6d} {r['act_ms']:8.1f} {r['train_step_ms']:14.1f}"
             )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_result(args.json, "vla_step", results, vars(args))
 
 
 if __name__ == "__main__":

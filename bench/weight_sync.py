@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -72,6 +71,7 @@ from bench.rollout_server import (  # noqa: E402
     policy_numel,
     server_config,
 )
+from rlvla3.provenance import write_result  # noqa: E402
 from transport import sockets  # noqa: E402
 from transport.weights import Broadcaster, WeightLink, start_store  # noqa: E402
 
@@ -351,7 +351,10 @@ def main() -> None:
     parser.add_argument("--syncs", type=int, default=3, help="syncs while serving, for (c)")
     parser.add_argument("--baseline-s", type=float, default=2.0, help="quiet serving, for (c)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.repeats, args.syncs, args.baseline_s = [1e6], 2, 1, 0.5
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     results = run(args.sizes, args.repeats, args.syncs, args.baseline_s)
@@ -360,9 +363,7 @@ def main() -> None:
                        "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
     print(f"\nhost: {os.cpu_count()} CPUs, 1-min load average {load_before:.1f} before, "
           f"{results['host']['load_avg_1m_after']:.1f} after")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_result(args.json, "weight_sync", results, vars(args))
 
 
 if __name__ == "__main__":
