@@ -19,6 +19,7 @@ FROM_SCRATCH = ["--set", "policy.init_checkpoint=null", "--set", "policy.init_la
                 "--set", "algo.ref_kl_coef=0", "--set", "algo.value_warmup_updates=0"]  # fmt: skip
 BENCHMARKS = {
     "async_vs_sync.py": [],
+    "main_job.py": [],
     "multi_node.py": [],
     "packing.py": [],
     "ppo_cartpole_reference.py": [],
