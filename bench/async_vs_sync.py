@@ -46,20 +46,36 @@ MODES = ("sync", "async_rollout", "async")
 def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
     per_worker = args.num_envs // args.num_workers
     cfg = {
-        "run": {"name": f"bench_{mode}", "mode": mode, "redis_url": redis_url, "transport": args.transport,
-                "progress_interval_s": 3600, "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120}},
+        "run": {
+            "name": f"bench_{mode}",
+            "mode": mode,
+            "redis_url": redis_url,
+            "transport": args.transport,
+            "progress_interval_s": 3600,
+            "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120},
+        },
         "roles": {
             "env_worker": {"count": args.num_workers},
-            "rollout_server": {"count": 1, "settings": {"max_batch": args.num_envs, "max_wait_ms": 0.0}},
+            "rollout_server": {
+                "count": 1,
+                "settings": {"max_batch": args.num_envs, "max_wait_ms": 0.0},
+            },
             "trainer": {"count": 1},
             "weight_broadcaster": {"count": 1},
         },
-        "env": {"id": args.env, "num_envs_per_worker": per_worker, "chunk_len": args.chunk_len,
-                "kwargs": json.loads(args.env_kwargs),
-                "straggler": {"distribution": "lognormal", "mean_ms": args.latency_mean_ms,
-                              "sigma": args.latency_sigma}},
+        "env": {
+            "id": args.env,
+            "num_envs_per_worker": per_worker,
+            "chunk_len": args.chunk_len,
+            "kwargs": json.loads(args.env_kwargs),
+            "straggler": {
+                "distribution": "lognormal",
+                "mean_ms": args.latency_mean_ms,
+                "sigma": args.latency_sigma,
+            },
+        },
         "algo": {"epochs": 2, "minibatch_size": 256},
-    }  # fmt: skip
+    }
     for role, cpus in args.cpus:
         cfg["roles"][role]["cpus"] = cpus
     return cfg
@@ -85,8 +101,10 @@ def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: P
     log = open(workdir / f"{mode}-launcher.log", "wb")
     launcher = subprocess.Popen(
         [sys.executable, "-m", "rlvla3.cli", "launch", str(cfg_path), "--out", str(workdir / mode)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-    )  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
     registry = Registry(redis_url, f"bench_{mode}")
     tick = threading.Event()
     try:
@@ -178,30 +196,43 @@ def main() -> None:
         else None
     )
     report = {
-        "workload": {"env": args.env, "num_envs": args.num_envs, "num_workers": args.num_workers,
-                     "latency_mean_ms": args.latency_mean_ms, "latency_sigma": args.latency_sigma,
-                     "duration_s": args.duration_s},
+        "workload": {
+            "env": args.env,
+            "num_envs": args.num_envs,
+            "num_workers": args.num_workers,
+            "latency_mean_ms": args.latency_mean_ms,
+            "latency_sigma": args.latency_sigma,
+            "duration_s": args.duration_s,
+        },
         "env_steps_per_s": rates,
         "trained_samples_per_s": {m: r["trained_samples_per_s"] for m, r in results.items()},
         "per_step_ms": {m: r["per_step_ms"] for m, r in results.items()},
         "bound_env_steps_per_s": bound,
         "ratio_vs_sync": {m: rates[m] / rates["sync"] for m in rates} if "sync" in rates else {},
-        "speedup_async_vs_sync": rates["async"] / rates["sync"] if {"async", "sync"} <= set(rates) else None,
+        "speedup_async_vs_sync": rates["async"] / rates["sync"]
+        if {"async", "sync"} <= set(rates)
+        else None,
         "efficiency_async": rates["async"] / bound if "async" in rates else None,
         "bound_measured_env_steps_per_s": measured_bound,
         "efficiency_async_measured": rates["async"] / measured_bound if measured_bound else None,
-    }  # fmt: skip
-    print(f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}"
-          f" {'ms/step: env':>13s} {'action':>7s} {'other':>6s}")  # fmt: skip
+    }
+    print(
+        f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}"
+        f" {'ms/step: env':>13s} {'action':>7s} {'other':>6s}"
+    )
     for mode, rate in rates.items():
         vs = f"{rate / rates['sync']:.2f}x" if "sync" in rates else "-"
         ms = results[mode]["per_step_ms"]
-        print(f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%} {ms['env_step']:13.2f}"
-              f" {ms['action_wait']:7.2f} {ms['other']:6.2f}")  # fmt: skip
+        print(
+            f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%} {ms['env_step']:13.2f}"
+            f" {ms['action_wait']:7.2f} {ms['other']:6.2f}"
+        )
     print(f"{'no-wait bound':14s} {bound:12.1f}   (configured latency)")
     if measured_bound:
-        print(f"{'no-wait bound':14s} {measured_bound:12.1f}   (async's measured simulator step:"
-              f" async at {rates['async'] / measured_bound:.1%})")  # fmt: skip
+        print(
+            f"{'no-wait bound':14s} {measured_bound:12.1f}   (async's measured simulator step:"
+            f" async at {rates['async'] / measured_bound:.1%})"
+        )
     write_result(args.json, "async_vs_sync", report, vars(args))
 
 

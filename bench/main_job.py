@@ -34,9 +34,13 @@ def trial(run_dir: Path, extra: list[str]) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
     s = json.loads((run_dir / "summary.json").read_text())
-    return {"solved": s["solved"], "wall_s": s["wall_s"], "env_steps": s["env_steps"],
-            "chunks_dropped": s["counters"].get("chunks_dropped", 0),
-            "chunks_produced": s["counters"].get("chunks_produced", 0)}  # fmt: skip
+    return {
+        "solved": s["solved"],
+        "wall_s": s["wall_s"],
+        "env_steps": s["env_steps"],
+        "chunks_dropped": s["counters"].get("chunks_dropped", 0),
+        "chunks_produced": s["counters"].get("chunks_produced", 0),
+    }
 
 
 def main() -> None:
@@ -51,15 +55,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-main-") as tmp:
         trials = [trial(Path(tmp) / f"run{i}", extra) for i in range(repeats)]
     walls, steps = [t["wall_s"] for t in trials], [t["env_steps"] for t in trials]
-    results = {"trials": trials, "solved": sum(t["solved"] for t in trials),
-               "median_wall_s": statistics.median(walls), "min_wall_s": min(walls),
-               "max_wall_s": max(walls), "median_env_steps": statistics.median(steps)}  # fmt: skip
+    results = {
+        "trials": trials,
+        "solved": sum(t["solved"] for t in trials),
+        "median_wall_s": statistics.median(walls),
+        "min_wall_s": min(walls),
+        "max_wall_s": max(walls),
+        "median_env_steps": statistics.median(steps),
+    }
     print(f"{'run':>4} {'solved':>7} {'wall s':>8} {'env steps':>10} {'dropped':>8}")
     for i, t in enumerate(trials):
-        print(f"{i:4d} {t['solved']!s:>7} {t['wall_s']:8.1f} {t['env_steps']:10d} "
-              f"{t['chunks_dropped']:4d}/{t['chunks_produced']}")  # fmt: skip
-    print(f"median {results['median_wall_s']:.1f} s ({min(walls):.1f}-{max(walls):.1f}), "
-          f"{results['median_env_steps']:.0f} env steps; solved {results['solved']}/{repeats}")
+        print(
+            f"{i:4d} {t['solved']!s:>7} {t['wall_s']:8.1f} {t['env_steps']:10d} "
+            f"{t['chunks_dropped']:4d}/{t['chunks_produced']}"
+        )
+    print(
+        f"median {results['median_wall_s']:.1f} s ({min(walls):.1f}-{max(walls):.1f}), "
+        f"{results['median_env_steps']:.0f} env steps; solved {results['solved']}/{repeats}"
+    )
     write_result(args.json, "main_job", results, vars(args))
 
 

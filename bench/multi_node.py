@@ -49,25 +49,31 @@ def one_host(run_dir: Path, extra: list[str]) -> dict[str, Any]:
 
 def on_cluster(cluster: Cluster, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     out = run_dir.parent / f"{run_dir.name}.out"
-    job = cluster.sbatch("--nodes=3", f"--output={out}", "launch/slurm.sbatch", CONFIG,
-                         "--out", str(run_dir), *extra)  # fmt: skip
+    job = cluster.sbatch(
+        "--nodes=3", f"--output={out}", "launch/slurm.sbatch", CONFIG, "--out", str(run_dir), *extra
+    )
     deadline = time.monotonic() + TIMEOUT_S
     while (fields := cluster.job_done(job)) is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"Slurm job {job} still running after {TIMEOUT_S}s")
         time.sleep(0.5)  # polling another process's state (Slurm's), bounded by the deadline
     if (fields["JobState"], fields["ExitCode"]) != ("COMPLETED", "0:0"):
-        raise RuntimeError(f"Slurm job {job}: {fields['JobState']} {fields['ExitCode']}:\n"
-                           f"{out.read_text()[-2000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"Slurm job {job}: {fields['JobState']} {fields['ExitCode']}:\n"
+            f"{out.read_text()[-2000:]}"
+        )
     return _result(run_dir)
 
 
 def _result(run_dir: Path) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"solved": summary["solved"], "wall_s": summary["wall_s"],
-            "env_steps": summary["env_steps"],
-            "env_steps_per_s": round(summary["env_steps"] / summary["wall_s"], 1),
-            "final_mean_return": summary["final_mean_return"]}  # fmt: skip
+    return {
+        "solved": summary["solved"],
+        "wall_s": summary["wall_s"],
+        "env_steps": summary["env_steps"],
+        "env_steps_per_s": round(summary["env_steps"] / summary["wall_s"], 1),
+        "final_mean_return": summary["final_mean_return"],
+    }
 
 
 def median(trials: list[dict[str, Any]], key: str) -> float:
@@ -80,8 +86,11 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="trials of each setting")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true",
-                        help="one short trial each (3,000 env steps, no solving): for CI")  # fmt: skip
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one short trial each (3,000 env steps, no solving): for CI",
+    )
     args = parser.parse_args()
     extra = SMOKE if args.smoke else []
     repeats = 1 if args.smoke else args.repeats
@@ -95,8 +104,9 @@ def main() -> None:
             for i in range(repeats):  # alternating, so a change of load hits both alike
                 trials["one_host"].append(one_host(Path(tmp) / f"one-{i}", extra))
                 if cluster is not None:
-                    trials["three_nodes"].append(on_cluster(cluster, Path(tmp) / f"three-{i}",
-                                                            extra))  # fmt: skip
+                    trials["three_nodes"].append(
+                        on_cluster(cluster, Path(tmp) / f"three-{i}", extra)
+                    )
         finally:
             if cluster is not None:
                 cluster.down()
@@ -108,15 +118,23 @@ def main() -> None:
         if not runs:
             print(f"{name:12} skipped: {why_not}")
             continue
-        report[name] = {"solved": sum(r["solved"] for r in runs), "trials": len(runs),
-                        "median_wall_s": median(runs, "wall_s"),
-                        "median_env_steps_per_s": median(runs, "env_steps_per_s")}  # fmt: skip
+        report[name] = {
+            "solved": sum(r["solved"] for r in runs),
+            "trials": len(runs),
+            "median_wall_s": median(runs, "wall_s"),
+            "median_env_steps_per_s": median(runs, "env_steps_per_s"),
+        }
         r = report[name]
-        print(f"{name:12} {len(runs):6d} {r['solved']:7d} {r['median_wall_s']:16.1f} "
-              f"{r['median_env_steps_per_s']:12.0f}")  # fmt: skip
+        print(
+            f"{name:12} {len(runs):6d} {r['solved']:7d} {r['median_wall_s']:16.1f} "
+            f"{r['median_env_steps_per_s']:12.0f}"
+        )
     if trials["three_nodes"]:
-        report["ratio_env_steps_per_s"] = round(report["three_nodes"]["median_env_steps_per_s"]
-                                                / report["one_host"]["median_env_steps_per_s"], 3)  # fmt: skip
+        report["ratio_env_steps_per_s"] = round(
+            report["three_nodes"]["median_env_steps_per_s"]
+            / report["one_host"]["median_env_steps_per_s"],
+            3,
+        )
         print(f"three nodes / one host, env steps/s: {report['ratio_env_steps_per_s']:.2f}")
     write_result(args.json, "multi_node", report, vars(args))
 

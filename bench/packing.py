@@ -111,9 +111,11 @@ def packed_step(model: Transformer, data: StepData, budget: int) -> torch.Tensor
 
 
 def timed(
-    fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device,
+    fn: Callable[[], torch.Tensor],
+    opt: torch.optim.Optimizer,
+    device: torch.device,
     precision: Context,
-) -> float:  # fmt: skip
+) -> float:
     """Seconds for one training step: ``fn`` (forward + backward) under ``precision`` (bf16
     autocast on GPU, or the FP8 context ``enable_fp8`` returned), then the optimizer step."""
     if device.type == "cuda":
@@ -175,8 +177,11 @@ def run(
     extra = {}
     if fp8_name is not None:
         fp8_tps = real / seconds["packed_fp8"]
-        extra = {"packed_fp8_tokens_per_s": fp8_tps, "fp8_speedup_vs_bf16": fp8_tps / packed_tps,
-                 "fp8_backend": fp8_name}  # fmt: skip
+        extra = {
+            "packed_fp8_tokens_per_s": fp8_tps,
+            "fp8_speedup_vs_bf16": fp8_tps / packed_tps,
+            "fp8_backend": fp8_name,
+        }
     return {
         "padded_tokens_per_s": padded_tps,
         "packed_tokens_per_s": packed_tps,
@@ -200,8 +205,9 @@ def run(
     }
 
 
-def profile(steps: int, seed: int, device: torch.device, budget: int, shape: Shape,
-            fp8: bool) -> None:  # fmt: skip
+def profile(
+    steps: int, seed: int, device: torch.device, budget: int, shape: Shape, fp8: bool
+) -> None:
     """Print each mode's top GPU kernels over a few steps (``--profile``; CUDA only)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -239,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
-        "--budget", type=int, default=None,
+        "--budget",
+        type=int,
+        default=None,
         help="packing token budget (default: batch * 512, one bin per step)",
-    )  # fmt: skip
+    )
     parser.add_argument("--batch", type=int, default=8, help="samples per step")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)

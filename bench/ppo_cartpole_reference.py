@@ -199,10 +199,14 @@ class Learner:
         )
         self.actor = copy.deepcopy(self.policy)
         self.update_kwargs = dict(
-            epochs=s.epochs, minibatch_size=s.minibatch_size, clip_coef=s.clip_coef,
-            vf_coef=s.vf_coef, ent_coef=s.ent_coef, max_grad_norm=s.max_grad_norm,
+            epochs=s.epochs,
+            minibatch_size=s.minibatch_size,
+            clip_coef=s.clip_coef,
+            vf_coef=s.vf_coef,
+            ent_coef=s.ent_coef,
+            max_grad_norm=s.max_grad_norm,
             generator=torch.Generator().manual_seed(seed),
-        )  # fmt: skip
+        )
 
     def iterate(self) -> dict[str, float]:
         """One rollout with the weights from ``lag`` updates ago, then one PPO update."""
@@ -247,9 +251,14 @@ def train(s: Settings, seed: int, verbose: bool = False) -> Result:
     if solved_at < 0:
         wall, cpu, solve_updates = time.perf_counter() - start, time.process_time() - cpu_start, -1
     return Result(
-        seed=seed, solved=solved_at >= 0, env_steps=solved_at, updates=solve_updates,
-        wall_s=round(wall, 2), cpu_s=round(cpu, 2), post_solve_min_return=round(post_min, 1),
-    )  # fmt: skip
+        seed=seed,
+        solved=solved_at >= 0,
+        env_steps=solved_at,
+        updates=solve_updates,
+        wall_s=round(wall, 2),
+        cpu_s=round(cpu, 2),
+        post_solve_min_return=round(post_min, 1),
+    )
 
 
 def _parse() -> tuple[Settings, list[int], bool, Path | None]:

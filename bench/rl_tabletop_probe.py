@@ -80,10 +80,17 @@ class Rollouts:
             for i, env in enumerate(self.envs):
                 obs, reward, term, trunc, info = env.step(env_actions[i])
                 self.env_steps += 1
-                rec[i].append({"obs": {k: v[i].numpy() for k, v in batch.items()},
-                               "action": out.action[i].numpy(), "reward": reward, "term": term,
-                               "trunc": trunc, "log_prob": float(out.log_prob[i]),
-                               "value": float(out.value[i])})  # fmt: skip
+                rec[i].append(
+                    {
+                        "obs": {k: v[i].numpy() for k, v in batch.items()},
+                        "action": out.action[i].numpy(),
+                        "reward": reward,
+                        "term": term,
+                        "trunc": trunc,
+                        "log_prob": float(out.log_prob[i]),
+                        "value": float(out.value[i]),
+                    }
+                )
                 self.returns[i] += reward
                 self.lengths[i] += 1
                 if term or trunc:
@@ -105,7 +112,9 @@ def _one(obs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 def _chunk(steps: list[dict[str, Any]], bootstrap: float) -> TrajectoryChunk:
     return TrajectoryChunk(
-        worker_index=0, env_index=0, chunk_id=0,
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
         obs={k: np.stack([s["obs"][k] for s in steps]) for k in steps[0]["obs"]},
         actions=np.stack([s["action"] for s in steps]),
         rewards=np.array([s["reward"] for s in steps], np.float32),
@@ -113,8 +122,9 @@ def _chunk(steps: list[dict[str, Any]], bootstrap: float) -> TrajectoryChunk:
         truncated=np.array([s["trunc"] for s in steps], bool),
         log_probs=np.array([s["log_prob"] for s in steps], np.float32),
         values=np.array([s["value"] for s in steps], np.float32),
-        policy_versions=np.zeros(len(steps), np.int64), bootstrap_value=bootstrap,
-    )  # fmt: skip
+        policy_versions=np.zeros(len(steps), np.int64),
+        bootstrap_value=bootstrap,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -143,31 +153,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         chunks = rollouts.collect(policy, cfg.env.chunk_len)
         t1 = time.perf_counter()
         batch = build_batch(chunks, policy, a, torch.device("cpu"))
-        metrics = ppo_update(policy, optimizer, batch, epochs=a.epochs,
-                             minibatch_size=a.minibatch_size, clip_coef=a.clip_coef,
-                             vf_coef=a.vf_coef, ent_coef=a.ent_coef,
-                             max_grad_norm=a.max_grad_norm,
-                             policy_coef=0.0 if updates < a.value_warmup_updates else 1.0,
-                             reference=reference, ref_kl_coef=a.ref_kl_coef)  # fmt: skip
+        metrics = ppo_update(
+            policy,
+            optimizer,
+            batch,
+            epochs=a.epochs,
+            minibatch_size=a.minibatch_size,
+            clip_coef=a.clip_coef,
+            vf_coef=a.vf_coef,
+            ent_coef=a.ent_coef,
+            max_grad_norm=a.max_grad_norm,
+            policy_coef=0.0 if updates < a.value_warmup_updates else 1.0,
+            reference=reference,
+            ref_kl_coef=a.ref_kl_coef,
+        )
         act_s += t1 - t0
         train_s += time.perf_counter() - t1
         updates += 1
         if updates % args.report_every == 0 and rollouts.finished:
             done = list(rollouts.finished)
-            point = {"update": updates, "wall_s": round(time.perf_counter() - started, 1),
-                     "env_steps": rollouts.env_steps, "act_s": round(act_s, 1),
-                     "train_s": round(train_s, 1),
-                     "success": float(np.mean([s for _, s in done])),
-                     "return": float(np.mean([r for r, _ in done])),
-                     "entropy": metrics["entropy"], "ev": metrics["explained_variance"],
-                     "kl": metrics["approx_kl"]}  # fmt: skip
+            point = {
+                "update": updates,
+                "wall_s": round(time.perf_counter() - started, 1),
+                "env_steps": rollouts.env_steps,
+                "act_s": round(act_s, 1),
+                "train_s": round(train_s, 1),
+                "success": float(np.mean([s for _, s in done])),
+                "return": float(np.mean([r for r, _ in done])),
+                "entropy": metrics["entropy"],
+                "ev": metrics["explained_variance"],
+                "kl": metrics["approx_kl"],
+            }
             curve.append(point)
-            print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in point.items()), flush=True)  # fmt: skip
+            print(
+                " ".join(
+                    f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()
+                ),
+                flush=True,
+            )
     ev = evaluate(policy, cfg.env.id, args.eval_episodes, args.eval_seed, kwargs=cfg.env.kwargs)
     print(f"greedy eval on {args.eval_episodes} fresh episodes: {ev}", flush=True)
-    result = {"args": vars(args), "curve": curve, "eval": ev, "updates": updates,
-              "env_steps": rollouts.env_steps}  # fmt: skip
+    result = {
+        "args": vars(args),
+        "curve": curve,
+        "eval": ev,
+        "updates": updates,
+        "env_steps": rollouts.env_steps,
+    }
     write_result(args.json, "rl_tabletop_probe", result, vars(args))
     return result
 

@@ -158,8 +158,14 @@ class ServerHarness:
     array, see ``_instrument``).
     """
 
-    def __init__(self, name: str, count: int, hidden: tuple, settings: dict | None = None,
-                 skip_init: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        count: int,
+        hidden: tuple,
+        settings: dict | None = None,
+        skip_init: bool = False,
+    ) -> None:
         self.name, self.count, self.hidden = name, count, hidden
         self.settings, self.skip_init = settings or {}, skip_init
         self.records: dict[int, dict[str, np.ndarray]] = {}
@@ -307,9 +313,16 @@ def _frames(msg: Any) -> list[bytes]:
 
 
 def _reply_frames() -> list[bytes]:
-    return _frames(ActionReply(request_id=7, action=np.array(1, np.int64),
-                               env_action=np.array(1, np.int64), log_prob=-0.69, value=0.5,
-                               policy_version=3))  # fmt: skip
+    return _frames(
+        ActionReply(
+            request_id=7,
+            action=np.array(1, np.int64),
+            env_action=np.array(1, np.int64),
+            log_prob=-0.69,
+            value=0.5,
+            policy_version=3,
+        )
+    )
 
 
 def _raw_echo_server(addresses: Any) -> None:
@@ -463,25 +476,36 @@ def run(duration_s: float, repeats: int, inflight: int) -> dict[str, float]:
 def print_table(r: dict[str, Any], inflight: int) -> None:
     """The figures, one line per case."""
     wait_ms = config_from_dict({}).role_settings("rollout_server").max_wait_ms
-    print(f"{'case':34} {'ours':>9} {'raw':>9} {'ratio':>6}  "
-          f"server mean per batch: serve / between")  # fmt: skip
+    print(
+        f"{'case':34} {'ours':>9} {'raw':>9} {'ratio':>6}  server mean per batch: serve / between"
+    )
     for label, key in ((f"max_wait_ms {wait_ms:g}", ""), ("max_wait_ms 0", "_nowait")):
-        print(f"{f'batch 1, req/s ({label})':34} {r[f'batch1_ours{key}_req_per_s']:9.0f} "
-              f"{r['batch1_raw_req_per_s']:9.0f} {r[f'batch1{key}_ratio']:6.2f}  "
-              f"{r[f'batch1{key}_server_serve_ms']:.3f} / "
-              f"{r[f'batch1{key}_server_between_batches_ms']:.3f} ms")  # fmt: skip
-    print(f"{'':34} serve includes the policy (stack, act, to numpy): "
-          f"{r['batch1_policy_act_ms']:.3f} ms in-process")  # fmt: skip
-    print(f"{'':34} between includes the requests/s gauge (RateMeter.rate): "
-          f"{r['batch1_server_rate_gauge_ms']:.3f} ms")  # fmt: skip
+        print(
+            f"{f'batch 1, req/s ({label})':34} {r[f'batch1_ours{key}_req_per_s']:9.0f} "
+            f"{r['batch1_raw_req_per_s']:9.0f} {r[f'batch1{key}_ratio']:6.2f}  "
+            f"{r[f'batch1{key}_server_serve_ms']:.3f} / "
+            f"{r[f'batch1{key}_server_between_batches_ms']:.3f} ms"
+        )
+    print(
+        f"{'':34} serve includes the policy (stack, act, to numpy): "
+        f"{r['batch1_policy_act_ms']:.3f} ms in-process"
+    )
+    print(
+        f"{'':34} between includes the requests/s gauge (RateMeter.rate): "
+        f"{r['batch1_server_rate_gauge_ms']:.3f} ms"
+    )
     for label, key in (("", ""), (", codec client", "_codec_client")):
         case = f"{inflight} in flight{label}, obs/s"
-        print(f"{case:34} {r[f'batched{key}_obs_per_s']:9.0f} {'-':>9} {'-':>6}  "
-              f"mean batch {r[f'batched{key}_mean_batch']:.1f}, "
-              f"server busy {r[f'batched{key}_server_busy_fraction']:.0%}")  # fmt: skip
+        print(
+            f"{case:34} {r[f'batched{key}_obs_per_s']:9.0f} {'-':>9} {'-':>6}  "
+            f"mean batch {r[f'batched{key}_mean_batch']:.1f}, "
+            f"server busy {r[f'batched{key}_server_busy_fraction']:.0%}"
+        )
     host = r["host"]
-    print(f"host: {host['cpus']} CPUs, 1-min load average {host['load_avg_1m_before']:.1f} "
-          f"before, {host['load_avg_1m_after']:.1f} after")  # fmt: skip
+    print(
+        f"host: {host['cpus']} CPUs, 1-min load average {host['load_avg_1m_before']:.1f} "
+        f"before, {host['load_avg_1m_after']:.1f} after"
+    )
 
 
 def main() -> None:
@@ -499,8 +523,11 @@ def main() -> None:
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     r: dict[str, Any] = run(args.duration_s, args.repeats, args.inflight)
-    r["host"] = {"cpus": os.cpu_count(), "load_avg_1m_before": load_before,
-                 "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
+    r["host"] = {
+        "cpus": os.cpu_count(),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0],
+    }
     print_table(r, args.inflight)
     write_result(args.json, "rollout_server", r, vars(args))
 

@@ -65,17 +65,33 @@ def serve(kind: str, address_out: mp.Queue, stop: mp.Event) -> None:
             batch.append(item)
         if kind == "echo":
             for identity, req in batch:
-                router.send_to(identity, ActionReply(
-                    request_id=req.request_id, action=zero, env_action=None, log_prob=0.0,
-                    value=0.0, policy_version=0))  # fmt: skip
+                router.send_to(
+                    identity,
+                    ActionReply(
+                        request_id=req.request_id,
+                        action=zero,
+                        env_action=None,
+                        log_prob=0.0,
+                        value=0.0,
+                        policy_version=0,
+                    ),
+                )
             continue
         state = np.array([req.obs["state"] for _, req in batch])
         out = policy.act_numpy({"state": state}, False, rng)
         log_probs, values = out.log_prob.tolist(), out.value.tolist()
         for i, (identity, req) in enumerate(batch):
-            router.send_to(identity, ActionReply(
-                request_id=req.request_id, action=np.asarray(out.action[i]), env_action=None,
-                log_prob=log_probs[i], value=values[i], policy_version=0))  # fmt: skip
+            router.send_to(
+                identity,
+                ActionReply(
+                    request_id=req.request_id,
+                    action=np.asarray(out.action[i]),
+                    env_action=None,
+                    log_prob=log_probs[i],
+                    value=values[i],
+                    policy_version=0,
+                ),
+            )
 
 
 def envs(address: str, args: argparse.Namespace, worker: int, results: mp.Queue) -> None:
@@ -185,12 +201,20 @@ def main() -> None:
     for kind, trials in runs.items():
         rate = float(np.median([t["env_steps_per_s"] for t in trials]))
         trip = float(np.median([t["round_trip_ms"] for t in trials]))
-        servers[kind] = {"env_steps_per_s": rate, "of_bound": rate / bound, "round_trip_ms": trip,
-                         "trials": trials}  # fmt: skip
+        servers[kind] = {
+            "env_steps_per_s": rate,
+            "of_bound": rate / bound,
+            "round_trip_ms": trip,
+            "trials": trials,
+        }
         print(f"{kind:<10} {rate:>12.1f} {rate / bound:>8.1%} {trip:>14.3f}")
     print(f"{'bound':<10} {bound:>12.1f}   ({args.num_envs} envs / {args.latency_mean_ms} ms)")
-    write_result(args.json, "round_trip_floor",
-                 {"bound_env_steps_per_s": bound, "servers": servers}, vars(args))  # fmt: skip
+    write_result(
+        args.json,
+        "round_trip_floor",
+        {"bound_env_steps_per_s": bound, "servers": servers},
+        vars(args),
+    )
 
 
 if __name__ == "__main__":

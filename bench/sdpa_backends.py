@@ -46,10 +46,11 @@ BATCH, HEADS, HEAD_DIM = 8, 4, 64
 def one_call(length: int, backend: SDPBackend | str | None, g: torch.Generator) -> None:
     """Forward + backward of masked SDPA at ``length``; pads the last quarter of each row."""
     q, k, v = (
-        torch.randn(BATCH, HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
-                    generator=g).requires_grad_()
+        torch.randn(
+            BATCH, HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g
+        ).requires_grad_()
         for _ in range(3)
-    )  # fmt: skip
+    )
     mask = torch.ones(BATCH, 1, 1, length, dtype=torch.bool, device="cuda")
     mask[..., length - length // 4 :] = False
     if backend == OURS:
@@ -89,16 +90,21 @@ def run(calls: int) -> dict:
             }
         except RuntimeError as err:  # a backend that cannot take this input
             results[name] = {"error": str(err).splitlines()[0]}
-    return {"backends": results, "calls": calls, "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name()}  # fmt: skip
+    return {
+        "backends": results,
+        "calls": calls,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true",
-                        help="two calls each; without a GPU, say so and exit 0 (CI)")  # fmt: skip
+    parser.add_argument(
+        "--smoke", action="store_true", help="two calls each; without a GPU, say so and exit 0 (CI)"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.calls = 2

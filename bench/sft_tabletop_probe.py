@@ -51,8 +51,13 @@ from sim.experts import TableTopExpert  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env-id", default="rlvla3/TableTop-v0")
-    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                   help="env.kwargs entry (YAML value), e.g. image_size=32; repeatable")  # fmt: skip
+    p.add_argument(
+        "--env-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env.kwargs entry (YAML value), e.g. image_size=32; repeatable",
+    )
     p.add_argument("--num-demos", type=int, default=300)
     p.add_argument("--expert-noise", type=float, default=0.0)
     p.add_argument("--demo-seed", type=int, default=12345)
@@ -63,10 +68,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patch-size", type=int, default=8)
     p.add_argument("--action-head", default="discrete_bins", choices=("discrete_bins", "gaussian"))
     p.add_argument("--num-bins", type=int, default=32)
-    p.add_argument("--vla", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other policy.vla field (YAML value), repeatable")  # fmt: skip
-    p.add_argument("--image-pos-std", type=float, default=0.0,
-                   help="what-if: re-initialise VLAPolicy.image_pos with this std (0: as built, 1.0)")  # fmt: skip
+    p.add_argument(
+        "--vla",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other policy.vla field (YAML value), repeatable",
+    )
+    p.add_argument(
+        "--image-pos-std",
+        type=float,
+        default=0.0,
+        help="what-if: re-initialise VLAPolicy.image_pos with this std (0: as built, 1.0)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--token-budget", type=int, default=4096)
@@ -75,13 +89,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-seed", type=int, default=1_000_000)
-    p.add_argument("--drop-velocity", action="store_true",
-                   help="diagnostic: zero proprio[2:4] (pusher velocity) in training and eval")  # fmt: skip
+    p.add_argument(
+        "--drop-velocity",
+        action="store_true",
+        help="diagnostic: zero proprio[2:4] (pusher velocity) in training and eval",
+    )
     p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
     p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
     p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--smoke", action="store_true",
-                   help="5 demos, 3 steps, 2 evaluation episodes (CI)")  # fmt: skip
+    p.add_argument(
+        "--smoke", action="store_true", help="5 demos, 3 steps, 2 evaluation episodes (CI)"
+    )
     return p.parse_args(argv)
 
 
@@ -94,11 +112,20 @@ def demo_root(args: argparse.Namespace) -> Path:
     if (root / "meta" / "info.json").exists():
         return root
     started = time.perf_counter()
-    stats = generate_demos(args.env_id, args.num_demos, root, args.demo_seed,
-                           expert_noise=args.expert_noise, overwrite=True,
-                           **env_kwargs(args))  # fmt: skip
-    print(f"generated {stats.num_episodes} demos ({stats.num_frames} frames, expert success "
-          f"{stats.success_rate:.2f}) in {time.perf_counter() - started:.1f}s", flush=True)  # fmt: skip
+    stats = generate_demos(
+        args.env_id,
+        args.num_demos,
+        root,
+        args.demo_seed,
+        expert_noise=args.expert_noise,
+        overwrite=True,
+        **env_kwargs(args),
+    )
+    print(
+        f"generated {stats.num_episodes} demos ({stats.num_frames} frames, expert success "
+        f"{stats.success_rate:.2f}) in {time.perf_counter() - started:.1f}s",
+        flush=True,
+    )
     return root
 
 
@@ -109,14 +136,24 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
     """The policy exactly as the launcher builds it (``build_policy`` from a Config)."""
-    vla: dict[str, Any] = {"d_model": args.d_model, "num_layers": args.num_layers,
-                           "num_heads": args.num_heads, "patch_size": args.patch_size,
-                           "action_head": args.action_head, "num_bins": args.num_bins}  # fmt: skip
+    vla: dict[str, Any] = {
+        "d_model": args.d_model,
+        "num_layers": args.num_layers,
+        "num_heads": args.num_heads,
+        "patch_size": args.patch_size,
+        "action_head": args.action_head,
+        "num_bins": args.num_bins,
+    }
     for item in args.vla:
         key, _, value = item.partition("=")
         vla[key] = json.loads(value) if value[:1] in "-0123456789[{tf" else value
-    cfg = config_from_dict({"run": {"seed": args.seed}, "env": {"id": args.env_id, "kwargs": env_kwargs(args)},
-                            "policy": {"kind": "vla", "vla": vla}})  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "run": {"seed": args.seed},
+            "env": {"id": args.env_id, "kwargs": env_kwargs(args)},
+            "policy": {"kind": "vla", "vla": vla},
+        }
+    )
     torch.manual_seed(args.seed)
     policy = build_policy(cfg)
     if args.image_pos_std > 0:
@@ -165,8 +202,12 @@ def evaluate(
                 still.append(i)
         live = still
     policy.train(was_training)
-    return {"success_rate": float(success.mean()), "mean_len": float(length.mean()),
-            "action_err": float(np.mean(errors)), "first_err": float(np.mean(first))}  # fmt: skip
+    return {
+        "success_rate": float(success.mean()),
+        "mean_len": float(length.mean()),
+        "action_err": float(np.mean(errors)),
+        "first_err": float(np.mean(first)),
+    }
 
 
 def train_step(
@@ -192,13 +233,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     root = demo_root(args)
     policy = build(args).train()
-    data = DemoSet(root, fixed_tokens=policy.config.num_fixed_tokens,
-                   instruction_tokens=policy.config.instruction_token_counts)  # fmt: skip
+    data = DemoSet(
+        root,
+        fixed_tokens=policy.config.num_fixed_tokens,
+        instruction_tokens=policy.config.instruction_token_counts,
+    )
     if args.drop_velocity:
         data.obs["proprio"][:, 2:] = 0.0
     n_params = sum(p.numel() for p in policy.parameters())
-    print(f"{len(data)} frames / {data.num_episodes} episodes; {n_params} params; "
-          f"{policy.config}", flush=True)  # fmt: skip
+    print(
+        f"{len(data)} frames / {data.num_episodes} episodes; {n_params} params; {policy.config}",
+        flush=True,
+    )
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng = np.random.default_rng(args.seed)
     curve: list[dict[str, float]] = []
@@ -209,16 +255,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def record(step: int) -> None:
         nonlocal eval_s
         started = time.perf_counter()
-        ev = evaluate(policy, args.env_id, args.eval_episodes, args.eval_seed, args.drop_velocity,
-                      env_kwargs(args))  # fmt: skip
+        ev = evaluate(
+            policy,
+            args.env_id,
+            args.eval_episodes,
+            args.eval_seed,
+            args.drop_velocity,
+            env_kwargs(args),
+        )
         eval_s += time.perf_counter() - started
         loss = float(np.mean(losses[-20:])) if losses else float("nan")
-        point = {"step": step, "train_s": round(train_s, 1), "cpu_s": round(train_cpu_s, 1),
-                 "eval_s": round(eval_s, 1), "loss": loss, "epochs": samples / len(data),
-                 **ev}  # fmt: skip
+        point = {
+            "step": step,
+            "train_s": round(train_s, 1),
+            "cpu_s": round(train_cpu_s, 1),
+            "eval_s": round(eval_s, 1),
+            "loss": loss,
+            "epochs": samples / len(data),
+            **ev,
+        }
         curve.append(point)
-        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in point.items()), flush=True)  # fmt: skip
+        print(
+            " ".join(
+                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()
+            ),
+            flush=True,
+        )
 
     step = 0
     while step < args.max_steps and not (args.max_train_s and train_s >= args.max_train_s):
@@ -233,9 +295,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             record(step)
     if not curve or curve[-1]["step"] != step:
         record(step)
-    result = {"args": vars(args), "frames": len(data), "params": n_params, "curve": curve,
-              "final_success": curve[-1]["success_rate"], "train_s": train_s,
-              "train_cpu_s": train_cpu_s}  # fmt: skip
+    result = {
+        "args": vars(args),
+        "frames": len(data),
+        "params": n_params,
+        "curve": curve,
+        "final_success": curve[-1]["success_rate"],
+        "train_s": train_s,
+        "train_cpu_s": train_cpu_s,
+    }
     write_result(args.json, "sft_tabletop_probe", result, vars(args))
     return result
 

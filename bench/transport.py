@@ -42,8 +42,13 @@ MODES = ("ours", "raw", "curve")
 def make_message(kind: str, i: int):
     if kind == "small":
         # A discrete action, as CartPole's rollout server sends it (env_action None: the same)
-        return ActionReply(request_id=i, action=np.array(i % 2, np.int64), log_prob=-0.69,
-                           value=0.5, policy_version=3)  # fmt: skip
+        return ActionReply(
+            request_id=i,
+            action=np.array(i % 2, np.int64),
+            log_prob=-0.69,
+            value=0.5,
+            policy_version=3,
+        )
     image = np.full((84, 84, 3), i % 255, np.uint8)
     return ObsRequest(env_key="0/0", request_id=i, obs={"image": image})
 
@@ -148,8 +153,10 @@ def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, Any]]:
         for m in MODES:
             results[kind][f"{m}_msgs_per_s"] = round(rate[m], 1)
             results[kind][f"{m}_gb_per_s"] = round(rate[m] * size / 1e9, 4)
-            results[kind][f"{m}_cpu_us_per_msg"] = {"send": round(cpu[m][0], 2),
-                                                    "recv": round(cpu[m][1], 2)}  # fmt: skip
+            results[kind][f"{m}_cpu_us_per_msg"] = {
+                "send": round(cpu[m][0], 2),
+                "recv": round(cpu[m][1], 2),
+            }
         results[kind]["ratio"] = round(rate["ours"] / rate["raw"], 3)
         results[kind]["curve_vs_ours"] = round(rate["curve"] / rate["ours"], 3)
     return results
@@ -168,14 +175,18 @@ def main() -> None:
     if args.smoke:
         args.messages, args.obs_messages, args.repeats = 2000, 500, 1
     results = run({"small": args.messages, "obs": args.obs_messages}, args.repeats)
-    print(f"{'payload':8} {'bytes':>7} {'ours msg/s':>11} {'raw msg/s':>11} {'curve msg/s':>12} "
-          f"{'ours/raw':>9} {'curve/ours':>11}   CPU us/msg send+recv: ours  raw  curve")  # fmt: skip
+    print(
+        f"{'payload':8} {'bytes':>7} {'ours msg/s':>11} {'raw msg/s':>11} {'curve msg/s':>12} "
+        f"{'ours/raw':>9} {'curve/ours':>11}   CPU us/msg send+recv: ours  raw  curve"
+    )
     for kind, r in results.items():
         o, w, c = (r[f"{m}_cpu_us_per_msg"] for m in ("ours", "raw", "curve"))
-        print(f"{kind:8} {r['bytes_per_msg']:7d} {r['ours_msgs_per_s']:11.0f} "
-              f"{r['raw_msgs_per_s']:11.0f} {r['curve_msgs_per_s']:12.0f} {r['ratio']:9.2f} "
-              f"{r['curve_vs_ours']:11.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} "
-              f"{w['send']:5.1f}+{w['recv']:<5.1f} {c['send']:5.1f}+{c['recv']:.1f}")  # fmt: skip
+        print(
+            f"{kind:8} {r['bytes_per_msg']:7d} {r['ours_msgs_per_s']:11.0f} "
+            f"{r['raw_msgs_per_s']:11.0f} {r['curve_msgs_per_s']:12.0f} {r['ratio']:9.2f} "
+            f"{r['curve_vs_ours']:11.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} "
+            f"{w['send']:5.1f}+{w['recv']:<5.1f} {c['send']:5.1f}+{c['recv']:.1f}"
+        )
     write_result(args.json, "transport", results, vars(args))
 
 

@@ -30,8 +30,10 @@ SIZES = {
 
 
 def batch_of(spaces, n: int) -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(s.sample()).unsqueeze(0).expand(n, *s.shape).clone()
-            for k, s in spaces.observation.spaces.items()}  # fmt: skip
+    return {
+        k: torch.as_tensor(s.sample()).unsqueeze(0).expand(n, *s.shape).clone()
+        for k, s in spaces.observation.spaces.items()
+    }
 
 
 def median_ms(fn, repeats: int) -> float:

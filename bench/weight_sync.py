@@ -86,15 +86,17 @@ def hidden_sizes(params: float) -> tuple[int, ...]:
 
 
 # --- (a) ours and (b) raw: the same two idle receiver processes for both ------------------------
-def _receiver(rank: int, init_method: str, store_port: int, numels: list[int],
-              rounds: list[int], done: Any) -> None:  # fmt: skip
+def _receiver(
+    rank: int, init_method: str, store_port: int, numels: list[int], rounds: list[int], done: Any
+) -> None:
     """Process entry: per size, ``rounds[i]`` times one version over our ``WeightLink`` and then
     one plain gloo broadcast in the world of 3 (each after a barrier), timestamping arrivals."""
     torch.set_num_threads(1)
     store = dist.TCPStore(HOST, store_port, is_master=False)
     link = WeightLink(store, f"r{rank}", 1, "cpu", TIMEOUT.total_seconds())
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=3,
-                            timeout=TIMEOUT)  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=3, timeout=TIMEOUT
+    )
     for numel, count in zip(numels, rounds, strict=True):
         flat = torch.empty(numel)
         for _ in range(count):
@@ -136,8 +138,9 @@ def measure_transfer(numels: list[int], repeats: int) -> list[dict[str, float]]:
     try:
         for rank in (1, 2):
             broadcaster.add(f"r{rank}")
-        dist.init_process_group("gloo", init_method=init_method, rank=0, world_size=3,
-                                timeout=TIMEOUT)  # fmt: skip
+        dist.init_process_group(
+            "gloo", init_method=init_method, rank=0, world_size=3, timeout=TIMEOUT
+        )
         for numel, count in zip(numels, rounds, strict=True):
             flat = torch.empty(numel).uniform_(-0.05, 0.05)
             times: dict[str, list[float]] = {"ours": [], "raw": [], "publish": []}
@@ -166,9 +169,15 @@ def _transfer_summary(times: dict[str, list[float]]) -> dict[str, float]:
     rounds; round 0 was a warm-up."""
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
     best = {k: min(v[1:]) for k, v in times.items()}
-    return {"ours_s": med["ours"], "raw_s": med["raw"], "ratio": med["ours"] / med["raw"],
-            "ours_publish_s": med["publish"], "ours_best_s": best["ours"],
-            "raw_best_s": best["raw"], "ratio_best": best["ours"] / best["raw"]}  # fmt: skip
+    return {
+        "ours_s": med["ours"],
+        "raw_s": med["raw"],
+        "ratio": med["ours"] / med["raw"],
+        "ours_publish_s": med["publish"],
+        "ours_best_s": best["ours"],
+        "raw_best_s": best["raw"],
+        "ratio_best": best["ours"] / best["raw"],
+    }
 
 
 # --- (c) serving while syncing --------------------------------------------------------------------
@@ -244,9 +253,11 @@ def _server_stats(records: dict, window: tuple[float, float], started: float | N
     a, b = window
     inside = batches[(batches[:, 1] > a) & (batches[:, 0] < b)]
     idle = inside[1:, 0] - inside[:-1, 1]
-    out = {"batch_max": float((inside[:, 1] - inside[:, 0]).max()),
-           "batch_median": float(np.median(inside[:, 1] - inside[:, 0])),
-           "idle_max": float(idle.max()) if len(idle) else float("nan")}  # fmt: skip
+    out = {
+        "batch_max": float((inside[:, 1] - inside[:, 0]).max()),
+        "batch_median": float(np.median(inside[:, 1] - inside[:, 0])),
+        "idle_max": float(idle.max()) if len(idle) else float("nan"),
+    }
     after = loads[loads[:, 0] >= started] if started is not None and len(loads) else loads[:0]
     if len(after):
         out["received"], out["loaded"] = after[0, 0] - started, after[0, 1] - started
@@ -265,13 +276,17 @@ def measure_serving(hidden: tuple, syncs: int, baseline_s: float) -> dict[str, f
         stats = [_sync_stats(log, s, version, started) for s in servers]
         window = (started, started + max(st["visible"] for st in stats))
         srv = [_server_stats(harness.records[s], window, started) for s in servers]
-        per_sync.append({"gap": max(st["gap"] for st in stats),
-                         "visible": max(st["visible"] for st in stats),
-                         "publish": ended - started,
-                         "received": max(st.get("received", float("nan")) for st in srv),
-                         "loaded": max(st.get("loaded", float("nan")) for st in srv),
-                         "batch_max": max(st["batch_max"] for st in srv),
-                         "idle_max": max(st["idle_max"] for st in srv)})  # fmt: skip
+        per_sync.append(
+            {
+                "gap": max(st["gap"] for st in stats),
+                "visible": max(st["visible"] for st in stats),
+                "publish": ended - started,
+                "received": max(st.get("received", float("nan")) for st in srv),
+                "loaded": max(st.get("loaded", float("nan")) for st in srv),
+                "batch_max": max(st["batch_max"] for st in srv),
+                "idle_max": max(st["idle_max"] for st in srv),
+            }
+        )
     med = {k: statistics.median(p[k] for p in per_sync) for k in per_sync[0]}
     ms = 1000.0
     return {
@@ -319,32 +334,43 @@ def _rounded(value: Any) -> Any:
 
 def print_table(results: dict[str, dict]) -> None:
     """The figures as three small tables: transfer, serving gaps, sync while serving."""
-    print(f"{'size':>5} {'MB':>7} {'ours s':>8} {'raw s':>8} {'ratio':>6} {'publish s':>10} "
-          f"{'best: ours':>11} {'raw':>6} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{'size':>5} {'MB':>7} {'ours s':>8} {'raw s':>8} {'ratio':>6} {'publish s':>10} "
+        f"{'best: ours':>11} {'raw':>6} {'ratio':>6}"
+    )
     for name, r in results.items():
-        print(f"{name:>5} {r['mb']:7.1f} {r['ours_s']:8.3f} {r['raw_s']:8.3f} {r['ratio']:6.2f} "
-              f"{r['ours_publish_s']:10.3f} {r['ours_best_s']:11.3f} {r['raw_best_s']:6.3f} "
-              f"{r['ratio_best']:6.2f}")  # fmt: skip
-    print(f"\nserving, ms{'':5} {'gap: sync':>10} {'worst':>7} {'outside':>8} "
-          f"{'batch: median':>14} {'sync max':>9} {'outside':>8} {'idle: sync':>11} "
-          f"{'outside':>8}")  # fmt: skip
+        print(
+            f"{name:>5} {r['mb']:7.1f} {r['ours_s']:8.3f} {r['raw_s']:8.3f} {r['ratio']:6.2f} "
+            f"{r['ours_publish_s']:10.3f} {r['ours_best_s']:11.3f} {r['raw_best_s']:6.3f} "
+            f"{r['ratio_best']:6.2f}"
+        )
+    print(
+        f"\nserving, ms{'':5} {'gap: sync':>10} {'worst':>7} {'outside':>8} "
+        f"{'batch: median':>14} {'sync max':>9} {'outside':>8} {'idle: sync':>11} "
+        f"{'outside':>8}"
+    )
     for name, r in results.items():
-        print(f"{name:>16} {r['max_serving_gap_ms']:10.1f} {r['worst_serving_gap_ms']:7.1f} "
-              f"{r['baseline_max_gap_ms']:8.1f} {r['batch_ms']:14.1f} "
-              f"{r['sync_batch_max_ms']:9.1f} {r['baseline_batch_max_ms']:8.1f} "
-              f"{r['sync_idle_max_ms']:11.1f} {r['baseline_idle_max_ms']:8.1f}")  # fmt: skip
+        print(
+            f"{name:>16} {r['max_serving_gap_ms']:10.1f} {r['worst_serving_gap_ms']:7.1f} "
+            f"{r['baseline_max_gap_ms']:8.1f} {r['batch_ms']:14.1f} "
+            f"{r['sync_batch_max_ms']:9.1f} {r['baseline_batch_max_ms']:8.1f} "
+            f"{r['sync_idle_max_ms']:11.1f} {r['baseline_idle_max_ms']:8.1f}"
+        )
     print(f"\nsync while serving, s {'publish':>8} {'received':>9} {'loaded':>7} {'visible':>8}")
     for name, r in results.items():
-        print(f"{name:>21} {r['serving_publish_s']:8.3f} {r['serving_received_s']:9.3f} "
-              f"{r['serving_loaded_s']:7.3f} {r['serving_visible_s']:8.3f}")  # fmt: skip
+        print(
+            f"{name:>21} {r['serving_publish_s']:8.3f} {r['serving_received_s']:9.3f} "
+            f"{r['serving_loaded_s']:7.3f} {r['serving_visible_s']:8.3f}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--sizes", type=float, nargs="+", default=[10e6, 100e6],
-                        help="float32 parameters per model")  # fmt: skip
+    parser.add_argument(
+        "--sizes", type=float, nargs="+", default=[10e6, 100e6], help="float32 parameters per model"
+    )
     parser.add_argument(
         "--repeats", type=int, default=5, help="timed rounds of (a) and (b) at 100M"
     )
@@ -359,10 +385,15 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     results = run(args.sizes, args.repeats, args.syncs, args.baseline_s)
     print_table(results)
-    results["host"] = {"cpus": os.cpu_count(), "load_avg_1m_before": load_before,
-                       "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
-    print(f"\nhost: {os.cpu_count()} CPUs, 1-min load average {load_before:.1f} before, "
-          f"{results['host']['load_avg_1m_after']:.1f} after")  # fmt: skip
+    results["host"] = {
+        "cpus": os.cpu_count(),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0],
+    }
+    print(
+        f"\nhost: {os.cpu_count()} CPUs, 1-min load average {load_before:.1f} before, "
+        f"{results['host']['load_avg_1m_after']:.1f} after"
+    )
     write_result(args.json, "weight_sync", results, vars(args))
 
 

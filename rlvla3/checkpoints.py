@@ -37,19 +37,34 @@ class Resumed:
 
 
 def save_training(
-    directory: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, version: int,
-    updates: int, keep: int, **extra: Any,
-) -> Path:  # fmt: skip
+    directory: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    version: int,
+    updates: int,
+    keep: int,
+    **extra: Any,
+) -> Path:
     """Checkpoint a trainer: ``model``, ``optimizer``, ``version``, ``updates`` and ``extra``."""
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "version": version, "updates": updates, **extra}  # fmt: skip
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "version": version,
+        "updates": updates,
+        **extra,
+    }
     return save_checkpoint(directory, version, state, keep)
 
 
 def resume_training(
-    directory: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    device: torch.device, log: logging.Logger,
-) -> Resumed | None:  # fmt: skip
+    directory: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    log: logging.Logger,
+) -> Resumed | None:
     """Load the newest checkpoint in ``directory`` into ``model`` and ``optimizer``; None when
     there is none. An optimizer state of other parameter groups (a changed config) is left out,
     with a warning: Adam starts afresh, the model does not."""

@@ -56,11 +56,14 @@ def _monitor(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"ended": True, "summary": ended}, indent=2))
             else:
-                print(f"run {ended.get('run_id')} has ended: {ended.get('stop_reason')} "
-                      f"(summary: {summary})")  # fmt: skip
+                print(
+                    f"run {ended.get('run_id')} has ended: {ended.get('stop_reason')} "
+                    f"(summary: {summary})"
+                )
             return 0
-        print(f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?", file=sys.stderr
+        )
         return 1
 
 
@@ -80,20 +83,29 @@ def _demos(args: argparse.Namespace) -> int:
     from sft.demos import EXPERT_ENVS, generate_demos
 
     if args.env not in EXPERT_ENVS:
-        return _usage_error(f"--env: no scripted expert for {args.env!r} (have: "
-                            f"{', '.join(EXPERT_ENVS)})")  # fmt: skip
+        return _usage_error(
+            f"--env: no scripted expert for {args.env!r} (have: {', '.join(EXPERT_ENVS)})"
+        )
     if args.episodes < 1:
         return _usage_error(f"--episodes: need at least 1, got {args.episodes}")
     if args.expert_noise < 0:
         return _usage_error(f"--expert-noise: must be >= 0, got {args.expert_noise}")
     try:
-        stats = generate_demos(args.env, args.episodes, args.out, args.seed,
-                               expert_noise=args.expert_noise, overwrite=args.overwrite,
-                               obs_mode=args.obs_mode)  # fmt: skip
+        stats = generate_demos(
+            args.env,
+            args.episodes,
+            args.out,
+            args.seed,
+            expert_noise=args.expert_noise,
+            overwrite=args.overwrite,
+            obs_mode=args.obs_mode,
+        )
     except (FileExistsError, NotADirectoryError, PermissionError) as err:
         return _usage_error(f"--out: {err}")
-    print(f"wrote {stats.num_episodes} episodes ({stats.num_frames} frames) to {stats.root}; "
-          f"expert success rate {stats.success_rate:.2f} over {stats.num_attempts} attempts")  # fmt: skip
+    print(
+        f"wrote {stats.num_episodes} episodes ({stats.num_frames} frames) to {stats.root}; "
+        f"expert success rate {stats.success_rate:.2f} over {stats.num_attempts} attempts"
+    )
     return 0
 
 
@@ -133,8 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print a launch YAML resolved, with every default")
     p.add_argument("config", nargs="?", default=None, help="launch YAML (none: the defaults)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, as for launch (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, as for launch (repeatable)",
+    )
     p.set_defaults(func=_config)
 
     p = sub.add_parser("monitor", help="live view of a run (or one --json snapshot)")
@@ -158,11 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="std of noise on the executed action; the clean action is recorded (DART)",
     )
     p.add_argument(
-        "--overwrite", action="store_true",
+        "--overwrite",
+        action="store_true",
         help="replace an existing LeRobot dataset (never deletes any other directory)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_demos)
-    return parser  # fmt: skip
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -72,13 +72,17 @@ def find_seat(cfg: Config, node_arg: str | None, env: Mapping[str, str] = os.env
         return Seat(node=None, multi_host=False, head=head, single_node=len(nodes) == 1)
     if len(step.hosts) != len(nodes):
         names = ", ".join(n.name for n in nodes)
-        raise ConfigError(f"nodes: the Slurm allocation has {len(step.hosts)} hosts "
-                          f"({','.join(step.hosts)}) but the YAML's nodes are {len(nodes)} "
-                          f"({names}); submit with sbatch --nodes={len(nodes)}")  # fmt: skip
+        raise ConfigError(
+            f"nodes: the Slurm allocation has {len(step.hosts)} hosts "
+            f"({','.join(step.hosts)}) but the YAML's nodes are {len(nodes)} "
+            f"({names}); submit with sbatch --nodes={len(nodes)}"
+        )
     tasks = env.get("SLURM_STEP_NUM_TASKS")
     if tasks is not None and tasks != str(len(step.hosts)):
-        raise ConfigError(f"Slurm: the step runs {tasks} tasks on {len(step.hosts)} hosts; a run "
-                          "needs one launcher per node (srun --ntasks-per-node=1)")  # fmt: skip
+        raise ConfigError(
+            f"Slurm: the step runs {tasks} tasks on {len(step.hosts)} hosts; a run "
+            "needs one launcher per node (srun --ntasks-per-node=1)"
+        )
     return Seat(node=nodes[step.node_id], multi_host=True, head=head, slurm=step)
 
 
@@ -97,8 +101,9 @@ def head_address(seat: Seat) -> str | None:
         # the batch script (and its srun) runs on the first host: Slurm knows its address
         address = seat.slurm.launch_address or address
     if address is None:
-        raise netaddr.AddressError(f"head node {seat.head.name!r}: its Slurm host {name!r} "
-                                   "does not resolve")  # fmt: skip
+        raise netaddr.AddressError(
+            f"head node {seat.head.name!r}: its Slurm host {name!r} does not resolve"
+        )
     return address
 
 
@@ -118,11 +123,13 @@ def own_address(seat: Seat, head: str | None) -> str:
         host = node.host if node is not None else (seat.head.host if seat.single_node else None)
         return netaddr.resolve(host) if host else LOOPBACK
     if node.host is not None:
-        return netaddr.require_routable(node.name, netaddr.resolve(node.host),
-                                        f"nodes[].host {node.host!r}")  # fmt: skip
+        return netaddr.require_routable(
+            node.name, netaddr.resolve(node.host), f"nodes[].host {node.host!r}"
+        )
     if not seat.is_head and head is not None:
-        return netaddr.require_routable(node.name, netaddr.route_address(head),
-                                        f"the route to the head node ({head})")  # fmt: skip
+        return netaddr.require_routable(
+            node.name, netaddr.route_address(head), f"the route to the head node ({head})"
+        )
     if seat.is_head and seat.slurm is not None:
         # what the other nodes resolve the head's Slurm host name to, where that is routable
         # (on a host with several interfaces, the one its name points at)
@@ -134,11 +141,11 @@ def own_address(seat: Seat, head: str | None) -> str:
             return address
     peer = _another_slurm_host(seat)
     if peer is not None:
-        return netaddr.require_routable(node.name, netaddr.route_address(peer),
-                                        f"the route to {peer}")  # fmt: skip
+        return netaddr.require_routable(
+            node.name, netaddr.route_address(peer), f"the route to {peer}"
+        )
     name = socket.gethostname()
-    return netaddr.require_routable(node.name, netaddr.resolve(name),
-                                    f"its host name {name!r}")  # fmt: skip
+    return netaddr.require_routable(node.name, netaddr.resolve(name), f"its host name {name!r}")
 
 
 def _another_slurm_host(seat: Seat) -> str | None:

@@ -317,8 +317,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             reason = err.strerror if isinstance(err, OSError) and err.strerror else err
             raise ConfigError(f"{path}: cannot read the launch YAML ({reason})") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping (run:, roles:, ...), "
-                              f"got a {type(raw).__name__}")  # fmt: skip
+            raise ConfigError(
+                f"{path}: the top level must be a mapping (run:, roles:, ...), "
+                f"got a {type(raw).__name__}"
+            )
     for item in overrides:
         apply_override(raw, item)
     return config_from_dict(raw)
@@ -358,8 +360,10 @@ def _validate(cfg: Config) -> None:
     name = cfg.run.name
     bad_char = any(c in ":/\\" or c.isspace() or not c.isprintable() for c in name)
     if not name or name.startswith(".") or bad_char:
-        raise ConfigError(f"run.name: {name!r} must be non-empty, not start with '.', without spaces, ':' or '/' "
-                          "(it names the run dir and the run's Redis keys)")  # fmt: skip
+        raise ConfigError(
+            f"run.name: {name!r} must be non-empty, not start with '.', without spaces, ':' or '/' "
+            "(it names the run dir and the run's Redis keys)"
+        )
     _validate_nodes(cfg)
     names = sorted({n.name for n in cfg.nodes} | {n.name for n in cfg.all_nodes()})
     for role, rc in cfg.roles.items():
@@ -369,8 +373,9 @@ def _validate(cfg: Config) -> None:
         placed = [rc.node] if isinstance(rc.node, str) else (rc.node or [])
         for node in placed:
             if node not in names:
-                raise ConfigError(f"roles.{role}.node: no node or group named {node!r} "
-                                  f"(nodes: {names})")  # fmt: skip
+                raise ConfigError(
+                    f"roles.{role}.node: no node or group named {node!r} (nodes: {names})"
+                )
         if rc.cpus is not None and (not rc.cpus or any(c < 0 for c in rc.cpus)):
             raise ConfigError(f"roles.{role}.cpus: a non-empty list of CPU ids >= 0, got {rc.cpus}")
         cfg.role_settings(role)
@@ -404,21 +409,30 @@ def _validate_nodes(cfg: Config) -> None:
         raise ConfigError(f"nodes: duplicate node names in {groups}")
     for i, group in enumerate(cfg.nodes):
         if group.count > 1 and group.host is not None:
-            raise ConfigError(f"nodes[{i}].host: group {group.name!r} has {group.count} nodes, "
-                              "so one address cannot be theirs; leave host unset (each node "
-                              "finds its own) or list the nodes one by one")  # fmt: skip
+            raise ConfigError(
+                f"nodes[{i}].host: group {group.name!r} has {group.count} nodes, "
+                "so one address cannot be theirs; leave host unset (each node "
+                "finds its own) or list the nodes one by one"
+            )
         if not group.name or any(c in ":/\\" or c.isspace() for c in group.name):
-            raise ConfigError(f"nodes[{i}].name: {group.name!r} must be non-empty, without "
-                              "spaces, ':' or '/' (it names the node's Redis records)")  # fmt: skip
+            raise ConfigError(
+                f"nodes[{i}].name: {group.name!r} must be non-empty, without "
+                "spaces, ':' or '/' (it names the node's Redis records)"
+            )
     expanded = [n.name for n in cfg.all_nodes()]
-    clash = sorted({n for n in expanded if expanded.count(n) > 1} | (set(expanded) & (
-        set(groups) - {g.name for g in cfg.nodes if g.count == 1})))
+    clash = sorted(
+        {n for n in expanded if expanded.count(n) > 1}
+        | (set(expanded) & (set(groups) - {g.name for g in cfg.nodes if g.count == 1}))
+    )
     if clash:
-        raise ConfigError(f"nodes: the name {clash[0]!r} is used twice (a group of N nodes "
-                          "names them NAME-0 .. NAME-(N-1))")  # fmt: skip
+        raise ConfigError(
+            f"nodes: the name {clash[0]!r} is used twice (a group of N nodes "
+            "names them NAME-0 .. NAME-(N-1))"
+        )
     if cfg.run.head is not None:
         try:
             node_groups.members(cfg.all_nodes(), cfg.run.head)
         except KeyError:
-            raise ConfigError(f"run.head: no node or group named {cfg.run.head!r} "
-                              f"(nodes: {', '.join(expanded)})") from None
+            raise ConfigError(
+                f"run.head: no node or group named {cfg.run.head!r} (nodes: {', '.join(expanded)})"
+            ) from None

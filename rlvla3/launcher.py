@@ -79,8 +79,10 @@ class Launcher:
     def _check_roles(self) -> None:
         """A run needs roles, and a node other than the head needs some of its own."""
         if sum(rc.count for rc in self.cfg.roles.values()) == 0:
-            raise ConfigError("roles: no role processes to start in this config (a run "
-                              "needs roles: see launch/cartpole.yaml)")  # fmt: skip
+            raise ConfigError(
+                "roles: no role processes to start in this config (a run "
+                "needs roles: see launch/cartpole.yaml)"
+            )
         mine = set(self._my_nodes())
         placed = {n for role in self.cfg.roles for n in self.cfg.placement(role)}
         if not self.seat.is_head and not placed & mine:
@@ -104,13 +106,17 @@ class Launcher:
     # --- joining -------------------------------------------------------------------------------
     def _run_as_head(self) -> int:
         self.address = own_address(self.seat, None)
-        secret = (run_secret.from_env() or run_secret.new_secret()) if self.seat.multi_host else None
+        secret = (
+            (run_secret.from_env() or run_secret.new_secret()) if self.seat.multi_host else None
+        )
         self._prepare_run_dir(secret)
         launch_id = uuid.uuid4().hex
         with head_store(self.cfg, self.seat, self.address, secret) as store:
             if self.cfg.run.redis_url is None:
-                self.echo(f"started the run's redis-server at {store.url}"
-                          + (" (AUTH with the run secret)" if secret else ""))  # fmt: skip
+                self.echo(
+                    f"started the run's redis-server at {store.url}"
+                    + (" (AUTH with the run secret)" if secret else "")
+                )
             write_run_info(self.run_dir, self.cfg, self.seat, store, launch_id, os.getpid())
             self.registry = store.registry(self.cfg.run.name)
             self.registry.clear_run()
@@ -120,8 +126,9 @@ class Launcher:
 
     def _run_as_member(self) -> int:
         try:
-            joined = find_head_store(self.cfg, self.seat, self.run_dir,
-                                     self.stop_requested, self.echo)  # fmt: skip
+            joined = find_head_store(
+                self.cfg, self.seat, self.run_dir, self.stop_requested, self.echo
+            )
         except InterruptedError:
             return 130
         except JoinError as err:
@@ -143,8 +150,9 @@ class Launcher:
         if info is not None:
             self.echo(f"node {self.seat.label}: {_move_aside(self.run_dir)}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_info(self.run_dir, self.cfg, self.seat, joined.store, joined.launch_id,
-                       os.getpid())  # fmt: skip
+        write_run_info(
+            self.run_dir, self.cfg, self.seat, joined.store, joined.launch_id, os.getpid()
+        )
         (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
 
     def _prepare_run_dir(self, secret: str | None) -> None:
@@ -161,8 +169,13 @@ class Launcher:
     def _run_roles(self, store: RunStore, secret: str | None) -> int:
         started = time.monotonic()
         interface = netaddr.interface_of(self.address) if self.seat.multi_host else None
-        ctx = SpawnContext(config_path=self.run_dir / "config.yaml", run_dir=self.run_dir,
-                           address=self.address, secret=secret, nccl_interface=interface)  # fmt: skip
+        ctx = SpawnContext(
+            config_path=self.run_dir / "config.yaml",
+            run_dir=self.run_dir,
+            address=self.address,
+            secret=secret,
+            nccl_interface=interface,
+        )
         reason, code, redis_lost = "launcher failed", 1, False
         try:
             self._beat("running")
@@ -217,8 +230,10 @@ class Launcher:
                 proc = RoleProcess(role=role, index=index, node=node, log_path=log_path)
                 self.procs.append(proc)
                 spawn(proc, ctx)
-        self.echo(f"{self._who()}started {len(self.procs)} role processes (address "
-                  f"{self.address}); logs in {self.run_dir / 'logs'}")  # fmt: skip
+        self.echo(
+            f"{self._who()}started {len(self.procs)} role processes (address "
+            f"{self.address}); logs in {self.run_dir / 'logs'}"
+        )
 
     def _supervise(self, ctx: SpawnContext, started: float) -> str:
         """The head's loop: restart crashed roles, check the stop rules, print progress."""
@@ -262,20 +277,27 @@ class Launcher:
                 pass  # a network outage: ride it out up to run.head_timeout_s
             lost_s = now - last_contact
             if lost_s >= self.cfg.run.head_timeout_s:
-                return (f"lost the head node {self.seat.head.name!r} for {lost_s:.0f}s "
-                        "(run.head_timeout_s)", 1)  # fmt: skip
+                return (
+                    f"lost the head node {self.seat.head.name!r} for {lost_s:.0f}s "
+                    "(run.head_timeout_s)",
+                    1,
+                )
             if now >= next_progress:
                 alive = sum(p.popen is not None and p.popen.poll() is None for p in self.procs)
                 head = "reachable" if lost_s < 2 * _TICK_S + 1 else f"unreachable for {lost_s:.0f}s"
-                self.echo(f"[{now - started:5.0f}s] node {self.seat.label}: {alive}/"
-                          f"{len(self.procs)} roles running, restarts={self._restarts()}, "
-                          f"head {self.seat.head.name} {head}")  # fmt: skip
+                self.echo(
+                    f"[{now - started:5.0f}s] node {self.seat.label}: {alive}/"
+                    f"{len(self.procs)} roles running, restarts={self._restarts()}, "
+                    f"head {self.seat.head.name} {head}"
+                )
                 next_progress = now + self.cfg.run.progress_interval_s
         return _STOPPED_BY_SIGNAL, 130
 
     def _head_alive(self) -> bool:
-        return any(rec.node == self.seat.head.name and rec.alive and rec.status in _BUSY
-                   for rec in self.registry.launchers())  # fmt: skip
+        return any(
+            rec.node == self.seat.head.name and rec.alive and rec.status in _BUSY
+            for rec in self.registry.launchers()
+        )
 
     def _tend_processes(self, ctx: SpawnContext, now: float) -> str | None:
         for proc in self.procs:
@@ -337,14 +359,19 @@ class Launcher:
         """This node's launcher heartbeat in a multi-host run (at most once a second while the
         status stays the same)."""
         now = time.monotonic()
-        if not self.seat.multi_host or (status in ("running", "stopping")
-                                        and now < self._next_beat):  # fmt: skip
+        if not self.seat.multi_host or (
+            status in ("running", "stopping") and now < self._next_beat
+        ):
             return
         self._next_beat = now + 1.0
         self.registry.launcher_heartbeat(
-            self.seat.label, ttl_s=self.cfg.run.heartbeat_ttl_s, status=status,
-            address=self.address, hostname=socket.gethostname(), pid=os.getpid(),
-        )  # fmt: skip
+            self.seat.label,
+            ttl_s=self.cfg.run.heartbeat_ttl_s,
+            status=status,
+            address=self.address,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+        )
 
     def _try(self, action: Callable[..., object], *args: object) -> None:
         """Run a Redis bookkeeping ``action(*args)``; an unreachable Redis only skips it."""
@@ -369,15 +396,20 @@ class Launcher:
             r for r in local if r not in STOP_ORDER
         ]
         for role in stages:
-            stop_group(local.get(role, []), timeout_s, self.kill_requested,
-                       on_tick=lambda: self._try(lambda: self._beat("stopping")))  # fmt: skip
+            stop_group(
+                local.get(role, []),
+                timeout_s,
+                self.kill_requested,
+                on_tick=lambda: self._try(lambda: self._beat("stopping")),
+            )
             if self.seat.multi_host:
                 self._wait_remote(role, time.monotonic() + timeout_s)
 
     def _wait_remote(self, role: str, deadline: float) -> None:
         def busy() -> bool:
-            return any(r.role == role and r.alive and r.status in _BUSY
-                       for r in self.registry.roles())  # fmt: skip
+            return any(
+                r.role == role and r.alive and r.status in _BUSY for r in self.registry.roles()
+            )
 
         try:
             # another host's processes: only Redis tells when they have ended
@@ -393,8 +425,11 @@ class Launcher:
         deadline = time.monotonic() + self.cfg.run.stop_timeout_s
 
         def members_busy() -> list[str]:
-            return [r.node for r in self.registry.launchers()
-                    if r.node != self.seat.label and r.alive and r.status in _BUSY]  # fmt: skip
+            return [
+                r.node
+                for r in self.registry.launchers()
+                if r.node != self.seat.label and r.alive and r.status in _BUSY
+            ]
 
         try:
             while members_busy() and time.monotonic() < deadline:
@@ -414,8 +449,14 @@ class Launcher:
 
 def _write_partial_report(run_dir: Path, cfg: Config, wall_s: float, reason: str) -> None:
     """``summary.json`` when the run's Redis is gone (counters and curves lived there)."""
-    summary = {"run_id": cfg.run.name, "mode": cfg.run.mode, "wall_s": round(wall_s, 2),
-               "stop_reason": reason, "solved": False, "complete": False}  # fmt: skip
+    summary = {
+        "run_id": cfg.run.name,
+        "mode": cfg.run.mode,
+        "wall_s": round(wall_s, 2),
+        "stop_reason": reason,
+        "solved": False,
+        "complete": False,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -437,15 +478,21 @@ def launch(
     """
     cfg = load_config(config_path, overrides)
     seat = find_seat(cfg, node)
-    if seat.node is not None and cfg.policy.init_launch and not find_checkpoint(
-        cfg.policy.init_checkpoint or ""
+    if (
+        seat.node is not None
+        and cfg.policy.init_launch
+        and not find_checkpoint(cfg.policy.init_checkpoint or "")
     ):
-        raise ConfigError(f"policy.init_launch: a multi-node launch does not run the first stage; "
-                          f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
-                          f"{cfg.policy.init_checkpoint})")  # fmt: skip
+        raise ConfigError(
+            f"policy.init_launch: a multi-node launch does not run the first stage; "
+            f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
+            f"{cfg.policy.init_checkpoint})"
+        )
     if seat.multi_host and not security.available():
-        raise ConfigError("this pyzmq's libzmq has no CURVE, which a multi-node run needs "
-                          "(pip install --force-reinstall pyzmq)")  # fmt: skip
+        raise ConfigError(
+            "this pyzmq's libzmq has no CURVE, which a multi-node run needs "
+            "(pip install --force-reinstall pyzmq)"
+        )
     if seat.node is None and cfg.policy.init_launch:
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
@@ -455,14 +502,18 @@ def launch(
         and cfg.policy.init_checkpoint
         and not find_checkpoint(cfg.policy.init_checkpoint)
     ):  # (a --node launcher may start while the head still writes it, or hold no trainer)
-        raise ConfigError(f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
-                          "(a run dir with checkpoints/, or a .pt file)")  # fmt: skip
+        raise ConfigError(
+            f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
+            "(a run dir with checkpoints/, or a .pt file)"
+        )
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
     launcher = Launcher(cfg, run_dir, seat, echo=echo)  # checks the placement first
     if seat.multi_host:
-        echo(f"node {seat.label} of {len(cfg.all_nodes())} "
-             f"({'head' if seat.is_head else f'head: {seat.head.name}'})"
-             + (f", Slurm job {seat.slurm.job_id}" if seat.slurm else ""))  # fmt: skip
+        echo(
+            f"node {seat.label} of {len(cfg.all_nodes())} "
+            f"({'head' if seat.is_head else f'head: {seat.head.name}'})"
+            + (f", Slurm job {seat.slurm.job_id}" if seat.slurm else "")
+        )
     elif len(cfg.all_nodes()) > 1:
         echo(f"running all {len(cfg.all_nodes())} nodes' roles on this host (loopback)")
     if not resume and seat.is_head and (run_dir / "run.json").exists():

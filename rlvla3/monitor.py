@@ -22,8 +22,17 @@ from rich.table import Table
 from rlvla3.registry import LauncherRecord, Registry, RoleRecord
 
 # Gauges each role publishes that the table shows first, in this order.
-_KEY_GAUGES = ("steps_per_s", "requests_per_s", "batch_fill", "chunks_queued", "queue_wait_ms",
-               "staleness", "policy_version", "updates", "bad_frames")  # fmt: skip
+_KEY_GAUGES = (
+    "steps_per_s",
+    "requests_per_s",
+    "batch_fill",
+    "chunks_queued",
+    "queue_wait_ms",
+    "staleness",
+    "policy_version",
+    "updates",
+    "bad_frames",
+)
 
 
 class RunNotFound(RuntimeError):
@@ -79,15 +88,17 @@ def node_totals(roles: list[RoleRecord], launchers: list[LauncherRecord]) -> lis
     for name in names:
         mine = [r for r in roles if r.node == name]
         rec = launcher.get(name)
-        totals.append({
-            "node": name,
-            "launcher": (rec.status if rec.alive else "LOST") if rec else "-",
-            "address": rec.address if rec else (mine[0].host if mine else ""),
-            "roles_alive": sum(r.alive for r in mine),
-            "roles": len(mine),
-            "steps_per_s": sum(r.stats.get("steps_per_s", 0.0) for r in mine if r.alive),
-            "requests_per_s": sum(r.stats.get("requests_per_s", 0.0) for r in mine if r.alive),
-        })  # fmt: skip
+        totals.append(
+            {
+                "node": name,
+                "launcher": (rec.status if rec.alive else "LOST") if rec else "-",
+                "address": rec.address if rec else (mine[0].host if mine else ""),
+                "roles_alive": sum(r.alive for r in mine),
+                "roles": len(mine),
+                "steps_per_s": sum(r.stats.get("steps_per_s", 0.0) for r in mine if r.alive),
+                "requests_per_s": sum(r.stats.get("requests_per_s", 0.0) for r in mine if r.alive),
+            }
+        )
     return totals
 
 
@@ -101,17 +112,27 @@ def render(snap: dict[str, Any]) -> Group:
         status = r["status"] if r["alive"] or r["status"] in ("done", "error") else "LOST"
         style = {"running": "green", "error": "red", "LOST": "red"}.get(status, "yellow")
         table.add_row(
-            f"{r['role']}/{r['index']}", r["node"], str(r["pid"]), f"[{style}]{status}[/]",
-            f"{r['heartbeat_age_s']:.1f}s ago", str(r["restarts"]), _gauges(r["stats"]),
-        )  # fmt: skip
+            f"{r['role']}/{r['index']}",
+            r["node"],
+            str(r["pid"]),
+            f"[{style}]{status}[/]",
+            f"{r['heartbeat_age_s']:.1f}s ago",
+            str(r["restarts"]),
+            _gauges(r["stats"]),
+        )
     nodes = Table(expand=True)
     for col in ("node", "address", "launcher", "roles alive", "env steps/s", "requests/s"):
         nodes.add_column(col)
     for n in snap.get("nodes", []):
         style = {"running": "green", "LOST": "red", "error": "red"}.get(n["launcher"], "yellow")
-        nodes.add_row(n["node"], n["address"], f"[{style}]{n['launcher']}[/]",
-                      f"{n['roles_alive']}/{n['roles']}", f"{n['steps_per_s']:.0f}",
-                      f"{n['requests_per_s']:.0f}")  # fmt: skip
+        nodes.add_row(
+            n["node"],
+            n["address"],
+            f"[{style}]{n['launcher']}[/]",
+            f"{n['roles_alive']}/{n['roles']}",
+            f"{n['steps_per_s']:.0f}",
+            f"{n['requests_per_s']:.0f}",
+        )
     c = snap["counters"]
     mean = snap["mean_return_last_20"]
     line = (

@@ -57,8 +57,10 @@ def require_routable(node: str, address: str, how: str) -> str:
     """``address`` if other hosts can reach it; else an error naming ``node`` and ``how`` the
     address was found."""
     if is_loopback(address) or ipaddress.ip_address(address).is_unspecified:
-        raise AddressError(f"node {node!r}: {how} gives {address}, which other nodes cannot "
-                           "reach; set nodes[].host to its address on the cluster network")  # fmt: skip
+        raise AddressError(
+            f"node {node!r}: {how} gives {address}, which other nodes cannot "
+            "reach; set nodes[].host to its address on the cluster network"
+        )
     return address
 
 
@@ -67,8 +69,9 @@ def interface_of(address: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _, name in socket.if_nameindex():
             try:
-                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
-                                     struct.pack("256s", name.encode()[:15]))  # fmt: skip
+                packed = fcntl.ioctl(
+                    sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15])
+                )
             except OSError:  # no IPv4 address on this interface
                 continue
             if socket.inet_ntoa(packed[20:24]) == address:

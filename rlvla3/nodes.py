@@ -48,8 +48,15 @@ def expand(groups: Sequence[NodeGroup]) -> list[Node]:
     for group in groups:
         for i in range(group.count):
             name = group.name if group.count == 1 else f"{group.name}-{i}"
-            nodes.append(Node(name=name, group=group.name, rank=len(nodes), host=group.host,
-                              devices=tuple(group.devices)))  # fmt: skip
+            nodes.append(
+                Node(
+                    name=name,
+                    group=group.name,
+                    rank=len(nodes),
+                    host=group.host,
+                    devices=tuple(group.devices),
+                )
+            )
     return nodes
 
 

@@ -67,9 +67,21 @@ class SpawnContext:
 
 def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
     """Start (or restart) ``proc``; its output is appended to its log."""
-    args = [sys.executable, "-m", f"roles.{proc.role}", "--config", str(ctx.config_path),
-            "--index", str(proc.index), "--node", proc.node, "--run-dir", str(ctx.run_dir),
-            "--address", ctx.address]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        f"roles.{proc.role}",
+        "--config",
+        str(ctx.config_path),
+        "--index",
+        str(proc.index),
+        "--node",
+        proc.node,
+        "--run-dir",
+        str(ctx.run_dir),
+        "--address",
+        ctx.address,
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env.pop(run_secret.SECRET_ENV, None)  # a one-host run's roles must not switch CURVE on
@@ -90,9 +102,11 @@ def running(procs: list[RoleProcess]) -> list[RoleProcess]:
 
 
 def stop_group(
-    group: list[subprocess.Popen], timeout_s: float, kill_now: threading.Event,
+    group: list[subprocess.Popen],
+    timeout_s: float,
+    kill_now: threading.Event,
     on_tick: Callable[[], None] = lambda: None,
-) -> None:  # fmt: skip
+) -> None:
     """SIGTERM every process of ``group``, wait up to ``timeout_s`` (or until ``kill_now``),
     then SIGKILL what is left. ``on_tick`` runs while waiting (the launcher's heartbeat)."""
     for popen in group:

@@ -23,8 +23,7 @@ _LIBRARIES = ("torch", "numpy", "pyzmq", "msgspec", "redis", "gymnasium", "mani-
 
 def _git(*args: str) -> str:
     try:
-        done = subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True,
-                              timeout=10)  # fmt: skip
+        done = subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
@@ -79,7 +78,10 @@ def write_result(
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": benchmark, "provenance": stamp(),
-           "settings": {k: v for k, v in settings.items() if k != "json"},
-           "results": results}  # fmt: skip
+    doc = {
+        "benchmark": benchmark,
+        "provenance": stamp(),
+        "settings": {k: v for k, v in settings.items() if k != "json"},
+        "results": results,
+    }
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")

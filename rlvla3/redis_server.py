@@ -59,9 +59,14 @@ class EmbeddedRedis:
     """
 
     def __init__(
-        self, binary: str | None = None, start_timeout_s: float = 10.0, *,
-        host: str | None = None, port: int = 0, password: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        binary: str | None = None,
+        start_timeout_s: float = 10.0,
+        *,
+        host: str | None = None,
+        port: int = 0,
+        password: str | None = None,
+    ) -> None:
         self.binary = binary or find_redis_server()
         self.start_timeout_s = start_timeout_s
         self.host, self.port, self.password = host, port, password

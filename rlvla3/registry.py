@@ -83,8 +83,11 @@ class Registry:
     def __init__(self, url: str, run_id: str, password: str | None = None) -> None:
         self.url = url
         self.run_id = run_id
-        options: dict[str, Any] = {"decode_responses": True, "socket_timeout": 10,
-                                   "socket_connect_timeout": 5}  # fmt: skip
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+        }
         if not url.startswith("unix:"):  # a dead peer host is noticed, not waited on forever
             options["socket_keepalive"] = True
         if password is not None:
@@ -98,9 +101,17 @@ class Registry:
         self.redis.sadd(keys.roles_index(self.run_id), keys.role_id(role, index))
         self.redis.hset(
             key,
-            mapping={"role": role, "index": index, "node": node, "host": host, "pid": pid,
-                     "status": "starting", "endpoints": "{}", "heartbeat_at": time.time()},
-        )  # fmt: skip
+            mapping={
+                "role": role,
+                "index": index,
+                "node": node,
+                "host": host,
+                "pid": pid,
+                "status": "starting",
+                "endpoints": "{}",
+                "heartbeat_at": time.time(),
+            },
+        )
         self.redis.hsetnx(key, "restarts", 0)
 
     def heartbeat(self, role: str, index: int, ttl_s: float, stats: dict[str, float]) -> None:
@@ -171,13 +182,18 @@ class Registry:
         if not raw:
             return None
         return RoleRecord(
-            role=role, index=index, node=raw.get("node", ""), host=raw.get("host", ""),
-            pid=int(raw.get("pid", 0)), status=raw.get("status", "?"),
+            role=role,
+            index=index,
+            node=raw.get("node", ""),
+            host=raw.get("host", ""),
+            pid=int(raw.get("pid", 0)),
+            status=raw.get("status", "?"),
             endpoints=json.loads(raw.get("endpoints") or "{}"),
             restarts=int(raw.get("restarts", 0)),
             heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
-            alive=bool(alive), stats={k: float(v) for k, v in stats.items()},
-        )  # fmt: skip
+            alive=bool(alive),
+            stats={k: float(v) for k, v in stats.items()},
+        )
 
     # --- counters -----------------------------------------------------------------------------
     def incr(self, name: str, amount: int = 1) -> int:
@@ -201,9 +217,10 @@ class Registry:
         lost); what the env workers' back-pressure (``max_chunks_queued``) bounds."""
         c = self.counters()
         return (
-            c.get("chunks_produced", 0) - c.get("chunks_received", 0)
+            c.get("chunks_produced", 0)
+            - c.get("chunks_received", 0)
             - c.get("chunks_written_off", 0)
-        )  # fmt: skip
+        )
 
     # --- weights, config, stop requests, curves -------------------------------------------------
     def set_weight_version(self, version: int) -> None:
@@ -250,9 +267,16 @@ class Registry:
         """Record a node's launcher and refresh its TTL key."""
         pipe = self.redis.pipeline()
         pipe.sadd(keys.launchers_index(self.run_id), node)
-        pipe.hset(keys.launcher_record(self.run_id, node),
-                  mapping={"status": status, "address": address, "hostname": hostname,
-                           "pid": pid, "heartbeat_at": time.time()})  # fmt: skip
+        pipe.hset(
+            keys.launcher_record(self.run_id, node),
+            mapping={
+                "status": status,
+                "address": address,
+                "hostname": hostname,
+                "pid": pid,
+                "heartbeat_at": time.time(),
+            },
+        )
         pipe.set(keys.launcher_alive(self.run_id, node), 1, px=int(ttl_s * 1000))
         pipe.execute()
 
@@ -266,12 +290,17 @@ class Registry:
             pipe.exists(keys.launcher_alive(self.run_id, node))
             raw, alive = pipe.execute()
             if raw:
-                records.append(LauncherRecord(
-                    node=node, status=raw.get("status", "?"), address=raw.get("address", ""),
-                    hostname=raw.get("hostname", ""), pid=int(raw.get("pid", 0)),
-                    heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
-                    alive=bool(alive),
-                ))  # fmt: skip
+                records.append(
+                    LauncherRecord(
+                        node=node,
+                        status=raw.get("status", "?"),
+                        address=raw.get("address", ""),
+                        hostname=raw.get("hostname", ""),
+                        pid=int(raw.get("pid", 0)),
+                        heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
+                        alive=bool(alive),
+                    )
+                )
         return records
 
     def end_run(self, reason: str, code: int) -> None:

@@ -46,9 +46,13 @@ class Cluster:
         self.prefix = f"rt{uuid.uuid4().hex[:4]}"  # interface names stay within 15 characters
         self.net = "10.77.0"
         self.nodes = nodes
-        self.env = dict(os.environ, RLVLA3_CLUSTER_PREFIX=self.prefix,
-                        RLVLA3_CLUSTER_DIR=str(state_dir), RLVLA3_CLUSTER_NODES=str(nodes),
-                        RLVLA3_CLUSTER_NET=self.net)  # fmt: skip
+        self.env = dict(
+            os.environ,
+            RLVLA3_CLUSTER_PREFIX=self.prefix,
+            RLVLA3_CLUSTER_DIR=str(state_dir),
+            RLVLA3_CLUSTER_NODES=str(nodes),
+            RLVLA3_CLUSTER_NET=self.net,
+        )
         self.env.pop("RLVLA3_RUN_SECRET", None)
         self.state_dir = state_dir
         self.slurm = slurm
@@ -66,16 +70,23 @@ class Cluster:
         self._sh("down", check=False)
 
     def _sh(self, *args: str, check: bool = True, timeout: float = 120) -> str:
-        done = subprocess.run([str(CLUSTER_SH), *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            [str(CLUSTER_SH), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and done.returncode != 0:
             raise RuntimeError(f"cluster.sh {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
         return done.stdout
 
     def sbatch(self, *args: str) -> int:
         """Submit from the repository root; returns the job id."""
-        out = subprocess.run([str(CLUSTER_SH), "sbatch", "--parsable", *args], env=self.env,
-                             capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+        out = subprocess.run(
+            [str(CLUSTER_SH), "sbatch", "--parsable", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed: {out.stderr}")
         return int(out.stdout.strip().split(";")[0])
@@ -88,8 +99,14 @@ class Cluster:
     def job_done(self, job_id: int) -> dict[str, str] | None:
         """The job's fields once it has ended, else None."""
         fields = self.job(job_id)
-        ended = fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                            "NODE_FAIL", "OUT_OF_MEMORY")  # fmt: skip
+        ended = fields.get("JobState") in (
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+        )
         return fields if ended else None
 
     def exec(
@@ -97,8 +114,12 @@ class Cluster:
     ) -> subprocess.Popen:
         """Start ``cmd`` on node ``node`` (1-based) from the repository root, with ``env``
         added to the environment."""
-        return subprocess.Popen([str(CLUSTER_SH), "exec", f"node{node}", *cmd],
-                                env={**self.env, **(env or {})}, cwd=REPO, **popen)  # fmt: skip
+        return subprocess.Popen(
+            [str(CLUSTER_SH), "exec", f"node{node}", *cmd],
+            env={**self.env, **(env or {})},
+            cwd=REPO,
+            **popen,
+        )
 
     def run(self, node: int, *cmd: str, timeout: float = 60) -> str:
         """Run ``cmd`` on node ``node``; its stdout."""
@@ -110,8 +131,11 @@ class Cluster:
 
     def monitor(self, node: int, run_dir: Path) -> dict:
         """``rlvla3 monitor --json`` run on node ``node``."""
-        return json.loads(self.run(node, sys.executable, "-m", "rlvla3.cli", "monitor",
-                                   "--json", "--run", str(run_dir)))  # fmt: skip
+        return json.loads(
+            self.run(
+                node, sys.executable, "-m", "rlvla3.cli", "monitor", "--json", "--run", str(run_dir)
+            )
+        )
 
     def cut(self, node: int) -> None:
         """Take node ``node``'s link down (its processes go on, unreachable)."""
@@ -123,8 +147,9 @@ class Cluster:
 
     def processes(self, node: int) -> list[str]:
         """``pid command`` of every process in node ``node``'s namespace."""
-        pids = subprocess.run(["ip", "netns", "pids", f"{self.prefix}-node{node}"],
-                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        pids = subprocess.run(
+            ["ip", "netns", "pids", f"{self.prefix}-node{node}"], capture_output=True, text=True
+        ).stdout.split()
         found = []
         for pid in pids:
             try:

@@ -85,9 +85,12 @@ def head_store(cfg: Config, seat: Seat, address: str, secret: str | None) -> Ite
 
 
 def find_head_store(
-    cfg: Config, seat: Seat, run_dir: Path, stop: threading.Event,
+    cfg: Config,
+    seat: Seat,
+    run_dir: Path,
+    stop: threading.Event,
     echo: Callable[[str], None],
-) -> Joined:  # fmt: skip
+) -> Joined:
     """Wait for the head's Redis and launch mark.
 
     Raises:
@@ -97,8 +100,10 @@ def find_head_store(
     deadline = time.monotonic() + cfg.run.join_timeout_s
     since = time.time() - _HEAD_GRACE_S
     head = head_address(seat)
-    echo(f"node {seat.label}: waiting for head node {seat.head.name!r} "
-         f"({head or 'address from the run dir'}) to start run {cfg.run.name!r}")  # fmt: skip
+    echo(
+        f"node {seat.label}: waiting for head node {seat.head.name!r} "
+        f"({head or 'address from the run dir'}) to start run {cfg.run.name!r}"
+    )
     last_problem = "nothing tried yet"
     while True:
         try:
@@ -111,9 +116,11 @@ def find_head_store(
                 private = cfg.run.redis_url is None
                 if registry.launched_since(0 if private else since):
                     if secret is None:
-                        raise JoinError(f"node {seat.label}: found the head's Redis but no "
-                                        f"run secret ({run_secret.SECRET_ENV} or "
-                                        f"{run_dir / run_secret.SECRET_FILE})")  # fmt: skip
+                        raise JoinError(
+                            f"node {seat.label}: found the head's Redis but no "
+                            f"run secret ({run_secret.SECRET_ENV} or "
+                            f"{run_dir / run_secret.SECRET_FILE})"
+                        )
                     return Joined(store, secret, registry.launch_id() or "")
                 last_problem = f"{store.url} answers, but the head has not started the run yet"
             except redis.AuthenticationError:
@@ -123,11 +130,15 @@ def find_head_store(
             finally:
                 registry.close()
         if secret is None:
-            last_problem = (f"no run secret yet ({run_secret.SECRET_ENV}, or "
-                            f"{run_dir / run_secret.SECRET_FILE} from the head)")  # fmt: skip
+            last_problem = (
+                f"no run secret yet ({run_secret.SECRET_ENV}, or "
+                f"{run_dir / run_secret.SECRET_FILE} from the head)"
+            )
         if time.monotonic() > deadline:
-            raise JoinError(f"node {seat.label}: head node {seat.head.name!r} not reached within "
-                            f"run.join_timeout_s={cfg.run.join_timeout_s:g}s ({last_problem})")  # fmt: skip
+            raise JoinError(
+                f"node {seat.label}: head node {seat.head.name!r} not reached within "
+                f"run.join_timeout_s={cfg.run.join_timeout_s:g}s ({last_problem})"
+            )
         if stop.wait(_RETRY_S):
             raise InterruptedError("stopped while waiting for the head node")
 
@@ -150,15 +161,24 @@ def _candidates(
 
 
 def write_run_info(
-    run_dir: Path, cfg: Config, seat: Seat, store: RunStore, launch_id: str,
+    run_dir: Path,
+    cfg: Config,
+    seat: Seat,
+    store: RunStore,
+    launch_id: str,
     launcher_pid: int | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """``RUN_DIR/run.json``: how to reach the run's Redis (the same on every node)."""
-    info = {"run_id": cfg.run.name, "redis_url": store.url,
-            "redis_auth": store.password is not None, "launch_id": launch_id,
-            "head": seat.head.name if seat.multi_host else None,
-            "node": seat.node.name if seat.node is not None else None,
-            "launcher_pid": launcher_pid, "started_at": time.time()}  # fmt: skip
+    info = {
+        "run_id": cfg.run.name,
+        "redis_url": store.url,
+        "redis_auth": store.password is not None,
+        "launch_id": launch_id,
+        "head": seat.head.name if seat.multi_host else None,
+        "node": seat.node.name if seat.node is not None else None,
+        "launcher_pid": launcher_pid,
+        "started_at": time.time(),
+    }
     _write_atomic(run_dir / "run.json", json.dumps(info, indent=2) + "\n")
 
 
@@ -174,8 +194,13 @@ def read_run_info(run_dir: Path) -> dict | None:
 def write_node_info(run_dir: Path, seat: Seat, address: str) -> None:
     """``RUN_DIR/nodes/NODE.json``: this node's launcher (address, host name, pid)."""
     (run_dir / "nodes").mkdir(exist_ok=True)
-    info = {"node": seat.label, "address": address, "hostname": socket.gethostname(),
-            "launcher_pid": os.getpid(), "started_at": time.time()}  # fmt: skip
+    info = {
+        "node": seat.label,
+        "address": address,
+        "hostname": socket.gethostname(),
+        "launcher_pid": os.getpid(),
+        "started_at": time.time(),
+    }
     _write_atomic(run_dir / "nodes" / f"{seat.label}.json", json.dumps(info, indent=2) + "\n")
 
 

@@ -82,9 +82,15 @@ class Role(abc.ABC):
     name: ClassVar[str]
 
     def __init__(
-        self, cfg: Config, index: int, *, node: str, run_dir: Path, address: str | None = None,
+        self,
+        cfg: Config,
+        index: int,
+        *,
+        node: str,
+        run_dir: Path,
+        address: str | None = None,
         redis_password: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         self.index = index
         self.node = cfg.node(node)
@@ -135,15 +141,18 @@ class Role(abc.ABC):
     def gauge(self, name: str, value: float) -> None:
         """Set a gauge shown by the monitor (one of ``rlvla3.metric_names.GAUGES``)."""
         if name not in GAUGES:
-            raise KeyError(f"gauge {name!r}: not in rlvla3/metric_names.py (add it with its meaning)")
+            raise KeyError(
+                f"gauge {name!r}: not in rlvla3/metric_names.py (add it with its meaning)"
+            )
         self._gauges[name] = float(value)
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add to a run-wide Redis counter (one of ``rlvla3.metric_names.COUNTERS``; batched,
         flushed every 0.5 s and at exit)."""
         if name not in COUNTERS:
-            raise KeyError(f"counter {name!r}: not in rlvla3/metric_names.py (add it with its "
-                           "meaning)")  # fmt: skip
+            raise KeyError(
+                f"counter {name!r}: not in rlvla3/metric_names.py (add it with its meaning)"
+            )
         with self._pending_lock:
             self._pending[name] += amount
         self._gauges[name] = self._gauges.get(name, 0.0) + amount
@@ -185,16 +194,22 @@ class Role(abc.ABC):
             return found[0] if found else None
 
         self.wait_for_endpoints("weight_broadcaster", "updates")
-        return self.own(WeightPublisher(module, broadcaster, version,
-                                        announce=self.registry.set_trained_version))  # fmt: skip
+        return self.own(
+            WeightPublisher(
+                module, broadcaster, version, announce=self.registry.set_trained_version
+            )
+        )
 
     def publish_weights(self, publisher: Any, module: Any) -> int:
         """Publish ``module``'s weights as the next version; returns it."""
         version = publisher.publish(module)
         self.gauge("policy_version", version)
         if not publisher.last_sent:
-            self.drop("weights_unsent", f"weights v{version}: the weight broadcaster took nothing "
-                      "for a second (busy, down or restarting); publishing again shortly")  # fmt: skip
+            self.drop(
+                "weights_unsent",
+                f"weights v{version}: the weight broadcaster took nothing "
+                "for a second (busy, down or restarting); publishing again shortly",
+            )
         return version
 
     def wait_for_endpoints(
@@ -274,11 +289,15 @@ class Role(abc.ABC):
             raise RuntimeError(f"the run's Redis refused the run secret: {err}") from err
         now = time.monotonic()
         if self._mark_redis_lost(now):
-            self.log.warning("Redis unreachable (%s); riding it out for up to %.0fs", err,
-                             self.cfg.run.head_timeout_s)  # fmt: skip
+            self.log.warning(
+                "Redis unreachable (%s); riding it out for up to %.0fs",
+                err,
+                self.cfg.run.head_timeout_s,
+            )
         if self._redis_gone_for_good():
-            raise RuntimeError(f"Redis unreachable for {self._redis_outage_s():.0f}s "
-                               "(run.head_timeout_s)") from err  # fmt: skip
+            raise RuntimeError(
+                f"Redis unreachable for {self._redis_outage_s():.0f}s (run.head_timeout_s)"
+            ) from err
         self.stop_event.wait(_OUTAGE_RETRY_S)
 
     def _mark_redis_lost(self, now: float) -> bool:
@@ -323,15 +342,15 @@ class Role(abc.ABC):
                 if now - last_success > ttl:
                     # beats failed, or hung on a dead link until it came back: either way the
                     # role was shown LOST meanwhile, and is back now
-                    self.log.info("Redis reachable again after %.0fs: rejoined the run",
-                                  now - last_success)  # fmt: skip
+                    self.log.info(
+                        "Redis reachable again after %.0fs: rejoined the run", now - last_success
+                    )
                 last_success = now
             except Exception as err:  # an outage: ride it out up to run.head_timeout_s
                 if self._mark_redis_lost(last_beat):
                     self.log.warning("heartbeat failed: %s", err)
                 if self._redis_gone_for_good():
-                    self.log.error("Redis unreachable for %.0fs: stopping",
-                                   self._redis_outage_s())  # fmt: skip
+                    self.log.error("Redis unreachable for %.0fs: stopping", self._redis_outage_s())
                     self.stop_event.set()
 
     def _flush_counters(self) -> None:
@@ -377,8 +396,9 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0, help="instance index within the role")
     parser.add_argument("--node", default=None, help="node name (default: the first node)")
     parser.add_argument("--run-dir", default=None, help="run directory (default: config's dir)")
-    parser.add_argument("--address", default=None,
-                        help="address to bind and advertise (default: the node's host)")  # fmt: skip
+    parser.add_argument(
+        "--address", default=None, help="address to bind and advertise (default: the node's host)"
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     logging.basicConfig(
@@ -394,11 +414,21 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
     secret = run_secret.from_env()
     node = args.node or cfg.all_nodes()[0].name
-    role = role_cls(cfg, args.index, node=node, run_dir=run_dir, address=args.address,
-                    redis_password=secret if redis_auth else None)  # fmt: skip
+    role = role_cls(
+        cfg,
+        args.index,
+        node=node,
+        run_dir=run_dir,
+        address=args.address,
+        redis_password=secret if redis_auth else None,
+    )
     if secret is not None:  # a multi-host run: only the run's peers may talk to us
-        security.enable(secret, on_refused=lambda what: role.drop(
-            "auth_refused", f"refused a peer without the run's secret: {what}"))  # fmt: skip
+        security.enable(
+            secret,
+            on_refused=lambda what: role.drop(
+                "auth_refused", f"refused a peer without the run's secret: {what}"
+            ),
+        )
     code = role.run()
     # Everything is stopped, flushed and closed by now. Exit without running interpreter
     # teardown: a daemon thread still blocked inside a C++ call (a gloo receive, a TCPStore

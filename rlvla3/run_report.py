@@ -118,18 +118,29 @@ class ProgressTracker:
             f"roles={sum(r.alive for r in roles)}/{expected} alive",
             f"restarts={restarts}",
         ]
-        lost = [f"{r.role}/{r.index}@{r.node}" for r in roles
-                if not r.alive and r.status in ("starting", "running")]  # fmt: skip
+        lost = [
+            f"{r.role}/{r.index}@{r.node}"
+            for r in roles
+            if not r.alive and r.status in ("starting", "running")
+        ]
         if lost:
             parts.append(f"LOST={','.join(lost)}")
-        for counter in ("bad_frames", "bad_chunks", "bad_requests", "weights_rejected",
-                        "auth_refused"):  # fmt: skip
+        for counter in (
+            "bad_frames",
+            "bad_chunks",
+            "bad_requests",
+            "weights_rejected",
+            "auth_refused",
+        ):
             if counters.get(counter):
                 parts.append(f"{counter}={counters[counter]}")
         still_s = elapsed_s - self._moved_at
         if still_s >= _NO_PROGRESS_S:
-            what = ("no weights have reached the rollout servers" if version < 0
-                    else "env steps and weight version have not moved")  # fmt: skip
+            what = (
+                "no weights have reached the rollout servers"
+                if version < 0
+                else "env steps and weight version have not moved"
+            )
             parts.append(f"NO PROGRESS for {still_s:.0f}s: {what}")
         return " ".join(parts)
 
@@ -162,7 +173,7 @@ def write_report(
         "weight_version": registry.weight_version(),
         "counters": counters,
         "finished_at": time.time(),
-    }  # fmt: skip
+    }
     if recent_rate is not None:
         summary["success_rate"] = recent_rate
     evaluation = evaluation_summary(registry)
@@ -178,17 +189,25 @@ def write_report(
         )
     # Chunks counted as pushed that no trainer received (a node lost with chunks on the wire,
     # a worker killed with a full queue): lost, so produced = received + lost.
-    summary["chunks_lost"] = max(0, counters.get("chunks_produced", 0)
-                                 - counters.get("chunks_received", 0))  # fmt: skip
+    summary["chunks_lost"] = max(
+        0, counters.get("chunks_produced", 0) - counters.get("chunks_received", 0)
+    )
     summary["roles"] = [
-        {"role": r.role, "index": r.index, "node": r.node, "host": r.host, "status": r.status,
-         "restarts": r.restarts, "stats": r.stats}
+        {
+            "role": r.role,
+            "index": r.index,
+            "node": r.node,
+            "host": r.host,
+            "status": r.status,
+            "restarts": r.restarts,
+            "stats": r.stats,
+        }
         for r in registry.roles()
-    ]  # fmt: skip
+    ]
     summary["nodes"] = [
         {"node": n.node, "address": n.address, "hostname": n.hostname, "status": n.status}
         for n in registry.launchers()
-    ]  # fmt: skip
+    ]
     last = registry.series("metrics", last=1)
     if last and "loss" in last[-1]:
         summary["final_loss"] = last[-1]["loss"]
@@ -207,8 +226,10 @@ def plot_learning_curve(episodes: list[dict[str, Any]], path: Path, window: int)
 
     xs = [e.get("env_steps", i) for i, e in enumerate(episodes)]
     ys = [e["return"] for e in episodes]
-    smooth = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
-              for i in range(len(ys))]  # fmt: skip
+    smooth = [
+        sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
+        for i in range(len(ys))
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, ys, ".", alpha=0.3, label="episode return")
     ax.plot(xs, smooth, "-", label=f"mean of last {window}")

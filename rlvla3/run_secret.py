@@ -59,8 +59,7 @@ def read(run_dir: Path) -> str | None:
     except FileNotFoundError:
         return None
     if mode & 0o077:
-        raise SecretError(f"{path}: readable by others (mode {mode & 0o777:o}); "
-                          f"chmod 600 {path}")  # fmt: skip
+        raise SecretError(f"{path}: readable by others (mode {mode & 0o777:o}); chmod 600 {path}")
     return _checked(text.strip(), str(path))
 
 
@@ -71,6 +70,7 @@ def load(run_dir: Path) -> str | None:
 
 def _checked(value: str, where: str) -> str:
     if len(value) < _MIN_LEN or not value.isprintable() or any(c.isspace() for c in value):
-        raise SecretError(f"{where}: a run secret must be at least {_MIN_LEN} printable "
-                          "characters without spaces")  # fmt: skip
+        raise SecretError(
+            f"{where}: a run secret must be at least {_MIN_LEN} printable characters without spaces"
+        )
     return value

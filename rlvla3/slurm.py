@@ -53,13 +53,20 @@ class SlurmStep:
         try:
             job_id, node_id = int(env["SLURM_JOB_ID"]), int(env["SLURM_NODEID"])
         except ValueError:
-            raise HostListError(f"SLURM_JOB_ID={env['SLURM_JOB_ID']!r} / SLURM_NODEID="
-                                f"{env['SLURM_NODEID']!r}: not integers") from None  # fmt: skip
+            raise HostListError(
+                f"SLURM_JOB_ID={env['SLURM_JOB_ID']!r} / SLURM_NODEID="
+                f"{env['SLURM_NODEID']!r}: not integers"
+            ) from None
         if not 0 <= node_id < len(hosts):
-            raise HostListError(f"SLURM_NODEID={node_id} is outside the job's {len(hosts)} "
-                                f"hosts ({host_list})")  # fmt: skip
-        return SlurmStep(job_id=job_id, node_id=node_id, hosts=hosts,
-                         launch_address=env.get("SLURM_LAUNCH_NODE_IPADDR") or None)  # fmt: skip
+            raise HostListError(
+                f"SLURM_NODEID={node_id} is outside the job's {len(hosts)} hosts ({host_list})"
+            )
+        return SlurmStep(
+            job_id=job_id,
+            node_id=node_id,
+            hosts=hosts,
+            launch_address=env.get("SLURM_LAUNCH_NODE_IPADDR") or None,
+        )
 
     def redis_port(self) -> int:
         """The run's Redis port, the same on every node of the job."""

@@ -124,7 +124,9 @@ def _convert_scalar(tp: Any, value: Any, path: str) -> Any:
             try:
                 number = float(value)
             except OverflowError:
-                raise ConfigError(f"{path}: a {len(str(value))}-digit number is too large") from None
+                raise ConfigError(
+                    f"{path}: a {len(str(value))}-digit number is too large"
+                ) from None
             if not math.isfinite(number):
                 raise ConfigError(f"{path}: must be a finite number, got {value!r}")
             return number

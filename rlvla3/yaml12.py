@@ -85,9 +85,11 @@ def _check_keys(loader: _Loader, root: yaml.Node) -> None:
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"a key must be a plain value, got a {key_node.id}",
+                    None,
+                    None,
+                    f"a key must be a plain value, got a {key_node.id}",
                     key_node.start_mark,
-                )  # fmt: skip
+                )
             key = loader.construct_object(key_node)
             if key in seen:
                 raise yaml.constructor.ConstructorError(

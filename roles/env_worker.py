@@ -132,9 +132,13 @@ class EnvWorker(Role):
         env threads; the main loop writes the queue to Redis (``_write_episodes``).
         """
         point: dict[str, Any] = {
-            "return": ret, "length": length, "worker": self.index, "t": time.time(),
-            "min_version": versions[0], "max_version": versions[1],
-        }  # fmt: skip
+            "return": ret,
+            "length": length,
+            "worker": self.index,
+            "t": time.time(),
+            "min_version": versions[0],
+            "max_version": versions[1],
+        }
         if success is not None:
             point["success"] = success
         with self.episode_lock:
@@ -211,10 +215,14 @@ class EnvRunner:
             obs, _ = env.reset()
             if _finite(obs, 0.0):
                 return obs
-            self.worker.drop("sim_faults", f"env {self.env_index}: reset returned a non-finite "
-                             "observation; resetting again")  # fmt: skip
-        raise RuntimeError(f"env {self.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
-                           "row returned non-finite observations")  # fmt: skip
+            self.worker.drop(
+                "sim_faults",
+                f"env {self.env_index}: reset returned a non-finite observation; resetting again",
+            )
+        raise RuntimeError(
+            f"env {self.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
+            "row returned non-finite observations"
+        )
 
     def _straggler(self, seed: int) -> StragglerConfig | None:
         s = self.cfg.env.straggler
@@ -237,14 +245,25 @@ class EnvRunner:
             w.count("env_step_us", round((time.perf_counter() - stepped) * 1e6))
             fault = not _finite(next_obs, reward)
             if fault:  # a simulator blow-up (NaN/inf): cut the episode here, as a truncation
-                w.drop("sim_faults", f"env {self.env_index}: the simulator returned a "
-                       "non-finite observation or reward; episode cut there, env reset")  # fmt: skip
+                w.drop(
+                    "sim_faults",
+                    f"env {self.env_index}: the simulator returned a "
+                    "non-finite observation or reward; episode cut there, env reset",
+                )
                 reward = reward if math.isfinite(reward) else 0.0
                 terminated, truncated = False, True
-            self.steps.append({"obs": obs, "action": reply.action, "reward": reward,
-                               "terminated": terminated, "truncated": truncated,
-                               "log_prob": reply.log_prob, "value": reply.value,
-                               "version": reply.policy_version})  # fmt: skip
+            self.steps.append(
+                {
+                    "obs": obs,
+                    "action": reply.action,
+                    "reward": reward,
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "log_prob": reply.log_prob,
+                    "value": reply.value,
+                    "version": reply.policy_version,
+                }
+            )
             w.count("env_steps")
             w.step_rate.add()
             round_steps += 1
@@ -318,8 +337,10 @@ class EnvRunner:
             if self.answered:
                 w.log.warning("env %d: no reply in %.1fs; re-sending", self.env_index, timeout)
             else:  # servers answer once a trainer has published weights (SFT: after its data)
-                w.log.info("env %d: no action yet (servers wait for the first weights); "
-                           "asking again", self.env_index)  # fmt: skip
+                w.log.info(
+                    "env %d: no action yet (servers wait for the first weights); asking again",
+                    self.env_index,
+                )
 
     def _push(self, bootstrap_value: float) -> None:
         if not self.worker.trains:
@@ -330,7 +351,9 @@ class EnvRunner:
         steps, self.steps = self.steps, []
         keys = steps[0]["obs"].keys()
         chunk = TrajectoryChunk(
-            worker_index=self.worker.index, env_index=self.env_index, chunk_id=self.chunk_id,
+            worker_index=self.worker.index,
+            env_index=self.env_index,
+            chunk_id=self.chunk_id,
             obs={k: np.stack([s["obs"][k] for s in steps]) for k in keys},
             actions=np.stack([s["action"] for s in steps]),
             rewards=np.array([s["reward"] for s in steps], np.float32),
@@ -340,7 +363,7 @@ class EnvRunner:
             values=np.array([s["value"] for s in steps], np.float32),
             policy_versions=np.array([s["version"] for s in steps], np.int64),
             bootstrap_value=float(bootstrap_value),
-        )  # fmt: skip
+        )
         self.chunk_id += 1
         self.chunks.sync_peers(self.worker.trainers)
         while not self.chunks.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer

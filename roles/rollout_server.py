@@ -90,13 +90,16 @@ class RolloutServer(Role):
                     # client would spend its whole timeout retrying it, so knock first.
                     socket.create_connection((host, int(port)), timeout=2.0).close()
                     store = torch.distributed.TCPStore(
-                        host, int(port), is_master=False,
+                        host,
+                        int(port),
+                        is_master=False,
                         timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
-                    )  # fmt: skip
+                    )
                     store_address = address
                 self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
-                link = WeightLink(store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S,
-                                  host=self.address)  # fmt: skip
+                link = WeightLink(
+                    store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S, host=self.address
+                )
                 while not self.stop_event.is_set():
                     version, numel = link.recv_header()  # waits for the trainer, no lock held
                     self._receive_into_standby(link, version, numel)
@@ -216,11 +219,17 @@ class RolloutServer(Role):
         same = env_actions is actions  # the env steps with the action itself: send it once
         log_probs, values = out.log_prob.tolist(), out.value.tolist()  # (not a[i]: slow)
         for i, (identity, req) in enumerate(batch):
-            self.requests.send_to(identity, ActionReply(
-                request_id=req.request_id, action=np.asarray(actions[i]),
-                env_action=None if same else np.asarray(env_actions[i]),
-                log_prob=log_probs[i], value=values[i], policy_version=self.version,
-            ))  # fmt: skip
+            self.requests.send_to(
+                identity,
+                ActionReply(
+                    request_id=req.request_id,
+                    action=np.asarray(actions[i]),
+                    env_action=None if same else np.asarray(env_actions[i]),
+                    log_prob=log_probs[i],
+                    value=values[i],
+                    policy_version=self.version,
+                ),
+            )
         return len(batch)
 
     @torch.inference_mode()

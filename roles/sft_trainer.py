@@ -44,18 +44,26 @@ class SftTrainer(Role):
         self.policy = build_policy(self.cfg).to(self.device).train()
         vla = _vla_config(self.policy)
         s = self.cfg.sft
-        tokens = {"fixed_tokens": vla.num_fixed_tokens,
-                  "instruction_tokens": vla.instruction_token_counts}  # fmt: skip
+        tokens = {
+            "fixed_tokens": vla.num_fixed_tokens,
+            "instruction_tokens": vla.instruction_token_counts,
+        }
         if s.stream_buffer_frames:
             self.data: DemoSet | DemoStream = DemoStream(
-                self._dataset(), **tokens, buffer_frames=s.stream_buffer_frames,
+                self._dataset(),
+                **tokens,
+                buffer_frames=s.stream_buffer_frames,
                 seed=self.cfg.run.seed,
-            )  # fmt: skip
+            )
         else:
             self.data = DemoSet(self._dataset(), **tokens)
         self.own(self.data)
-        self.log.info("%d demo frames from %d episodes (%s)", len(self.data),
-                      self.data.num_episodes, type(self.data).__name__)  # fmt: skip
+        self.log.info(
+            "%d demo frames from %d episodes (%s)",
+            len(self.data),
+            self.data.num_episodes,
+            type(self.data).__name__,
+        )
         self.data.check_budget(s.token_budget)
         self.precision = autocast_context(self.device)
         if s.fp8 and self.device.type == "cuda":
@@ -63,8 +71,12 @@ class SftTrainer(Role):
                 self.precision = enable_fp8(self.policy, s.fp8_backend)
                 self.log.info("training in FP8 (%s)", s.fp8_backend)
             else:
-                self.log.info("FP8 off: sft.fp8_backend=%s is not usable on %s (available: %s)",
-                              s.fp8_backend, self.device, fp8_backends(self.device) or "none")  # fmt: skip
+                self.log.info(
+                    "FP8 off: sft.fp8_backend=%s is not usable on %s (available: %s)",
+                    s.fp8_backend,
+                    self.device,
+                    fp8_backends(self.device) or "none",
+                )
         # after enable_fp8, which may give the linears new parameters (Transformer Engine)
         self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
             self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
@@ -85,15 +97,27 @@ class SftTrainer(Role):
         root = Path(self.cfg.sft.dataset)
         if not (root / "meta" / "info.json").exists():
             if not self.cfg.sft.generate_demos:
-                raise FileNotFoundError(f"sft.dataset: no LeRobot dataset at {root} "
-                                        "(run `rlvla3 demos` or set sft.generate_demos)")  # fmt: skip
+                raise FileNotFoundError(
+                    f"sft.dataset: no LeRobot dataset at {root} "
+                    "(run `rlvla3 demos` or set sft.generate_demos)"
+                )
             from sft.demos import generate_demos
 
             s = self.cfg.sft
-            self.log.info("generating %d demonstrations into %s (expert noise %g)",
-                          s.generate_demos, root, s.expert_noise)  # fmt: skip
-            generate_demos(self.cfg.env.id, s.generate_demos, root, s.demo_seed,
-                           expert_noise=s.expert_noise, **self.cfg.env.kwargs)  # fmt: skip
+            self.log.info(
+                "generating %d demonstrations into %s (expert noise %g)",
+                s.generate_demos,
+                root,
+                s.expert_noise,
+            )
+            generate_demos(
+                self.cfg.env.id,
+                s.generate_demos,
+                root,
+                s.demo_seed,
+                expert_noise=s.expert_noise,
+                **self.cfg.env.kwargs,
+            )
         return root
 
     def step(self) -> None:
@@ -128,8 +152,12 @@ class SftTrainer(Role):
             self.stop_event.wait(0.1)
             return
         if broadcast < self.version:
-            self.log.warning("final weights v%d not broadcast after %.0fs (servers hold v%d)",
-                             self.version, _FINAL_BROADCAST_WAIT_S, broadcast)  # fmt: skip
+            self.log.warning(
+                "final weights v%d not broadcast after %.0fs (servers hold v%d)",
+                self.version,
+                _FINAL_BROADCAST_WAIT_S,
+                broadcast,
+            )
         self.finished = True
         loss = f" (loss {self.last_loss:.3f})" if self.last_loss is not None else ""
         self.registry.request_stop(f"sft finished {self.steps} steps{loss}")
@@ -147,21 +175,37 @@ class SftTrainer(Role):
         self.optimizer.step()
         self.token_rate.add(batch.num_tokens)
         self.count("sft_samples", batch.num_samples)
-        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "samples": batch.num_samples,
-                "tokens": batch.num_tokens, "packing_efficiency": batch.efficiency,
-                "step_s": time.perf_counter() - started, "t": time.time()}  # fmt: skip
+        return {
+            "loss": loss.item(),
+            "grad_norm": grad_norm.item(),
+            "samples": batch.num_samples,
+            "tokens": batch.num_tokens,
+            "packing_efficiency": batch.efficiency,
+            "step_s": time.perf_counter() - started,
+            "t": time.time(),
+        }
 
     def _publish(self) -> None:
         self.version = self.publish_weights(self.publisher, self.policy)
 
     def _checkpoint(self) -> None:
-        save_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
-                      version=self.version, updates=self.steps,
-                      keep=self.settings.keep_checkpoints)  # fmt: skip
+        save_training(
+            self.ckpt_dir,
+            model=self.policy,
+            optimizer=self.optimizer,
+            version=self.version,
+            updates=self.steps,
+            keep=self.settings.keep_checkpoints,
+        )
 
     def _resume(self) -> None:
-        resumed = resume_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
-                                  device=self.device, log=self.log)  # fmt: skip
+        resumed = resume_training(
+            self.ckpt_dir,
+            model=self.policy,
+            optimizer=self.optimizer,
+            device=self.device,
+            log=self.log,
+        )
         if resumed is None:
             return
         self.steps = resumed.updates

@@ -115,18 +115,24 @@ class Trainer(Role):
         self.count("chunks_received")  # env workers' back-pressure reads this
         problem = chunk_problem(chunk, self.obs_space, self.action_spec)
         if problem is not None:  # dropped, and counted as such, so the chunk accounting adds up
-            self.drop("chunks_dropped", f"dropped chunk {chunk.chunk_id} of env worker "
-                      f"{chunk.worker_index}: {problem}")  # fmt: skip
+            self.drop(
+                "chunks_dropped",
+                f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}",
+            )
             self.count("bad_chunks")
             self.count("samples_dropped", int(np.size(chunk.rewards)))
             return
         staleness = chunk_staleness(chunk, self.version)
         on_policy_only = self.cfg.run.mode != "async"
-        if not keep_chunk(staleness, max_staleness=self.cfg.algo.max_staleness,
-                          on_policy_only=on_policy_only):  # fmt: skip
+        if not keep_chunk(
+            staleness, max_staleness=self.cfg.algo.max_staleness, on_policy_only=on_policy_only
+        ):
             if staleness < 0:
-                self.log.error("chunk from version %d is newer than the trainer's %d",
-                               int(chunk.policy_versions.max()), self.version)  # fmt: skip
+                self.log.error(
+                    "chunk from version %d is newer than the trainer's %d",
+                    int(chunk.policy_versions.max()),
+                    self.version,
+                )
             self.count("chunks_dropped")
             self.count("samples_dropped", len(chunk.rewards))
             return
@@ -143,16 +149,26 @@ class Trainer(Role):
         scale_learning_rate(self.optimizer, scale)
         lr = a.lr * scale
         metrics = ppo_update(
-            self.policy, self.optimizer, batch, epochs=a.epochs, minibatch_size=a.minibatch_size,
-            clip_coef=a.clip_coef, vf_coef=a.vf_coef, ent_coef=a.ent_coef,
+            self.policy,
+            self.optimizer,
+            batch,
+            epochs=a.epochs,
+            minibatch_size=a.minibatch_size,
+            clip_coef=a.clip_coef,
+            vf_coef=a.vf_coef,
+            ent_coef=a.ent_coef,
             max_grad_norm=a.max_grad_norm,
             policy_coef=0.0 if self.updates < a.value_warmup_updates else 1.0,
-            reference=self.reference, ref_kl_coef=a.ref_kl_coef,
-        )  # fmt: skip
+            reference=self.reference,
+            ref_kl_coef=a.ref_kl_coef,
+        )
         if metrics["skipped_minibatches"]:
-            self.drop("nonfinite_minibatches", f"update {self.updates + 1}: skipped "
-                      f"{metrics['skipped_minibatches']:.0f} minibatches with non-finite "
-                      "gradients (weights unchanged by them)")  # fmt: skip
+            self.drop(
+                "nonfinite_minibatches",
+                f"update {self.updates + 1}: skipped "
+                f"{metrics['skipped_minibatches']:.0f} minibatches with non-finite "
+                "gradients (weights unchanged by them)",
+            )
         self.updates += 1
         samples = sum(len(c.rewards) for c in chunks)
         self.samples_trained += samples
@@ -165,9 +181,15 @@ class Trainer(Role):
         if self.updates % a.checkpoint_every == 0:
             self._checkpoint()
         staleness = [chunk_staleness(c, self.version - 1) for c in chunks]
-        metrics.update(update=self.updates, version=self.version, samples=samples, lr=lr,
-                       mean_staleness=sum(staleness) / len(staleness),
-                       train_s=time.perf_counter() - started, t=time.time())  # fmt: skip
+        metrics.update(
+            update=self.updates,
+            version=self.version,
+            samples=samples,
+            lr=lr,
+            mean_staleness=sum(staleness) / len(staleness),
+            train_s=time.perf_counter() - started,
+            t=time.time(),
+        )
         self._log_metrics(metrics)
 
     def _lr_scale(self) -> float:
@@ -188,10 +210,15 @@ class Trainer(Role):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        save_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
-                      version=self.version, updates=self.updates,
-                      keep=self.settings.keep_checkpoints,
-                      samples_trained=self.samples_trained)  # fmt: skip
+        save_training(
+            self.ckpt_dir,
+            model=self.policy,
+            optimizer=self.optimizer,
+            version=self.version,
+            updates=self.updates,
+            keep=self.settings.keep_checkpoints,
+            samples_trained=self.samples_trained,
+        )
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.ckpt_dir)
@@ -206,14 +233,20 @@ class Trainer(Role):
                 self.policy.load_state_dict(init)
                 self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
             return
-        resumed = resume_training(self.ckpt_dir, model=self.policy, optimizer=self.optimizer,
-                                  device=self.device, log=self.log)  # fmt: skip
+        resumed = resume_training(
+            self.ckpt_dir,
+            model=self.policy,
+            optimizer=self.optimizer,
+            device=self.device,
+            log=self.log,
+        )
         self.updates = resumed.updates
         self.samples_trained = int(resumed.extra.get("samples_trained", 0))
         # Versions only grow: continue after whatever was published before the restart.
         self.version = max(resumed.version, self.registry.weight_version())
-        self.log.info("resumed from %s (update %d, version %d)", resumed.path.name, self.updates,
-                      self.version)  # fmt: skip
+        self.log.info(
+            "resumed from %s (update %d, version %d)", resumed.path.name, self.updates, self.version
+        )
 
     def shutdown(self) -> None:
         self._drain()

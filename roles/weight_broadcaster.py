@@ -83,8 +83,11 @@ class WeightBroadcaster(Role):
             live = set(self.registry.endpoints("rollout_server", "weights_link"))
             for link_id in failed:  # a server that is stopping closes its link: no warning
                 log = self.log.warning if link_id in live else self.log.info
-                log("link %s %s during broadcast: dropped", link_id,
-                    "failed" if link_id in live else "closed (its server stopped)")  # fmt: skip
+                log(
+                    "link %s %s during broadcast: dropped",
+                    link_id,
+                    "failed" if link_id in live else "closed (its server stopped)",
+                )
 
     def _update_problem(self, update: WeightsUpdate) -> str | None:
         """Why ``update`` must not go to the rollout servers (None: it may)."""
@@ -92,8 +95,10 @@ class WeightBroadcaster(Role):
         if flat.dtype != np.float32 or flat.ndim != 1:
             return f"flat is {flat.dtype}{list(flat.shape)}, expected float32[N]"
         if self.layout is not None and (update.layout, flat.size) != (self.layout, self.numel):
-            return (f"layout {update.layout} of {flat.size} values, expected {self.layout} of "
-                    f"{self.numel}")  # fmt: skip
+            return (
+                f"layout {update.layout} of {flat.size} values, expected {self.layout} of "
+                f"{self.numel}"
+            )
         if update.version <= self.broadcaster.version:
             return f"not newer than v{self.broadcaster.version}"
         trained = self.registry.trained_version()

@@ -47,8 +47,9 @@ def _check_dataset(dataset: LeRobotDataset, root: str | Path) -> None:
     if not dataset.episodes:
         raise DatasetError(f"{root}: the dataset has no episodes")
     if "action" not in dataset.features:
-        raise DatasetError(f"{root}: no 'action' feature to learn (features: "
-                           f"{sorted(dataset.features)})")  # fmt: skip
+        raise DatasetError(
+            f"{root}: no 'action' feature to learn (features: {sorted(dataset.features)})"
+        )
 
 
 def _lengths(
@@ -79,9 +80,11 @@ def _check_budget(lengths: np.ndarray, budget: int, first_index: int = 0) -> Non
     too_long = np.flatnonzero(lengths > budget)
     if too_long.size:
         frame = first_index + int(too_long[0])
-        raise ValueError(f"sft.token_budget: {budget} tokens, but frame {frame} of the "
-                         f"dataset needs {int(lengths[too_long[0]])} ({too_long.size} frames "
-                         "are too long)")  # fmt: skip
+        raise ValueError(
+            f"sft.token_budget: {budget} tokens, but frame {frame} of the "
+            f"dataset needs {int(lengths[too_long[0]])} ({too_long.size} frames "
+            "are too long)"
+        )
 
 
 class DemoSet:
@@ -119,15 +122,19 @@ class DemoSet:
 
     def packed_batch(self, budget: int, rng: np.random.Generator) -> PackedFrames:
         """The fullest packed bin over a random pool of about four budgets' worth of samples."""
-        pool = rng.choice(len(self), size=_pool_size(budget, self.lengths.mean(), len(self)),
-                          replace=False)  # fmt: skip
+        pool = rng.choice(
+            len(self), size=_pool_size(budget, self.lengths.mean(), len(self)), replace=False
+        )
         bins = pack(self.lengths[pool].tolist(), budget)
         best = max(bins, key=lambda b: int(self.lengths[pool[b]].sum()))
         indices = pool[np.asarray(best)]
         tokens = int(self.lengths[indices].sum())
-        return PackedFrames(obs={k: v[indices] for k, v in self.obs.items()},
-                            actions=self.actions[indices], num_tokens=tokens,
-                            efficiency=tokens / budget)  # fmt: skip
+        return PackedFrames(
+            obs={k: v[indices] for k, v in self.obs.items()},
+            actions=self.actions[indices],
+            num_tokens=tokens,
+            efficiency=tokens / budget,
+        )
 
     def close(self) -> None:
         """Nothing to release (the interface of :class:`DemoStream`)."""
@@ -195,8 +202,10 @@ class DemoStream:
             self.budget = budget
             for _obs, _action, length in self._frames:
                 if length > budget:
-                    raise ValueError(f"sft.token_budget: {budget} tokens, but a frame of the "
-                                     f"dataset needs {length}")  # fmt: skip
+                    raise ValueError(
+                        f"sft.token_budget: {budget} tokens, but a frame of the "
+                        f"dataset needs {length}"
+                    )
 
     def _load(self) -> None:
         try:
@@ -208,8 +217,10 @@ class DemoStream:
                     lengths = _lengths(obs, self.fixed_tokens, self.instruction_tokens)
                     # each frame its own copy: a frame left in the buffer must not keep its
                     # whole episode alive (memory is capacity frames, not episodes)
-                    frames = [({k: v[row].copy() for k, v in obs.items()}, actions[row].copy(),
-                               int(n)) for row, n in enumerate(lengths)]  # fmt: skip
+                    frames = [
+                        ({k: v[row].copy() for k, v in obs.items()}, actions[row].copy(), int(n))
+                        for row, n in enumerate(lengths)
+                    ]
                     with self._cond:
                         while len(self._frames) + len(frames) > self.capacity:
                             if self._stop.is_set():
@@ -239,13 +250,15 @@ class DemoStream:
             order.extend(self._rng.permutation(groups[g]).tolist())
         return order
 
-    def packed_batch(self, budget: int, rng: np.random.Generator, timeout_s: float = 600.0
-                     ) -> PackedFrames:  # fmt: skip
+    def packed_batch(
+        self, budget: int, rng: np.random.Generator, timeout_s: float = 600.0
+    ) -> PackedFrames:
         """The fullest packed bin over a random pool of the buffer; its frames leave the buffer."""
         with self._cond:
             want = min(self._pool_wanted(budget), self._always_reached())
-            if not self._cond.wait_for(lambda: self._error is not None
-                                       or len(self._frames) >= want, timeout_s):  # fmt: skip
+            if not self._cond.wait_for(
+                lambda: self._error is not None or len(self._frames) >= want, timeout_s
+            ):
                 raise TimeoutError(f"demo stream: no {want} frames within {timeout_s}s")
             if self._error is not None:
                 raise self._error

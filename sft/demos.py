@@ -59,10 +59,11 @@ def _is_image(space: spaces.Space) -> bool:
 def demo_features(env: SimAdapter) -> dict[str, Feature]:
     """LeRobot features for recording ``env``: one per observation key, action, reward, done."""
     features = {
-        f"observation.{key}": image_feature(space.shape) if _is_image(space)
+        f"observation.{key}": image_feature(space.shape)
+        if _is_image(space)
         else Feature(dtype=space.dtype.name, shape=tuple(space.shape))
         for key, space in env.observation_space.spaces.items()
-    }  # fmt: skip
+    }
     act = env.action_space
     if isinstance(act, spaces.Discrete):
         features["action"] = Feature(dtype="int64", shape=(1,))

@@ -48,8 +48,15 @@ from sft.lerobot_format import (
 )
 from sft.lerobot_meta import INDEX_COLUMNS, EpisodeInfo, read_metadata, read_table
 
-__all__ = ["DatasetError", "EpisodeInfo", "Feature", "LeRobotDataset", "LeRobotWriter",
-           "image_feature", "to_policy_obs"]  # fmt: skip
+__all__ = [
+    "DatasetError",
+    "EpisodeInfo",
+    "Feature",
+    "LeRobotDataset",
+    "LeRobotWriter",
+    "image_feature",
+    "to_policy_obs",
+]
 
 CODEBASE_VERSION = "v2.1"
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
@@ -112,11 +119,13 @@ class LeRobotWriter:
             raise ValueError(f"feature names clash with bookkeeping columns: {sorted(clash)}")
         if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
             if not overwrite:
-                raise FileExistsError(f"{self.root} exists and is not empty (overwrite replaces "
-                                      "an earlier dataset)")  # fmt: skip
+                raise FileExistsError(
+                    f"{self.root} exists and is not empty (overwrite replaces an earlier dataset)"
+                )
             if not (self.root / "meta" / "info.json").is_file():
-                raise FileExistsError(f"{self.root} is not a LeRobot dataset (no meta/info.json): "
-                                      "not deleting it")  # fmt: skip
+                raise FileExistsError(
+                    f"{self.root} is not a LeRobot dataset (no meta/info.json): not deleting it"
+                )
             shutil.rmtree(self.root)
         self.features = dict(features)
         self.fps, self.robot_type, self.chunks_size = fps, robot_type, chunks_size
@@ -156,8 +165,9 @@ class LeRobotWriter:
             episode_chunk=index // self.chunks_size, episode_index=index
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.replace_schema_metadata(self._schema_metadata), path,
-                       compression="zstd")  # fmt: skip
+        pq.write_table(
+            table.replace_schema_metadata(self._schema_metadata), path, compression="zstd"
+        )
         self.episodes.append(EpisodeInfo(episode_index=index, tasks=(task,), length=length))
         self._stats.append({"episode_index": index, "stats": episode_stats(cols, all_features)})
         self._num_frames += length
@@ -268,19 +278,26 @@ class LeRobotDataset:
             raise DatasetError(f"{path}: episode {episode_index} lacks columns {sorted(missing)}")
         expected = self.episodes[self._position[episode_index]].length
         if table.num_rows != expected:
-            raise DatasetError(f"{path}: episode {episode_index} has {table.num_rows} frames, "
-                               f"the metadata says length {expected}")  # fmt: skip
-        out = {k: from_column(table.column(k), f, f"{path}: {k}")
-               for k, f in {**self.features, **INDEX_FEATURES}.items()}  # fmt: skip
+            raise DatasetError(
+                f"{path}: episode {episode_index} has {table.num_rows} frames, "
+                f"the metadata says length {expected}"
+            )
+        out = {
+            k: from_column(table.column(k), f, f"{path}: {k}")
+            for k, f in {**self.features, **INDEX_FEATURES}.items()
+        }
         for name in INDEX_COLUMNS:  # one value per frame: [T]
             out[name] = out[name].reshape(-1)
         if np.any(out["episode_index"] != episode_index):
-            raise DatasetError(f"{path}: rows of another episode than {episode_index} "
-                               "(column episode_index)")  # fmt: skip
+            raise DatasetError(
+                f"{path}: rows of another episode than {episode_index} (column episode_index)"
+            )
         unknown = set(np.unique(out["task_index"]).tolist()) - set(self._meta.tasks)
         if unknown:
-            raise DatasetError(f"{path}: episode {episode_index}: task_index {sorted(unknown)} "
-                               "not in the tasks metadata")  # fmt: skip
+            raise DatasetError(
+                f"{path}: episode {episode_index}: task_index {sorted(unknown)} "
+                "not in the tasks metadata"
+            )
         self._cache[episode_index] = out
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

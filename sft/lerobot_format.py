@@ -110,8 +110,7 @@ def to_column(arr: np.ndarray, feature: Feature) -> pa.Array:
     """``[T, *feature.shape]`` frames -> one parquet column (see the module's table)."""
     rows = len(arr)
     if feature.dtype == IMAGE:
-        return pa.array([{"bytes": _png(frame), "path": None} for frame in arr],
-                        type=IMAGE_STRUCT)  # fmt: skip
+        return pa.array([{"bytes": _png(frame), "path": None} for frame in arr], type=IMAGE_STRUCT)
     if feature.is_scalar:
         return pa.array(arr.reshape(rows))
     values: pa.Array = pa.array(np.ascontiguousarray(arr).reshape(-1))
@@ -119,8 +118,7 @@ def to_column(arr: np.ndarray, feature: Feature) -> pa.Array:
         return pa.FixedSizeListArray.from_arrays(values, feature.shape[0])
     for size in reversed(feature.shape):  # innermost axis first
         count = len(values) // size
-        values = pa.ListArray.from_arrays(pa.array(np.arange(count + 1) * size, pa.int32()),
-                                          values)  # fmt: skip
+        values = pa.ListArray.from_arrays(pa.array(np.arange(count + 1) * size, pa.int32()), values)
     return values
 
 
@@ -133,8 +131,10 @@ def from_column(column: pa.ChunkedArray | pa.Array, feature: Feature, where: str
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     rows = len(arr)
     if feature.dtype == VIDEO:
-        raise DatasetError(f"{where}: video features (MP4 under videos/) are not supported; "
-                           "store the frames as images")  # fmt: skip
+        raise DatasetError(
+            f"{where}: video features (MP4 under videos/) are not supported; "
+            "store the frames as images"
+        )
     if arr.null_count:
         raise DatasetError(f"{where}: {arr.null_count} null values")
     if pa.types.is_struct(arr.type):
@@ -154,8 +154,11 @@ def from_column(column: pa.ChunkedArray | pa.Array, feature: Feature, where: str
     )
     if rows and sizes not in accepted:
         raise DatasetError(f"{where}: rows of shape {sizes}, declared {list(feature.shape)}")
-    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-            or pa.types.is_boolean(arr.type)):  # fmt: skip
+    if not (
+        pa.types.is_integer(arr.type)
+        or pa.types.is_floating(arr.type)
+        or pa.types.is_boolean(arr.type)
+    ):
         raise DatasetError(f"{where}: values of type {arr.type}, expected numbers")
     try:
         cast = arr.cast(pa.from_numpy_dtype(feature.numpy_dtype), safe=True)
@@ -185,8 +188,11 @@ def _row_size(arr: pa.Array, where: str) -> int:
 
 
 def _is_list(kind: pa.DataType) -> bool:
-    return pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or (
-        pa.types.is_large_list(kind))  # fmt: skip
+    return (
+        pa.types.is_list(kind)
+        or pa.types.is_fixed_size_list(kind)
+        or (pa.types.is_large_list(kind))
+    )
 
 
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -198,8 +204,9 @@ def _png(frame: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     image = frame[..., 0] if frame.shape[-1] == 1 else frame
     # compress_level 1: ~5x faster than the default 6, files about 10% larger
-    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(buffer, format="PNG",
-                                                                      compress_level=1)  # fmt: skip
+    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(
+        buffer, format="PNG", compress_level=1
+    )
     return buffer.getvalue()
 
 
@@ -207,8 +214,9 @@ def _unpng(data: bytes | None, shape: tuple[int, ...], where: str) -> np.ndarray
     from PIL import Image
 
     if data is None:
-        raise DatasetError(f"{where}: an image without bytes (images stored as files by path "
-                           "are not supported)")  # fmt: skip
+        raise DatasetError(
+            f"{where}: an image without bytes (images stored as files by path are not supported)"
+        )
     try:
         with Image.open(io.BytesIO(data)) as image:
             out = np.asarray(image)
@@ -216,8 +224,9 @@ def _unpng(data: bytes | None, shape: tuple[int, ...], where: str) -> np.ndarray
         raise DatasetError(f"{where}: undecodable image ({type(e).__name__}: {e})") from None
     out = out[..., None] if out.ndim == 2 else out
     if out.dtype != np.uint8 or out.shape != shape:
-        raise DatasetError(f"{where}: an image of {out.dtype}{list(out.shape)}, declared "
-                           f"uint8{list(shape)}")  # fmt: skip
+        raise DatasetError(
+            f"{where}: an image of {out.dtype}{list(out.shape)}, declared uint8{list(shape)}"
+        )
     return out
 
 
@@ -253,8 +262,12 @@ def episode_stats(cols: Mapping[str, np.ndarray], features: Mapping[str, Feature
             axes, out_shape = (0,), feature.shape
         stats[key] = {
             name: reduce(values, axis=axes).reshape(out_shape).tolist()
-            for name, reduce in (("min", np.min), ("max", np.max), ("mean", np.mean),
-                                 ("std", np.std))
-        }  # fmt: skip
+            for name, reduce in (
+                ("min", np.min),
+                ("max", np.max),
+                ("mean", np.mean),
+                ("std", np.std),
+            )
+        }
         stats[key]["count"] = [len(arr)]
     return stats

@@ -38,8 +38,11 @@ class EpisodeInfo:
     length: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"episode_index": self.episode_index, "tasks": list(self.tasks),
-                "length": self.length}  # fmt: skip
+        return {
+            "episode_index": self.episode_index,
+            "tasks": list(self.tasks),
+            "length": self.length,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,11 +77,13 @@ def read_metadata(root: Path) -> Metadata:
     info = _as_mapping(_read_json(info_path), str(info_path))
     version = str(info.get("codebase_version", "v2.0"))
     if version not in VERSIONS:
-        raise DatasetError(f"{info_path}: codebase_version {version!r} is not supported "
-                           f"({', '.join(VERSIONS)})")  # fmt: skip
+        raise DatasetError(
+            f"{info_path}: codebase_version {version!r} is not supported ({', '.join(VERSIONS)})"
+        )
     features = {}
-    for key, spec in _as_mapping(_field(info, "features", str(info_path)),
-                                 f"{info_path}: features").items():  # fmt: skip
+    for key, spec in _as_mapping(
+        _field(info, "features", str(info_path)), f"{info_path}: features"
+    ).items():
         try:
             features[key] = Feature.from_json(spec)
         except DatasetError as e:
@@ -94,8 +99,15 @@ def read_metadata(root: Path) -> Metadata:
     else:
         tasks = _v2_tasks(root / "meta" / "tasks.jsonl")
         episodes, files = _v2_episodes(root / "meta" / "episodes.jsonl"), {}
-    return Metadata(info=info, version=version, features=declared, fps=float(fps), tasks=tasks,
-                    episodes=episodes, episode_files=files)  # fmt: skip
+    return Metadata(
+        info=info,
+        version=version,
+        features=declared,
+        fps=float(fps),
+        tasks=tasks,
+        episodes=episodes,
+        episode_files=files,
+    )
 
 
 def _check_data_path(info: Mapping[str, Any], version: str, where: Path) -> None:
@@ -103,8 +115,11 @@ def _check_data_path(info: Mapping[str, Any], version: str, where: Path) -> None
     chunks = info.get("chunks_size", 1000)
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise DatasetError(f"{where}: chunks_size must be a positive integer, got {chunks!r}")
-    sample = {"chunk_index": 0, "file_index": 0} if version == "v3.0" else {
-        "episode_chunk": 0, "episode_index": 0}  # fmt: skip
+    sample = (
+        {"chunk_index": 0, "file_index": 0}
+        if version == "v3.0"
+        else {"episode_chunk": 0, "episode_index": 0}
+    )
     try:
         if not isinstance(template, str):
             raise TypeError("not a string")
@@ -142,8 +157,9 @@ def _v3_tasks(path: Path) -> dict[int, str]:
     if "task_index" not in table.column_names or not text_columns:
         raise DatasetError(f"{path}: expected a task string column and 'task_index'")
     tasks: dict[int, str] = {}
-    for row in pa.table({"task_index": table.column("task_index"),
-                         "task": table.column(text_columns[0])}).to_pylist():  # fmt: skip
+    for row in pa.table(
+        {"task_index": table.column("task_index"), "task": table.column(text_columns[0])}
+    ).to_pylist():
         index = _int(row, "task_index", str(path), minimum=0)
         if not isinstance(row["task"], str) or index in tasks:
             raise DatasetError(f"{path}: task_index {index}: a missing or repeated task")
@@ -176,8 +192,9 @@ def _episodes(rows: list[tuple[str, Any]]) -> list[EpisodeInfo]:
         tasks = _field(row, "tasks", where)
         if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
             raise DatasetError(f"{where}: tasks must be a list of strings, got {tasks!r}")
-        episode = EpisodeInfo(episode_index=index, tasks=tuple(tasks),
-                              length=_int(row, "length", where, minimum=1))  # fmt: skip
+        episode = EpisodeInfo(
+            episode_index=index, tasks=tuple(tasks), length=_int(row, "length", where, minimum=1)
+        )
         if index in episodes:
             raise DatasetError(f"{where}: episode_index {index} appears twice")
         episodes[index] = episode
@@ -187,7 +204,9 @@ def _episodes(rows: list[tuple[str, Any]]) -> list[EpisodeInfo]:
 def _int(row: Any, key: str, where: str, *, minimum: int) -> int:
     value = _field(row, key, where)
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**53:
-        raise DatasetError(f"{where}: {key} must be an integer from {minimum} to 2**53, got {value!r}")
+        raise DatasetError(
+            f"{where}: {key} must be an integer from {minimum} to 2**53, got {value!r}"
+        )
     return value
 
 

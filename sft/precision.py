@@ -136,9 +136,12 @@ def _te_context(te: Any, fp8_recipe: Any) -> Context:
 
 def _te_linear(te: Any, old: nn.Linear) -> nn.Module:
     new = _te_linear_class(te)(
-        old.in_features, old.out_features, bias=old.bias is not None,
-        params_dtype=old.weight.dtype, device=old.weight.device,
-    )  # fmt: skip
+        old.in_features,
+        old.out_features,
+        bias=old.bias is not None,
+        params_dtype=old.weight.dtype,
+        device=old.weight.device,
+    )
     with torch.no_grad():
         new.weight.copy_(old.weight)
         if old.bias is not None:
@@ -234,8 +237,9 @@ class _Float8MatMul(torch.autograd.Function):
         g8, g8_t, sg = quantize(grad, E5M2, ctx.pad)
         # dX[M, K] = dY[M, N] @ W[N, K];  dW[N, K] = dY.T[N, M] @ X[M, K]
         grad_x = torch._scaled_mm(g8, w8_t.t(), scale_a=sg, scale_b=sw, out_dtype=grad.dtype)
-        grad_w = torch._scaled_mm(g8_t, x8_t.t(), scale_a=sg, scale_b=sx,
-                                  out_dtype=ctx.weight_dtype)  # fmt: skip
+        grad_w = torch._scaled_mm(
+            g8_t, x8_t.t(), scale_a=sg, scale_b=sx, out_dtype=ctx.weight_dtype
+        )
         return grad_x[: ctx.rows], grad_w, None
 
 

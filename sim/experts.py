@@ -77,8 +77,10 @@ class TableTopExpert:
         executed = clean
         if self.config.noise > 0.0:
             executed = clean + self._rng.normal(0.0, self.config.noise, size=2)
-        return (np.clip(executed, -1.0, 1.0).astype(np.float32),
-                np.clip(clean, -1.0, 1.0).astype(np.float32))  # fmt: skip
+        return (
+            np.clip(executed, -1.0, 1.0).astype(np.float32),
+            np.clip(clean, -1.0, 1.0).astype(np.float32),
+        )
 
     def _plan(self, state: TableTopState) -> np.ndarray:
         cfg = self.config

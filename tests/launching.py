@@ -32,8 +32,12 @@ def launcher_output(run_dir: Path) -> str:
 def monitor_json(run_dir: Path) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "rlvla3.cli", "monitor", "--json", "--run", str(run_dir)],
-        capture_output=True, text=True, timeout=60, check=True, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO,
+    )
     return json.loads(out.stdout)
 
 

@@ -181,8 +181,12 @@ def test_torch_varlen_causal_flag_follows_its_signature(monkeypatch):
         monkeypatch.setattr(attn_mod, "_torch_varlen_func", lambda fn=fn: fn)
         attn_mod._torch_varlen(x, x, x, cu, 4, causal=True)
         attn_mod._torch_varlen(x, x, x, cu, 4, causal=False)
-    assert calls == [{"window_size": (-1, 0)}, {"window_size": (-1, -1)},
-                     {"is_causal": True}, {"is_causal": False}]  # fmt: skip
+    assert calls == [
+        {"window_size": (-1, 0)},
+        {"window_size": (-1, -1)},
+        {"is_causal": True},
+        {"is_causal": False},
+    ]
 
 
 def _explicit_block_diagonal(q, k, v, lengths: list[int], causal: bool) -> torch.Tensor:

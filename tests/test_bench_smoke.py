@@ -15,8 +15,16 @@ import pytest
 
 from tests.launching import REPO
 
-FROM_SCRATCH = ["--set", "policy.init_checkpoint=null", "--set", "policy.init_launch=null",
-                "--set", "algo.ref_kl_coef=0", "--set", "algo.value_warmup_updates=0"]  # fmt: skip
+FROM_SCRATCH = [
+    "--set",
+    "policy.init_checkpoint=null",
+    "--set",
+    "policy.init_launch=null",
+    "--set",
+    "algo.ref_kl_coef=0",
+    "--set",
+    "algo.value_warmup_updates=0",
+]
 BENCHMARKS = {
     "async_vs_sync.py": [],
     "main_job.py": [],
@@ -43,8 +51,13 @@ def test_every_benchmark_script_is_covered() -> None:
 def test_benchmark_smoke_mode_runs_and_writes_its_json(tmp_path, script: str) -> None:
     out = tmp_path / "result.json"
     extra = [a.replace("{tmp}", str(tmp_path)) for a in BENCHMARKS[script]]
-    done = subprocess.run([sys.executable, f"bench/{script}", *extra, "--smoke", "--json",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, f"bench/{script}", *extra, "--smoke", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     result = json.loads(out.read_text())
     assert result["benchmark"] == script.removesuffix(".py") and result["results"]
@@ -54,6 +67,11 @@ def test_benchmark_smoke_mode_runs_and_writes_its_json(tmp_path, script: str) ->
 
 
 def test_the_gpu_only_benchmark_says_so_in_smoke_mode() -> None:
-    done = subprocess.run([sys.executable, "bench/sdpa_backends.py", "--smoke"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "bench/sdpa_backends.py", "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr

@@ -73,31 +73,52 @@ def test_sbatch_runs_cartpole_on_three_nodes(slurm_cluster: Cluster, tmp_path: P
     every node's launcher exits 0 leaving nothing behind."""
     run_dir = tmp_path / "run"
     job = slurm_cluster.sbatch(
-        "--nodes=3", f"--output={tmp_path / 'job.out'}", "launch/slurm.sbatch", CARTPOLE_3NODES,
-        "--out", str(run_dir), "--set", "run.stop.max_wall_s=240",
+        "--nodes=3",
+        f"--output={tmp_path / 'job.out'}",
+        "launch/slurm.sbatch",
+        CARTPOLE_3NODES,
+        "--out",
+        str(run_dir),
+        "--set",
+        "run.stop.max_wall_s=240",
         # a second rollout server on a sim node: its weights cross hosts
-        "--set", "roles.rollout_server.count=2", "--set", "roles.rollout_server.node=[learner, sim-1]",
-    )  # fmt: skip
+        "--set",
+        "roles.rollout_server.count=2",
+        "--set",
+        "roles.rollout_server.node=[learner, sim-1]",
+    )
     fields = wait_for_job(slurm_cluster, job, 360)
     output = (tmp_path / "job.out").read_text()
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
     summary = json.loads((run_dir / "summary.json").read_text())
     address = {n["node"]: n["address"] for n in summary["nodes"]}
-    assert address == {"learner": slurm_cluster.address(1), "sim-0": slurm_cluster.address(2),
-                       "sim-1": slurm_cluster.address(3)}  # fmt: skip
+    assert address == {
+        "learner": slurm_cluster.address(1),
+        "sim-0": slurm_cluster.address(2),
+        "sim-1": slurm_cluster.address(3),
+    }
     assert {n["status"] for n in summary["nodes"]} == {"done"}
     roles = summary["roles"]
     assert all(r["host"] == address[r["node"]] and r["status"] == "done" for r in roles), roles
-    servers = {r["node"]: r["stats"].get("policy_version", -1)
-               for r in roles if r["role"] == "rollout_server"}  # fmt: skip
+    servers = {
+        r["node"]: r["stats"].get("policy_version", -1)
+        for r in roles
+        if r["role"] == "rollout_server"
+    }
     assert set(servers) == {"learner", "sim-1"} and min(servers.values()) >= 5, servers
-    producers = {r["node"]: r["stats"].get("chunks_produced", 0)
-                 for r in roles if r["role"] == "env_worker"}  # fmt: skip
+    producers = {
+        r["node"]: r["stats"].get("chunks_produced", 0) for r in roles if r["role"] == "env_worker"
+    }
     assert set(producers) == {"sim-0", "sim-1"} and min(producers.values()) > 10, producers
     assert summary["final_mean_return"] > 8 * RANDOM_RETURN, summary["stop_reason"]
     c = summary["counters"]
-    assert c["chunks_produced"] == c["chunks_received"] == (
-        c["chunks_consumed"] + c.get("chunks_dropped", 0) + c.get("chunks_in_flight_at_exit", 0))
+    assert (
+        c["chunks_produced"]
+        == c["chunks_received"]
+        == (
+            c["chunks_consumed"] + c.get("chunks_dropped", 0) + c.get("chunks_in_flight_at_exit", 0)
+        )
+    )
     assert not c.get("auth_refused")
     for node in ("sim-0", "sim-1"):
         assert f"node {node}: run cartpole_3nodes ended: the head ended the run" in output
@@ -112,15 +133,21 @@ def test_sbatch_runs_cartpole_on_three_nodes(slurm_cluster: Cluster, tmp_path: P
 def test_an_allocation_that_does_not_fit_fails_every_node_at_once(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    job = slurm_cluster.sbatch("--nodes=2", f"--output={tmp_path / 'job.out'}",
-                               "launch/slurm.sbatch", CARTPOLE_3NODES, "--out",
-                               str(tmp_path / "run"))  # fmt: skip
+    job = slurm_cluster.sbatch(
+        "--nodes=2",
+        f"--output={tmp_path / 'job.out'}",
+        "launch/slurm.sbatch",
+        CARTPOLE_3NODES,
+        "--out",
+        str(tmp_path / "run"),
+    )
     fields = wait_for_job(slurm_cluster, job, 120)
     output = (tmp_path / "job.out").read_text()
     assert fields["JobState"] == "FAILED", output
     errors = [line for line in output.splitlines() if "config error" in line]
-    assert len(errors) == 2 and all("allocation has 2 hosts" in e and "learner, sim-0, sim-1" in e
-                                    for e in errors), output  # fmt: skip
+    assert len(errors) == 2 and all(
+        "allocation has 2 hosts" in e and "learner, sim-0, sim-1" in e for e in errors
+    ), output
     assert not (tmp_path / "run" / "logs").exists()  # nothing started
     assert_no_role_processes(slurm_cluster)
 
@@ -132,11 +159,21 @@ def test_a_node_cut_off_mid_run_is_lost_then_rejoins(slurm_cluster: Cluster, tmp
     run_dir = tmp_path / "run"
     ttl = 3.0
     job = slurm_cluster.sbatch(
-        "--nodes=3", f"--output={tmp_path / 'job.out'}", "launch/slurm.sbatch", CARTPOLE_3NODES,
-        "--out", str(run_dir), "--set", "run.stop.target_mean_return=null",
-        "--set", "run.stop.max_wall_s=75", "--set", f"run.heartbeat_ttl_s={ttl}",
-        "--set", "run.head_timeout_s=60",
-    )  # fmt: skip
+        "--nodes=3",
+        f"--output={tmp_path / 'job.out'}",
+        "launch/slurm.sbatch",
+        CARTPOLE_3NODES,
+        "--out",
+        str(run_dir),
+        "--set",
+        "run.stop.target_mean_return=null",
+        "--set",
+        "run.stop.max_wall_s=75",
+        "--set",
+        f"run.heartbeat_ttl_s={ttl}",
+        "--set",
+        "run.head_timeout_s=60",
+    )
 
     def sim1_worker(snap: dict) -> dict | None:
         return next((r for r in snap["roles"] if r["node"] == "sim-1"), None)
@@ -152,16 +189,31 @@ def test_a_node_cut_off_mid_run_is_lost_then_rejoins(slurm_cluster: Cluster, tmp
     wait_until(flowing, 120, "env steps from both sim nodes")
     slurm_cluster.cut(3)
     try:
-        lost = wait_until(lambda: (lambda s: s if not sim1_worker(s)["alive"] else None)(
-            slurm_cluster.monitor(1, run_dir)), ttl + 10, "sim-1's env worker shown LOST")  # fmt: skip
+        lost = wait_until(
+            lambda: (lambda s: s if not sim1_worker(s)["alive"] else None)(
+                slurm_cluster.monitor(1, run_dir)
+            ),
+            ttl + 10,
+            "sim-1's env worker shown LOST",
+        )
         steps_at_loss = lost["counters"]["env_steps"]
         # the run goes on without it (monitor from a sim node this time: any node works)
-        wait_until(lambda: slurm_cluster.monitor(2, run_dir)["counters"]["env_steps"]
-                   > steps_at_loss + 2000, 60, "env steps from sim-0 alone")  # fmt: skip
+        wait_until(
+            lambda: (
+                slurm_cluster.monitor(2, run_dir)["counters"]["env_steps"] > steps_at_loss + 2000
+            ),
+            60,
+            "env steps from sim-0 alone",
+        )
     finally:
         slurm_cluster.heal(3)
-    back = wait_until(lambda: (lambda s: s if sim1_worker(s)["alive"] else None)(
-        slurm_cluster.monitor(1, run_dir)), 30, "sim-1's env worker back")  # fmt: skip
+    back = wait_until(
+        lambda: (lambda s: s if sim1_worker(s)["alive"] else None)(
+            slurm_cluster.monitor(1, run_dir)
+        ),
+        30,
+        "sim-1's env worker back",
+    )
     produced_at_return = sim1_worker(back)["stats"].get("chunks_produced", 0)
     fields = wait_for_job(slurm_cluster, job, 180)
     output = (tmp_path / "job.out").read_text()
@@ -171,9 +223,12 @@ def test_a_node_cut_off_mid_run_is_lost_then_rejoins(slurm_cluster: Cluster, tmp
     assert worker["status"] == "done" and worker["restarts"] == 0
     assert worker["stats"]["chunks_produced"] > produced_at_return  # it worked after rejoining
     c = summary["counters"]
-    assert c["chunks_produced"] == (c["chunks_consumed"] + c.get("chunks_dropped", 0)
-                                    + c.get("chunks_in_flight_at_exit", 0)
-                                    + summary["chunks_lost"])  # fmt: skip
+    assert c["chunks_produced"] == (
+        c["chunks_consumed"]
+        + c.get("chunks_dropped", 0)
+        + c.get("chunks_in_flight_at_exit", 0)
+        + summary["chunks_lost"]
+    )
     assert "rejoined the run" in (run_dir / "logs" / "env_worker-1.log").read_text()
     assert_no_role_processes(slurm_cluster)
 
@@ -188,57 +243,97 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
     killed, every other node stops its roles and exits non-zero, and no process is left."""
     c = plain_cluster
     cfg = {
-        "run": {"name": "plain", "heartbeat_ttl_s": 3, "head_timeout_s": 10, "redis_port": 16379,
-                "stop": {"max_wall_s": 300}},
-        "nodes": [{"name": "learner", "host": c.address(1)}, {"name": "simA", "host": c.address(2)},
-                  {"name": "simB", "host": c.address(3)}],
-        "roles": {"env_worker": {"count": 2, "node": ["simA", "simB"]},
-                  "rollout_server": {"count": 2, "node": ["learner", "simB"]},
-                  "trainer": {"node": "learner"}, "weight_broadcaster": {"node": "learner"}},
+        "run": {
+            "name": "plain",
+            "heartbeat_ttl_s": 3,
+            "head_timeout_s": 10,
+            "redis_port": 16379,
+            "stop": {"max_wall_s": 300},
+        },
+        "nodes": [
+            {"name": "learner", "host": c.address(1)},
+            {"name": "simA", "host": c.address(2)},
+            {"name": "simB", "host": c.address(3)},
+        ],
+        "roles": {
+            "env_worker": {"count": 2, "node": ["simA", "simB"]},
+            "rollout_server": {"count": 2, "node": ["learner", "simB"]},
+            "trainer": {"node": "learner"},
+            "weight_broadcaster": {"node": "learner"},
+        },
         "env": {"num_envs_per_worker": 2, "chunk_len": 16},
-    }  # fmt: skip
+    }
     config = write_yaml(tmp_path / "plain.yaml", cfg)
     secret = run_secret.new_secret()
     stale = tmp_path / "simA"
     stale.mkdir()
-    (stale / "run.json").write_text(json.dumps({"run_id": "plain", "launch_id": "old",
-                                                "redis_url": "redis://10.77.0.99:1/0"}))  # fmt: skip
+    (stale / "run.json").write_text(
+        json.dumps({"run_id": "plain", "launch_id": "old", "redis_url": "redis://10.77.0.99:1/0"})
+    )
     launchers = {}
     for i, node in enumerate(("learner", "simA", "simB"), start=1):
         log = open(tmp_path / f"{node}.log", "wb")
-        launchers[node] = c.exec(i, sys.executable, "-m", "rlvla3.cli", "launch", str(config),
-                                 "--node", node, "--out", str(tmp_path / node),
-                                 env={run_secret.SECRET_ENV: secret},
-                                 stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        launchers[node] = c.exec(
+            i,
+            sys.executable,
+            "-m",
+            "rlvla3.cli",
+            "launch",
+            str(config),
+            "--node",
+            node,
+            "--out",
+            str(tmp_path / node),
+            env={run_secret.SECRET_ENV: secret},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def servers_updated() -> dict | None:
             info = json.loads((stale / "run.json").read_text())
             if info.get("launch_id") == "old":
                 return None
             snap = c.monitor(2, stale)  # node simA, from its own run dir
-            versions = [r["stats"].get("policy_version", -1) for r in snap["roles"]
-                        if r["role"] == "rollout_server"]  # fmt: skip
+            versions = [
+                r["stats"].get("policy_version", -1)
+                for r in snap["roles"]
+                if r["role"] == "rollout_server"
+            ]
             return snap if len(versions) == 2 and min(versions) >= 3 else None
 
         snap = wait_until(servers_updated, 180, "weights on both rollout servers")
         assert list(tmp_path.glob("simA-*/run.json")), "the earlier run was not moved aside"
         assert {n["node"] for n in snap["nodes"]} == {"learner", "simA", "simB"}
         server = next(r for r in snap["roles"] if r["role"] == "rollout_server" and r["index"] == 0)
-        probe = json.loads(c.run(2, sys.executable, "-m", "tests.cluster_probe",
-                                 f"redis://{c.address(1)}:16379/0",
-                                 server["endpoints"]["requests"],
-                                 run_keys(secret).server_public.decode()))  # fmt: skip
+        probe = json.loads(
+            c.run(
+                2,
+                sys.executable,
+                "-m",
+                "tests.cluster_probe",
+                f"redis://{c.address(1)}:16379/0",
+                server["endpoints"]["requests"],
+                run_keys(secret).server_public.decode(),
+            )
+        )
         assert probe == {"redis": "refused", "zmq_plain": "no reply", "zmq_wrong_key": "no reply"}
-        wait_until(lambda: c.monitor(3, tmp_path / "simB")["counters"].get("auth_refused", 0) >= 2,
-                   30, "the refused peers counted")  # fmt: skip
+        wait_until(
+            lambda: c.monitor(3, tmp_path / "simB")["counters"].get("auth_refused", 0) >= 2,
+            30,
+            "the refused peers counted",
+        )
 
         os.kill(launchers["learner"].pid, signal.SIGKILL)
         for node in ("simA", "simB"):
             code = launchers[node].wait(timeout=10 + 60)  # head_timeout_s + stopping its roles
             out = (tmp_path / f"{node}.log").read_text()
             assert code == 1 and "lost the head node 'learner'" in out, out
-        wait_until(lambda: not any(c.processes(i) for i in (1, 2, 3)), 30,
-                   "every process on every node gone")  # fmt: skip
+        wait_until(
+            lambda: not any(c.processes(i) for i in (1, 2, 3)),
+            30,
+            "every process on every node gone",
+        )
         for log in [*tmp_path.glob("*.log"), *tmp_path.glob("*/logs/*.log")]:
             assert secret not in log.read_text(errors="replace"), f"the run secret is in {log}"
     finally:

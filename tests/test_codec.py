@@ -24,8 +24,20 @@ from transport.codec import (
 )
 from transport.messages import SCHEMA_VERSION as V
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64"]  # fmt: skip
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+]
 
 arrays = st.sampled_from(DTYPES).flatmap(
     lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5))
@@ -35,17 +47,33 @@ floats = st.floats(allow_nan=False, width=64)
 obs = st.dictionaries(st.sampled_from(["state", "image", "instruction", "proprio"]), arrays)
 
 MESSAGES = {
-    
     m.ObsRequest: st.builds(m.ObsRequest, env_key=st.text(), request_id=ints, obs=obs),
-    m.ActionReply: st.builds(m.ActionReply, request_id=ints, action=arrays, env_action=st.none() | arrays,
-                             log_prob=floats,
-                             value=floats, policy_version=ints),
+    m.ActionReply: st.builds(
+        m.ActionReply,
+        request_id=ints,
+        action=arrays,
+        env_action=st.none() | arrays,
+        log_prob=floats,
+        value=floats,
+        policy_version=ints,
+    ),
     m.TrajectoryChunk: st.builds(
-        m.TrajectoryChunk, worker_index=ints, env_index=ints, chunk_id=ints, obs=obs,
-        actions=arrays, rewards=arrays, terminated=arrays, truncated=arrays, log_probs=arrays,
-        values=arrays, policy_versions=arrays, bootstrap_value=floats),
+        m.TrajectoryChunk,
+        worker_index=ints,
+        env_index=ints,
+        chunk_id=ints,
+        obs=obs,
+        actions=arrays,
+        rewards=arrays,
+        terminated=arrays,
+        truncated=arrays,
+        log_probs=arrays,
+        values=arrays,
+        policy_versions=arrays,
+        bootstrap_value=floats,
+    ),
     m.WeightsUpdate: st.builds(m.WeightsUpdate, version=ints, layout=st.text(), flat=arrays),
-}  # fmt: skip
+}
 
 
 def assert_same(a: object, b: object) -> None:
@@ -87,24 +115,45 @@ def test_large_arrays_are_not_copied_on_encode() -> None:
 
 
 def test_small_arrays_travel_inline_in_one_frame() -> None:
-    reply = m.ActionReply(request_id=1, action=np.array(1), env_action=np.array([0.5, -0.5]),
-                          log_prob=-0.7, value=0.1, policy_version=3)  # fmt: skip
+    reply = m.ActionReply(
+        request_id=1,
+        action=np.array(1),
+        env_action=np.array([0.5, -0.5]),
+        log_prob=-0.7,
+        value=0.1,
+        policy_version=3,
+    )
     frames = encode(reply)
     assert len(frames) == 1
     assert_same(decode(frames), reply)
 
 
 def test_reply_without_env_action_steps_with_the_action() -> None:
-    reply = m.ActionReply(request_id=1, action=np.array(1), log_prob=-0.7, value=0.1,
-                          policy_version=3)  # fmt: skip
+    reply = m.ActionReply(
+        request_id=1, action=np.array(1), log_prob=-0.7, value=0.1, policy_version=3
+    )
     back = decode(encode(reply))
     assert back.env_action is None and back.env_step_action is back.action
-    with_env = m.ActionReply(request_id=1, action=np.array([3]), env_action=np.array([0.5]),
-                             log_prob=-0.7, value=0.1, policy_version=3)  # fmt: skip
+    with_env = m.ActionReply(
+        request_id=1,
+        action=np.array([3]),
+        env_action=np.array([0.5]),
+        log_prob=-0.7,
+        value=0.1,
+        policy_version=3,
+    )
     np.testing.assert_array_equal(decode(encode(with_env)).env_step_action, [0.5])
     with pytest.raises(TypeError, match="ActionReply.env_action: expected an array or None"):
-        encode(m.ActionReply(request_id=1, action=np.array(1), env_action=[0.5], log_prob=-0.7,
-                             value=0.1, policy_version=3))  # fmt: skip
+        encode(
+            m.ActionReply(
+                request_id=1,
+                action=np.array(1),
+                env_action=[0.5],
+                log_prob=-0.7,
+                value=0.1,
+                policy_version=3,
+            )
+        )
 
 
 def test_cpu_tensors_are_sent_and_arrive_as_numpy_arrays() -> None:
@@ -149,29 +198,65 @@ def _update(flat: object) -> bytes:
         ([b"\xc1garbage"], MalformedFrame, "not a valid msgpack"),
         ([b"\x92\x02"], MalformedFrame, "not a valid msgpack"),  # truncated header
         ([msgpack.packb(5)], MalformedFrame, "must be \\[version, message\\]"),
-        ([msgpack.packb([V, {"command": "x"}])], MalformedFrame, "must be \\[name, \\*field values\\]"),
+        (
+            [msgpack.packb([V, {"command": "x"}])],
+            MalformedFrame,
+            "must be \\[name, \\*field values\\]",
+        ),
         (_big_frames()[:1], MalformedFrame, "WeightsUpdate.flat: array refers to frame 1"),
         ([_big_frames()[0], _big_frames()[1][:7]], MalformedFrame, "needs 65536 bytes, got 7"),
         ([*_big_frames(), b"extra"], MalformedFrame, "2 data frames but 1 referenced"),
         ([_header(99, "WeightsUpdate", [])], SchemaMismatch, "schema version 99"),
         ([_header(V, "Evil", [])], UnknownMessage, "'Evil'"),
-        ([_header(V, "WeightsUpdate", [1, "x", None, 5])], MalformedFrame, "WeightsUpdate: expected 3 field values, got 4"),
-        ([_header(V, "WeightsUpdate", [])], MalformedFrame, "WeightsUpdate: expected 3 field values, got 0"),
-        ([_header(V, "WeightsUpdate", ["1", "x", None])], MalformedFrame, "WeightsUpdate.version: Expected `int`"),
-        ([_header(V, "WeightsUpdate", [True, "x", None])], MalformedFrame, "WeightsUpdate.version: Expected `int`"),
-        ([_update(["object", [1], b"x"])], MalformedFrame, "WeightsUpdate.flat: array dtype 'object'"),
+        (
+            [_header(V, "WeightsUpdate", [1, "x", None, 5])],
+            MalformedFrame,
+            "WeightsUpdate: expected 3 field values, got 4",
+        ),
+        (
+            [_header(V, "WeightsUpdate", [])],
+            MalformedFrame,
+            "WeightsUpdate: expected 3 field values, got 0",
+        ),
+        (
+            [_header(V, "WeightsUpdate", ["1", "x", None])],
+            MalformedFrame,
+            "WeightsUpdate.version: Expected `int`",
+        ),
+        (
+            [_header(V, "WeightsUpdate", [True, "x", None])],
+            MalformedFrame,
+            "WeightsUpdate.version: Expected `int`",
+        ),
+        (
+            [_update(["object", [1], b"x"])],
+            MalformedFrame,
+            "WeightsUpdate.flat: array dtype 'object'",
+        ),
         ([_update(5)], MalformedFrame, "WeightsUpdate.flat: expected an array"),
         ([_update(["float32", [4], b"123"])], MalformedFrame, "needs 16 bytes, got 3"),
         ([_update(["float32", [-1], b""])], MalformedFrame, "non-negative ints"),
         ([_update(["float32", 4, b""])], MalformedFrame, "is not a list"),
-        ([_header(V, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x"]}])], MalformedFrame,
-         "ObsRequest.obs: Expected `str`, got `bytes` \\(a key\\)"),
-        ([_header(V, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x"]}])],
-         MalformedFrame, "ObsRequest.obs\\[...\\]: array uint8\\[2\\] needs 2 bytes"),
-        ([_header(V, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1]] * 7, 0.0]),
-          b"\x00" * 65536], MalformedFrame, "TrajectoryChunk.rewards: array refers to frame 1"),
+        (
+            [_header(V, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x"]}])],
+            MalformedFrame,
+            "ObsRequest.obs: Expected `str`, got `bytes` \\(a key\\)",
+        ),
+        (
+            [_header(V, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x"]}])],
+            MalformedFrame,
+            "ObsRequest.obs\\[...\\]: array uint8\\[2\\] needs 2 bytes",
+        ),
+        (
+            [
+                _header(V, "TrajectoryChunk", [0, 0, 0, {}, *[["uint8", [65536], 1]] * 7, 0.0]),
+                b"\x00" * 65536,
+            ],
+            MalformedFrame,
+            "TrajectoryChunk.rewards: array refers to frame 1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_frames_raise_typed_errors(frames: list, error: type, text: str) -> None:
     with pytest.raises(error, match=text):
         decode(frames)

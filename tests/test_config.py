@@ -41,7 +41,10 @@ def test_defaults_load_without_a_file() -> None:
         ({"bogus": 1}, "bogus: unknown key"),
         ({"policy": {"vla": {"d_modle": 64}}}, "policy.vla.d_modle: unknown key"),
         ({"policy": {"vla": {"film": "yes"}}}, "policy.vla.film: expected bool"),
-        ({"policy": {"vla": {"d_model": 96, "num_heads": 5}}}, "policy.vla: invalid VLAConfig: d_model must"),
+        (
+            {"policy": {"vla": {"d_model": 96, "num_heads": 5}}},
+            "policy.vla: invalid VLAConfig: d_model must",
+        ),
         ({"sft": {"expert_noise": -0.1}}, "sft.expert_noise: must be >= 0"),
         ({"roles": {"trainer": {"cpus": []}}}, "roles.trainer.cpus: a non-empty list"),
         ({"roles": {"trainer": {"cpus": [-1]}}}, "roles.trainer.cpus: a non-empty list"),
@@ -64,7 +67,7 @@ def test_defaults_load_without_a_file() -> None:
         ({"run": {"seed": 2**64}}, "run.seed: must be <= 9223372036854775807"),
         ({"roles": {"trainer": {"count": 10**20}}}, "roles.trainer.count: must be <= 4096"),
         ({"run": {"name": "a/b"}}, "run.name: 'a/b' must be non-empty"),
-    ],  # fmt: skip
+    ],
 )
 def test_errors_name_the_key_path(raw: dict, message: str) -> None:
     assert _error(raw).startswith(message)
@@ -120,7 +123,9 @@ def test_unreadable_or_misshapen_files_are_one_line_errors(tmp_path) -> None:
         load_config(listed)
     twice = tmp_path / "twice.yaml"
     twice.write_text("algo:\n  lr: 0.1\n  lr: 0.2\n")
-    with pytest.raises(ConfigError, match="twice.yaml: not valid YAML: line 3, column 3: duplicate"):
+    with pytest.raises(
+        ConfigError, match="twice.yaml: not valid YAML: line 3, column 3: duplicate"
+    ):
         load_config(twice)
     with pytest.raises(ConfigError, match="not valid YAML: line 1, column 4: a key must be"):
         load_config(None, ["run={? [a, b] : 1}"])
@@ -170,6 +175,9 @@ def test_launch_refuses_a_run_without_roles_or_with_a_missing_checkpoint(tmp_pat
     with pytest.raises(ConfigError, match="roles: no role processes to start in this config"):
         launch(None, out=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match="policy.init_checkpoint: no checkpoint at /nowhere"):
-        launch(None, ["roles.trainer.count=1", "policy.init_checkpoint=/nowhere"],
-               out=str(tmp_path / "run"))  # fmt: skip
+        launch(
+            None,
+            ["roles.trainer.count=1", "policy.init_checkpoint=/nowhere"],
+            out=str(tmp_path / "run"),
+        )
     assert not (tmp_path / "run").exists()  # refused before anything was written

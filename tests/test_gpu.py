@@ -44,10 +44,11 @@ def test_varlen_kernel_matches_per_sample_sdpa(causal):
 
     ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
     outs = [
-        F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1)[None] for x in ref_in),
-                                       is_causal=causal)[0].transpose(0, 1)
+        F.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1)[None] for x in ref_in), is_causal=causal
+        )[0].transpose(0, 1)
         for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)
-    ]  # fmt: skip
+    ]
     ref = torch.cat(outs)
     (ref * weight).sum().backward()
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -16,22 +16,33 @@ from rlvla3.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, monitor_json, pid_gone, start_launcher, write_yaml
 
-ROLES = {("env_worker", 0), ("env_worker", 1), ("rollout_server", 0), ("trainer", 0),
-         ("weight_broadcaster", 0)}  # fmt: skip
+ROLES = {
+    ("env_worker", 0),
+    ("env_worker", 1),
+    ("rollout_server", 0),
+    ("trainer", 0),
+    ("weight_broadcaster", 0),
+}
 
 
 def tiny_run(tmp_path: Path, name: str, redis_url: str | None, **stop: object) -> Path:
     cfg = {
-        "run": {"name": name, "redis_url": redis_url, "heartbeat_ttl_s": 2.0,
-                "progress_interval_s": 1.0, "stop_timeout_s": 15.0,
-                "stop": {"max_wall_s": 180, **stop}},
+        "run": {
+            "name": name,
+            "redis_url": redis_url,
+            "heartbeat_ttl_s": 2.0,
+            "progress_interval_s": 1.0,
+            "stop_timeout_s": 15.0,
+            "stop": {"max_wall_s": 180, **stop},
+        },
         "roles": {
             "env_worker": {"count": 2, "restart": {"max_restarts": 2, "backoff_s": 0.1}},
-            "rollout_server": {"count": 1}, "trainer": {"count": 1, "cpus": [0]},
+            "rollout_server": {"count": 1},
+            "trainer": {"count": 1, "cpus": [0]},
             "weight_broadcaster": {"count": 1},
         },
         "env": {"id": "CartPole-v1", "num_envs_per_worker": 1, "chunk_len": 16},
-    }  # fmt: skip
+    }
     return write_yaml(tmp_path / "bus.yaml", cfg)
 
 
@@ -176,8 +187,9 @@ def test_weight_path_survives_forgery_and_a_broadcaster_restart(tmp_path, redis_
         recs = wait_until(lambda: running(registry), 120, "every role running")
         wait_until(lambda: registry.weight_version() >= 2, 90, "weights flowing")
         layout = FlatLayout.of(MLPPolicy(4, gym.spaces.Discrete(2)))
-        forged = WeightsUpdate(version=10**12, layout=layout.digest,
-                               flat=np.zeros(layout.numel, np.float32))  # fmt: skip
+        forged = WeightsUpdate(
+            version=10**12, layout=layout.digest, flat=np.zeros(layout.numel, np.float32)
+        )
         push = sockets.push(hwm=4)
         push.connect(registry.endpoints("weight_broadcaster", "updates")[0])
         assert push.send(forged, timeout_s=5)

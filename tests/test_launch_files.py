@@ -22,9 +22,11 @@ def test_launch_file_builds_its_policy(path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [("sft_tabletop_easy.yaml", "vla_tabletop.yaml"),
-     ("sft_tabletop.yaml", "sft_then_rl_tabletop.yaml")],
-)  # fmt: skip
+    [
+        ("sft_tabletop_easy.yaml", "vla_tabletop.yaml"),
+        ("sft_tabletop.yaml", "sft_then_rl_tabletop.yaml"),
+    ],
+)
 def test_rl_yaml_loads_the_weights_its_sft_yaml_writes(first: str, then: str) -> None:
     sft, rl = load_config(LAUNCH / first), load_config(LAUNCH / then)
     assert rl.policy.init_checkpoint == f"{sft.run.output_dir}/{sft.run.name}"

@@ -239,8 +239,9 @@ def test_stats_and_datasets_metadata(tmp_path: Path) -> None:
     assert line["episode_index"] == 0
     image = line["stats"]["observation.image"]
     assert np.array(image["mean"]).shape == (3, 1, 1) and image["count"] == [5]
-    np.testing.assert_allclose(np.array(image["max"]).ravel(),
-                               ep["observation.image"].max(axis=(0, 1, 2)) / 255.0)  # fmt: skip
+    np.testing.assert_allclose(
+        np.array(image["max"]).ravel(), ep["observation.image"].max(axis=(0, 1, 2)) / 255.0
+    )
     action = line["stats"]["action"]
     np.testing.assert_allclose(action["min"], ep["action"].min(axis=0), rtol=1e-6)
     np.testing.assert_allclose(action["std"], ep["action"].std(axis=0), rtol=1e-5)
@@ -248,8 +249,11 @@ def test_stats_and_datasets_metadata(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "data" / "chunk-000" / "episode_000000.parquet")
     hf = json.loads(table.schema.metadata[b"huggingface"])["info"]["features"]
     assert hf["observation.image"] == {"_type": "Image"}
-    assert hf["action"] == {"feature": {"dtype": "float32", "_type": "Value"}, "length": 2,
-                            "_type": "Sequence"}  # fmt: skip
+    assert hf["action"] == {
+        "feature": {"dtype": "float32", "_type": "Value"},
+        "length": 2,
+        "_type": "Sequence",
+    }
     assert hf["next.reward"] == {"dtype": "float32", "_type": "Value"}
     png = table.column("observation.image")[0].as_py()
     assert png["bytes"].startswith(b"\x89PNG") and png["path"] is None
@@ -260,18 +264,30 @@ def _v3_dataset(root: Path, rng: np.random.Generator) -> list[dict[str, np.ndarr
     episode 2 is in file 1; a 2-d feature is stored as nested lists (``datasets.Array2D``)."""
     lengths, episodes, meta_rows, start = [3, 4, 2], [], [], 0
     for index, n in enumerate(lengths):
-        episodes.append({
-            "observation.image": rng.integers(0, 256, (n, 8, 6, 3), dtype=np.uint8),
-            "observation.grid": rng.normal(size=(n, 2, 3)).astype(np.float32),
-            "action": rng.normal(size=(n, 2)).astype(np.float32),
-        })  # fmt: skip
-        meta_rows.append({"episode_index": index, "tasks": [f"task {index % 2}"], "length": n,
-                          "data/chunk_index": 0, "data/file_index": 0 if index < 2 else 1,
-                          "dataset_from_index": start, "dataset_to_index": start + n})  # fmt: skip
+        episodes.append(
+            {
+                "observation.image": rng.integers(0, 256, (n, 8, 6, 3), dtype=np.uint8),
+                "observation.grid": rng.normal(size=(n, 2, 3)).astype(np.float32),
+                "action": rng.normal(size=(n, 2)).astype(np.float32),
+            }
+        )
+        meta_rows.append(
+            {
+                "episode_index": index,
+                "tasks": [f"task {index % 2}"],
+                "length": n,
+                "data/chunk_index": 0,
+                "data/file_index": 0 if index < 2 else 1,
+                "dataset_from_index": start,
+                "dataset_to_index": start + n,
+            }
+        )
         start += n
-    features = {"observation.image": image_feature((8, 6, 3)),
-                "observation.grid": Feature(dtype="float32", shape=(2, 3)),
-                "action": Feature(dtype="float32", shape=(2,))}  # fmt: skip
+    features = {
+        "observation.image": image_feature((8, 6, 3)),
+        "observation.grid": Feature(dtype="float32", shape=(2, 3)),
+        "action": Feature(dtype="float32", shape=(2,)),
+    }
     from sft.lerobot import INDEX_FEATURES
     from sft.lerobot_format import to_column
 
@@ -280,10 +296,14 @@ def _v3_dataset(root: Path, rng: np.random.Generator) -> list[dict[str, np.ndarr
         for index in members:
             n = lengths[index]
             frame = np.arange(n)
-            data = {**episodes[index], "timestamp": (frame / 10).astype(np.float32),
-                    "frame_index": frame, "episode_index": np.full(n, index),
-                    "index": frame + sum(lengths[:index]),
-                    "task_index": np.full(n, index % 2)}  # fmt: skip
+            data = {
+                **episodes[index],
+                "timestamp": (frame / 10).astype(np.float32),
+                "frame_index": frame,
+                "episode_index": np.full(n, index),
+                "index": frame + sum(lengths[:index]),
+                "task_index": np.full(n, index % 2),
+            }
             for key, feature in {**features, **INDEX_FEATURES}.items():
                 column = to_column(data[key].astype(feature.numpy_dtype), feature)
                 cols.setdefault(key, []).extend(column.to_pylist())
@@ -291,11 +311,15 @@ def _v3_dataset(root: Path, rng: np.random.Generator) -> list[dict[str, np.ndarr
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table(cols), path)
     (root / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(meta_rows),
-                   root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")  # fmt: skip
+    pq.write_table(
+        pa.Table.from_pylist(meta_rows),
+        root / "meta" / "episodes" / "chunk-000" / "file-000.parquet",
+    )
     # pandas writes the task strings as the frame's index, a column named after it
-    pq.write_table(pa.table({"task_index": [1, 0], "task": ["task 1", "task 0"]}),
-                   root / "meta" / "tasks.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table({"task_index": [1, 0], "task": ["task 1", "task 0"]}),
+        root / "meta" / "tasks.parquet",
+    )
     info = {
         "codebase_version": "v3.0",
         "fps": 10,
@@ -303,7 +327,7 @@ def _v3_dataset(root: Path, rng: np.random.Generator) -> list[dict[str, np.ndarr
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
         "features": {k: f.to_json() for k, f in {**features, **INDEX_FEATURES}.items()},
     }
-    (root / "meta" / "info.json").write_text(json.dumps(info))  # fmt: skip
+    (root / "meta" / "info.json").write_text(json.dumps(info))
     return episodes
 
 
@@ -336,13 +360,19 @@ def test_reader_errors_name_the_file_and_field(tmp_path: Path) -> None:
     (meta / "episodes.jsonl").write_text(episodes)
     for change, match in [
         ({"codebase_version": "v4.0"}, r"info.json: codebase_version 'v4.0' is not supported"),
-        ({"features": {**info["features"], "action": {"dtype": "float32", "shape": [5]}}},
-         r"action: rows of shape \[2\], declared \[5\]"),
-        ({"features": {**info["features"], "action": {"dtype": "video", "shape": [2]}}},
-         r"action: video features .* are not supported"),
-        ({"features": {**info["features"], "action": {"dtype": "complex7", "shape": [2]}}},
-         r"features.action: unknown dtype 'complex7'"),
-    ]:  # fmt: skip
+        (
+            {"features": {**info["features"], "action": {"dtype": "float32", "shape": [5]}}},
+            r"action: rows of shape \[2\], declared \[5\]",
+        ),
+        (
+            {"features": {**info["features"], "action": {"dtype": "video", "shape": [2]}}},
+            r"action: video features .* are not supported",
+        ),
+        (
+            {"features": {**info["features"], "action": {"dtype": "complex7", "shape": [2]}}},
+            r"features.action: unknown dtype 'complex7'",
+        ),
+    ]:
         (meta / "info.json").write_text(json.dumps({**info, **change}))
         expect(match)
     del info["features"]
@@ -440,27 +470,60 @@ def _rewrite_column(path: Path, name: str, column: pa.Array) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "match"),
     [
-        (lambda root, ep: (root / "meta" / "episodes.jsonl").write_text(
-            (root / "meta" / "episodes.jsonl").read_text().replace('"episode_index": 1', '"episode_index": 0')),
-         r"episodes.jsonl:2: episode_index 0 appears twice"),
-        (lambda root, ep: (root / "meta" / "episodes.jsonl").write_text(
-            (root / "meta" / "episodes.jsonl").read_text().replace('"length": 3', '"length": -2')),
-         r"episodes.jsonl:1: length must be an integer from 1"),
-        (lambda root, ep: (root / "meta" / "tasks.jsonl").write_text('{"task_index": 5, "task": "x"}\n'),
-         r"episode 0: task_index \[0\] not in the tasks metadata"),
-        (lambda root, ep: _rewrite_column(ep, "action", pa.array([[0.5, 1.0, 2.0], [1.0], [0.0, 0.0]])),
-         r"action: rows of different lengths"),
-        (lambda root, ep: _rewrite_column(ep, "action", pa.array([["a", "b"]] * 3)),
-         r"action: values of type string, expected numbers"),
-        (lambda root, ep: _rewrite_column(ep, "next.reward", pa.array([1.0, None, 2.0], pa.float32())),
-         r"next.reward: 1 null values"),
-        (lambda root, ep: _rewrite_column(ep, "observation.instruction", pa.array([[0.5] * 12] * 3)),
-         r"observation.instruction: values do not fit dtype int32"),
-        (lambda root, ep: _rewrite_column(ep, "observation.image", pa.array(
-            [{"bytes": _png_of((6, 8, 3)), "path": None}] * 3, IMAGE_STRUCT)),
-         r"observation.image: an image of uint8\[6, 8, 3\], declared uint8\[8, 6, 3\]"),
+        (
+            lambda root, ep: (root / "meta" / "episodes.jsonl").write_text(
+                (root / "meta" / "episodes.jsonl")
+                .read_text()
+                .replace('"episode_index": 1', '"episode_index": 0')
+            ),
+            r"episodes.jsonl:2: episode_index 0 appears twice",
+        ),
+        (
+            lambda root, ep: (root / "meta" / "episodes.jsonl").write_text(
+                (root / "meta" / "episodes.jsonl")
+                .read_text()
+                .replace('"length": 3', '"length": -2')
+            ),
+            r"episodes.jsonl:1: length must be an integer from 1",
+        ),
+        (
+            lambda root, ep: (root / "meta" / "tasks.jsonl").write_text(
+                '{"task_index": 5, "task": "x"}\n'
+            ),
+            r"episode 0: task_index \[0\] not in the tasks metadata",
+        ),
+        (
+            lambda root, ep: _rewrite_column(
+                ep, "action", pa.array([[0.5, 1.0, 2.0], [1.0], [0.0, 0.0]])
+            ),
+            r"action: rows of different lengths",
+        ),
+        (
+            lambda root, ep: _rewrite_column(ep, "action", pa.array([["a", "b"]] * 3)),
+            r"action: values of type string, expected numbers",
+        ),
+        (
+            lambda root, ep: _rewrite_column(
+                ep, "next.reward", pa.array([1.0, None, 2.0], pa.float32())
+            ),
+            r"next.reward: 1 null values",
+        ),
+        (
+            lambda root, ep: _rewrite_column(
+                ep, "observation.instruction", pa.array([[0.5] * 12] * 3)
+            ),
+            r"observation.instruction: values do not fit dtype int32",
+        ),
+        (
+            lambda root, ep: _rewrite_column(
+                ep,
+                "observation.image",
+                pa.array([{"bytes": _png_of((6, 8, 3)), "path": None}] * 3, IMAGE_STRUCT),
+            ),
+            r"observation.image: an image of uint8\[6, 8, 3\], declared uint8\[8, 6, 3\]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_inconsistent_data_is_refused_not_coerced(tmp_path: Path, corrupt, match: str) -> None:
     """Data that does not match its metadata fails, naming file and field, instead of being
     coerced into plausible-looking wrong frames."""

@@ -20,21 +20,32 @@ from rlvla3.typed_load import ConfigError
 from tests.conftest import wait_until
 from transport.security import CurveSecurity, run_keys
 
-GROUPS = ["nodes=[{name: learner, devices: [cuda:0]}, {name: sim, count: 2}]",
-          "roles.env_worker.count=3", "roles.env_worker.node=sim",
-          "roles.trainer.count=1", "roles.trainer.node=learner"]  # fmt: skip
+GROUPS = [
+    "nodes=[{name: learner, devices: [cuda:0]}, {name: sim, count: 2}]",
+    "roles.env_worker.count=3",
+    "roles.env_worker.node=sim",
+    "roles.trainer.count=1",
+    "roles.trainer.node=learner",
+]
 
 
 def slurm_env(node_id: int, hosts: str = "gpu01,cpu[01-02]", job: str = "4242") -> dict:
-    return {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_NODEID": str(node_id),
-            "SLURM_JOB_NODELIST": hosts}  # fmt: skip
+    return {
+        "SLURM_JOB_ID": job,
+        "SLURM_STEP_ID": "0",
+        "SLURM_NODEID": str(node_id),
+        "SLURM_JOB_NODELIST": hosts,
+    }
 
 
 # --- node groups ---------------------------------------------------------------------------------
 def test_groups_expand_in_order_and_roles_spread_over_a_group() -> None:
     cfg = load_config(None, GROUPS)
     assert [(n.name, n.group, n.rank) for n in cfg.all_nodes()] == [
-        ("learner", "learner", 0), ("sim-0", "sim", 1), ("sim-1", "sim", 2)]  # fmt: skip
+        ("learner", "learner", 0),
+        ("sim-0", "sim", 1),
+        ("sim-1", "sim", 2),
+    ]
     assert cfg.placement("env_worker") == ["sim-0", "sim-1", "sim-0"]
     assert cfg.placement("trainer") == ["learner"]
     assert cfg.node("learner").devices == ("cuda:0",)
@@ -52,7 +63,7 @@ def test_groups_expand_in_order_and_roles_spread_over_a_group() -> None:
         ([*GROUPS, "run.head=gpu"], "run.head: no node or group named 'gpu'"),
         ([*GROUPS, "roles.trainer.node=gpu"], "roles.trainer.node: no node or group named 'gpu'"),
     ],
-)  # fmt: skip
+)
 def test_bad_node_groups_are_named(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_config(None, overrides)
@@ -90,8 +101,11 @@ def test_the_job_hosts_fill_the_groups_in_order() -> None:
 
 def test_an_allocation_that_does_not_fit_is_one_line_naming_the_nodes() -> None:
     cfg = load_config(None, GROUPS)
-    with pytest.raises(ConfigError, match=r"has 2 hosts .* are 3 \(learner, sim-0, sim-1\); "
-                                          r"submit with sbatch --nodes=3"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"has 2 hosts .* are 3 \(learner, sim-0, sim-1\); "
+        r"submit with sbatch --nodes=3",
+    ):
         find_seat(cfg, None, slurm_env(0, hosts="cpu[01-02]"))
 
 
@@ -106,8 +120,11 @@ def test_a_one_host_step_runs_everything_here_and_node_overrides_slurm() -> None
 
 def test_a_one_node_yaml_on_several_hosts_and_two_tasks_per_node_are_refused() -> None:
     one_node = load_config(None, ["roles.trainer.count=1"])
-    with pytest.raises(ConfigError, match=r"has 3 hosts .* are 1 \(local\); submit with "
-                                          r"sbatch --nodes=1"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"has 3 hosts .* are 1 \(local\); submit with "
+        r"sbatch --nodes=1",
+    ):
         find_seat(one_node, None, slurm_env(0))
     with pytest.raises(ConfigError, match="one launcher per node"):
         find_seat(load_config(None, GROUPS), None, {**slurm_env(0), "SLURM_STEP_NUM_TASKS": "6"})
@@ -115,10 +132,15 @@ def test_a_one_node_yaml_on_several_hosts_and_two_tasks_per_node_are_refused() -
 
 # --- addresses -----------------------------------------------------------------------------------
 def test_loopback_is_refused_in_a_multi_node_run_naming_the_node() -> None:
-    cfg = load_config(None, ["nodes=[{name: a, host: 127.0.0.1}, {name: b}]", "roles.trainer.count=1"])
+    cfg = load_config(
+        None, ["nodes=[{name: a, host: 127.0.0.1}, {name: b}]", "roles.trainer.count=1"]
+    )
     seat = find_seat(cfg, "a")
-    with pytest.raises(netaddr.AddressError, match="node 'a': nodes\\[\\].host '127.0.0.1' gives "
-                                                   "127.0.0.1, which other nodes cannot reach"):  # fmt: skip
+    with pytest.raises(
+        netaddr.AddressError,
+        match="node 'a': nodes\\[\\].host '127.0.0.1' gives "
+        "127.0.0.1, which other nodes cannot reach",
+    ):
         own_address(seat, None)
     one_host = find_seat(cfg, None)  # every node on this host: loopback is right
     assert not one_host.multi_host and own_address(one_host, None) == "127.0.0.1"
@@ -194,8 +216,11 @@ def test_curve_serves_the_runs_peers_and_refuses_and_counts_strangers() -> None:
         assert received == [b"run"]
         # the wrong key fails at ZAP ("auth", once: libzmq does not retry it), the plain peer
         # during the handshake ("protocol" or "no_detail", as it happens to be cut off)
-        wait_until(lambda: any("auth" in r for r in refused)
-                   and any("auth" not in r for r in refused), 10, "both strangers counted")  # fmt: skip
+        wait_until(
+            lambda: any("auth" in r for r in refused) and any("auth" not in r for r in refused),
+            10,
+            "both strangers counted",
+        )
     finally:
         security.close()
         peer_ctx.destroy(linger=0)

@@ -15,8 +15,16 @@ from rlvla3.typed_load import ConfigError
 
 
 def _vla() -> VLAPolicy:
-    return VLAPolicy(VLAConfig(image_size=16, patch_size=8, d_model=32, num_layers=1, num_heads=2,
-                               action_head="gaussian"))  # fmt: skip
+    return VLAPolicy(
+        VLAConfig(
+            image_size=16,
+            patch_size=8,
+            d_model=32,
+            num_layers=1,
+            num_heads=2,
+            action_head="gaussian",
+        )
+    )
 
 
 def _obs(policy: ActorCritic) -> dict[str, torch.Tensor]:
@@ -29,8 +37,9 @@ def _obs(policy: ActorCritic) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("make", [lambda: MLPPolicy(4, gym.spaces.Discrete(3)), _vla],
-                         ids=["mlp", "vla"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make", [lambda: MLPPolicy(4, gym.spaces.Discrete(3)), _vla], ids=["mlp", "vla"]
+)
 def test_value_parameters_move_the_value_only(make) -> None:
     """Changing ``value_parameters`` changes the value and leaves the action distribution."""
     torch.manual_seed(0)

@@ -307,11 +307,18 @@ def test_reference_kl_pulls_the_policy_back_to_the_reference():
     policy = MLPPolicy(4, gym.spaces.Discrete(3), hidden_sizes=(16,))
     batch = _fixed_batch(policy)
     batch["advantages"] = torch.zeros_like(batch["advantages"])  # no reward signal at all
-    kw = dict(epochs=1, minibatch_size=64, max_grad_norm=10.0, clip_coef=0.2, vf_coef=0.0,
-              ent_coef=0.0)  # fmt: skip
+    kw = dict(
+        epochs=1, minibatch_size=64, max_grad_norm=10.0, clip_coef=0.2, vf_coef=0.0, ent_coef=0.0
+    )
     twin = copy.deepcopy(reference).requires_grad_(True)
-    same = ppo_update(twin, torch.optim.SGD(twin.parameters(), lr=0.0), batch,
-                      reference=reference, ref_kl_coef=1.0, **kw)  # fmt: skip
+    same = ppo_update(
+        twin,
+        torch.optim.SGD(twin.parameters(), lr=0.0),
+        batch,
+        reference=reference,
+        ref_kl_coef=1.0,
+        **kw,
+    )
     assert same["ref_kl"] == pytest.approx(0.0, abs=1e-7)
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
     first = ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=1.0, **kw)
@@ -352,11 +359,17 @@ def test_reference_kl_holds_a_shared_trunk_during_value_warmup():
         batch = _fixed_batch(policy)
         batch["returns"] = batch["values"] + 5 * torch.randn_like(batch["values"])
         optimizer = torch.optim.Adam(policy.parameters(), lr=3e-2)
-        kw = dict(epochs=4, minibatch_size=16, max_grad_norm=10.0, clip_coef=0.2, vf_coef=1.0,
-                  ent_coef=0.0, policy_coef=0.0)  # fmt: skip
+        kw = dict(
+            epochs=4,
+            minibatch_size=16,
+            max_grad_norm=10.0,
+            clip_coef=0.2,
+            vf_coef=1.0,
+            ent_coef=0.0,
+            policy_coef=0.0,
+        )
         for _ in range(10):
-            ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=ref_kl_coef,
-                       **kw)  # fmt: skip
+            ppo_update(policy, optimizer, batch, reference=reference, ref_kl_coef=ref_kl_coef, **kw)
         with torch.no_grad():
             new = policy.evaluate(batch["obs"], batch["actions"]).log_prob
             ref = reference.evaluate(batch["obs"], batch["actions"]).log_prob

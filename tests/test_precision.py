@@ -86,12 +86,14 @@ class _FakeTE:
         fake = self
 
         class Linear(nn.Module):
-            def __init__(self, in_features, out_features, bias=True, params_dtype=None,
-                         device="cuda"):  # fmt: skip
+            def __init__(
+                self, in_features, out_features, bias=True, params_dtype=None, device="cuda"
+            ):
                 super().__init__()
                 self.in_features, self.out_features = in_features, out_features
-                self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device,
-                                                       dtype=params_dtype))  # fmt: skip
+                self.weight = nn.Parameter(
+                    torch.empty(out_features, in_features, device=device, dtype=params_dtype)
+                )
                 self.bias = nn.Parameter(torch.empty(out_features, device=device)) if bias else None
 
             def forward(self, inp, is_first_microbatch=None, fp8_output=False, fp8_grad=False):
@@ -134,9 +136,12 @@ class _FakeTE:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         root, common = types.ModuleType("transformer_engine"), types.ModuleType("te.common")
         root.pytorch, root.common, common.recipe = self.pytorch, common, self.recipe
-        for name, module in [("transformer_engine", root), ("transformer_engine.pytorch",
-                             self.pytorch), ("transformer_engine.common", common),
-                             ("transformer_engine.common.recipe", self.recipe)]:  # fmt: skip
+        for name, module in [
+            ("transformer_engine", root),
+            ("transformer_engine.pytorch", self.pytorch),
+            ("transformer_engine.common", common),
+            ("transformer_engine.common.recipe", self.recipe),
+        ]:
             monkeypatch.setitem(sys.modules, name, module)
 
 
@@ -154,8 +159,10 @@ def test_transformer_engine_backend_keeps_the_linear_interface(monkeypatch, bloc
     keys_before = list(model.state_dict())
     context = enable_fp8(model, "transformer_engine")
     swapped = [m for m in model.modules() if isinstance(m, fake.pytorch.Linear)]
-    assert swapped and not any(type(m) is nn.Linear and m.in_features % 16 == 0
-                               and m.out_features % 16 == 0 for m in model.modules())  # fmt: skip
+    assert swapped and not any(
+        type(m) is nn.Linear and m.in_features % 16 == 0 and m.out_features % 16 == 0
+        for m in model.modules()
+    )
     assert list(model.state_dict()) == keys_before  # no _extra_state: checkpoints load anywhere
     x = torch.randn(1, 10, 64)
     mask = torch.ones(1, 10, dtype=torch.bool)

@@ -16,8 +16,12 @@ from tests.launching import REPO
 
 
 def test_the_reference_pages_are_up_to_date() -> None:
-    done = subprocess.run([sys.executable, "-m", "rlvla3.reference", "--check"], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rlvla3.reference", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -16,8 +16,14 @@ from tests.launching import launcher_output, pid_gone, start_launcher, write_yam
 
 def cartpole_config(name: str, redis_url: str, mode: str, **algo: object) -> dict:
     return {
-        "run": {"name": name, "mode": mode, "redis_url": redis_url, "heartbeat_ttl_s": 3.0,
-                "progress_interval_s": 2.0, "stop": {"max_env_steps": 4000, "max_wall_s": 150}},
+        "run": {
+            "name": name,
+            "mode": mode,
+            "redis_url": redis_url,
+            "heartbeat_ttl_s": 3.0,
+            "progress_interval_s": 2.0,
+            "stop": {"max_env_steps": 4000, "max_wall_s": 150},
+        },
         "roles": {
             "env_worker": {"count": 2},
             "rollout_server": {"count": 1},
@@ -26,7 +32,7 @@ def cartpole_config(name: str, redis_url: str, mode: str, **algo: object) -> dic
         },
         "env": {"id": "CartPole-v1", "num_envs_per_worker": 2, "chunk_len": 32},
         "algo": {"epochs": 2, "minibatch_size": 64, "checkpoint_every": 2, **algo},
-    }  # fmt: skip
+    }
 
 
 def run_to_end(tmp_path: Path, cfg: dict, timeout_s: float = 240) -> Path:

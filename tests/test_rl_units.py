@@ -24,13 +24,19 @@ def chunk(
     terminated = np.zeros(n, bool)
     terminated[-1] = terminated_last
     return TrajectoryChunk(
-        worker_index=0, env_index=0, chunk_id=0,
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
         obs={"state": np.arange(n * 4, dtype=np.float32).reshape(n, 4) / 10},
-        actions=np.arange(n, dtype=np.int64) % 2, rewards=np.ones(n, np.float32),
-        terminated=terminated, truncated=np.zeros(n, bool),
-        log_probs=np.full(n, -0.69, np.float32), values=np.full(n, 0.25, np.float32),
-        policy_versions=np.array(versions, np.int64), bootstrap_value=bootstrap,
-    )  # fmt: skip
+        actions=np.arange(n, dtype=np.int64) % 2,
+        rewards=np.ones(n, np.float32),
+        terminated=terminated,
+        truncated=np.zeros(n, bool),
+        log_probs=np.full(n, -0.69, np.float32),
+        values=np.full(n, 0.25, np.float32),
+        policy_versions=np.array(versions, np.int64),
+        bootstrap_value=bootstrap,
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,9 +124,7 @@ def test_mlp_discrete_act_samples_its_categorical_and_scores_like_evaluate() -> 
     assert bool((greedy == 0).all())
 
 
-CARTPOLE_OBS = gym.spaces.Dict(
-    {"state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)}
-)  # fmt: skip
+CARTPOLE_OBS = gym.spaces.Dict({"state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)})
 
 
 def _with(base: TrajectoryChunk, **changes: object) -> TrajectoryChunk:
@@ -151,8 +155,7 @@ def test_chunk_check_names_what_would_break_training(changes, problem) -> None:
     from rlvla3.algo.chunk_check import chunk_problem
 
     policy = MLPPolicy(4, gym.spaces.Discrete(2))
-    found = chunk_problem(_with(chunk([1, 1, 1, 1]), **changes), CARTPOLE_OBS,
-                          policy.action_spec())  # fmt: skip
+    found = chunk_problem(_with(chunk([1, 1, 1, 1]), **changes), CARTPOLE_OBS, policy.action_spec())
     if problem is None:
         assert found is None
     else:
@@ -167,11 +170,29 @@ def test_a_nan_minibatch_leaves_the_weights_finite() -> None:
     good = build_batch([chunk([0] * 8)], policy, AlgoConfig(), torch.device("cpu"))
     bad = {**good, "advantages": torch.full_like(good["advantages"], float("nan"))}
     before = [p.detach().clone() for p in policy.parameters()]
-    metrics = ppo_update(policy, opt, bad, epochs=1, minibatch_size=4, clip_coef=0.2,
-                         vf_coef=0.5, ent_coef=0.0, max_grad_norm=0.5)  # fmt: skip
+    metrics = ppo_update(
+        policy,
+        opt,
+        bad,
+        epochs=1,
+        minibatch_size=4,
+        clip_coef=0.2,
+        vf_coef=0.5,
+        ent_coef=0.0,
+        max_grad_norm=0.5,
+    )
     assert metrics["skipped_minibatches"] == 2
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
-    metrics = ppo_update(policy, opt, good, epochs=1, minibatch_size=4, clip_coef=0.2,
-                         vf_coef=0.5, ent_coef=0.0, max_grad_norm=0.5)  # fmt: skip
+    metrics = ppo_update(
+        policy,
+        opt,
+        good,
+        epochs=1,
+        minibatch_size=4,
+        clip_coef=0.2,
+        vf_coef=0.5,
+        ent_coef=0.0,
+        max_grad_norm=0.5,
+    )
     assert metrics["skipped_minibatches"] == 0
     assert all(torch.isfinite(p).all() for p in policy.parameters())

@@ -13,10 +13,13 @@ from rlvla3.run_report import write_report
 def _summary(tmp_path, redis_url: str, name: str, stop: dict, successes: list[bool]) -> dict:
     cfg = config_from_dict({"run": {"name": name, "redis_url": redis_url, "stop": stop}})
     registry = Registry(redis_url, name)
-    registry.append("episodes", [
-        {"return": 1.0, "length": 5, "success": ok, "t": float(i), "env_steps": 5 * i}
-        for i, ok in enumerate(successes)
-    ])  # fmt: skip
+    registry.append(
+        "episodes",
+        [
+            {"return": 1.0, "length": 5, "success": ok, "t": float(i), "env_steps": 5 * i}
+            for i, ok in enumerate(successes)
+        ],
+    )
     write_report(registry, cfg, tmp_path, 1.0, "test")
     return json.loads((tmp_path / "summary.json").read_text())
 
@@ -38,16 +41,33 @@ def test_an_evaluation_decides_over_all_its_episodes(tmp_path, redis_url) -> Non
     """200 evaluation episodes at 0.75 against a target of 0.8: not solved, even though the
     last return_window (50) of them reach 0.8."""
     name = "rep_eval"
-    cfg = config_from_dict({"run": {"name": name, "redis_url": redis_url, "stop": {
-        "target_success_rate": 0.8, "return_window": 50, "eval_episodes": 200}}})  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "run": {
+                "name": name,
+                "redis_url": redis_url,
+                "stop": {"target_success_rate": 0.8, "return_window": 50, "eval_episodes": 200},
+            }
+        }
+    )
     registry = Registry(redis_url, name)
     registry.start_evaluation(7)
     outcomes = [True] * 110 + [False] * 40 + [True] * 40 + [False] * 10  # 0.75; last 50: 0.8
-    registry.append("episodes", [
-        {"return": 5.0 if ok else 0.0, "length": 5, "success": ok, "t": float(i),
-         "env_steps": 5 * i, "min_version": 7, "max_version": 7}
-        for i, ok in enumerate(outcomes)
-    ])  # fmt: skip
+    registry.append(
+        "episodes",
+        [
+            {
+                "return": 5.0 if ok else 0.0,
+                "length": 5,
+                "success": ok,
+                "t": float(i),
+                "env_steps": 5 * i,
+                "min_version": 7,
+                "max_version": 7,
+            }
+            for i, ok in enumerate(outcomes)
+        ],
+    )
     summary = write_report(registry, cfg, tmp_path, 1.0, "test")
     assert summary["success_rate"] == 0.75 and summary["evaluation"]["episodes"] == 200
     assert summary["solved"] is False

@@ -18,17 +18,34 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
     tmp_path, redis_url, stream_buffer_frames
 ) -> None:
     cfg = {
-        "run": {"name": "sft_short", "redis_url": redis_url, "progress_interval_s": 5.0,
-                "stop": {"eval_episodes": 2, "eval_timeout_s": 120, "max_wall_s": 400}},
-        "roles": {"sft_trainer": {"count": 1}, "weight_broadcaster": {"count": 1},
-                  "rollout_server": {"count": 1}, "env_worker": {"count": 1}},
+        "run": {
+            "name": "sft_short",
+            "redis_url": redis_url,
+            "progress_interval_s": 5.0,
+            "stop": {"eval_episodes": 2, "eval_timeout_s": 120, "max_wall_s": 400},
+        },
+        "roles": {
+            "sft_trainer": {"count": 1},
+            "weight_broadcaster": {"count": 1},
+            "rollout_server": {"count": 1},
+            "env_worker": {"count": 1},
+        },
         "env": {"id": "rlvla3/TableTopEasy-v0", "num_envs_per_worker": 1},
-        "policy": {"kind": "vla", "vla": {"d_model": 32, "num_layers": 1, "num_heads": 2,
-                                          "num_bins": 16}},
-        "sft": {"dataset": str(tmp_path / "demos"), "generate_demos": 6, "max_steps": 40,
-                "lr": 3e-3, "token_budget": 1024, "publish_every": 10, "checkpoint_every": 20,
-                "stream_buffer_frames": stream_buffer_frames},
-    }  # fmt: skip
+        "policy": {
+            "kind": "vla",
+            "vla": {"d_model": 32, "num_layers": 1, "num_heads": 2, "num_bins": 16},
+        },
+        "sft": {
+            "dataset": str(tmp_path / "demos"),
+            "generate_demos": 6,
+            "max_steps": 40,
+            "lr": 3e-3,
+            "token_budget": 1024,
+            "publish_every": 10,
+            "checkpoint_every": 20,
+            "stream_buffer_frames": stream_buffer_frames,
+        },
+    }
     run_dir = tmp_path / "run"
     launcher = start_launcher(write_yaml(tmp_path / "sft.yaml", cfg), run_dir)
     try:
@@ -54,7 +71,22 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
 
 def test_demos_command_writes_a_lerobot_dataset(tmp_path) -> None:
     out = tmp_path / "demos"
-    subprocess.run([sys.executable, "-m", "rlvla3.cli", "demos", "--episodes", "3", "--out",
-                    str(out), "--obs-mode", "state"], check=True, cwd=REPO, timeout=120)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvla3.cli",
+            "demos",
+            "--episodes",
+            "3",
+            "--out",
+            str(out),
+            "--obs-mode",
+            "state",
+        ],
+        check=True,
+        cwd=REPO,
+        timeout=120,
+    )
     data = LeRobotDataset(out)
     assert len(data.episodes) == 3 and "observation.state" in data[0] and "action" in data[0]

@@ -79,8 +79,13 @@ def test_router_dealer_request_reply_across_two_servers(pair) -> None:
             if got is not None:
                 identity, req = got
                 seen[k] += 1
-                reply = ActionReply(request_id=req.request_id, action=np.array(1), log_prob=-0.1,
-                                    value=0.5, policy_version=3)  # fmt: skip
+                reply = ActionReply(
+                    request_id=req.request_id,
+                    action=np.array(1),
+                    log_prob=-0.1,
+                    value=0.5,
+                    policy_version=3,
+                )
                 assert server.send_to(identity, reply)
     assert seen == {0: 2, 1: 2}  # a DEALER spreads requests round-robin over its servers
     ids = sorted(client.recv(timeout_s=5).request_id for _ in range(4))

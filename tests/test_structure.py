@@ -36,8 +36,12 @@ def _imports() -> dict[str, set[str]]:
 
 def test_packages_depend_in_one_direction() -> None:
     rank = {package: i for i, package in enumerate(LAYERS)}
-    upward = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets
-                    if rank[t.split(".")[0]] > rank[m.split(".")[0]])  # fmt: skip
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in _imports().items()
+        for t in targets
+        if rank[t.split(".")[0]] > rank[m.split(".")[0]]
+    )
     assert not upward, f"imports of a higher layer ({' < '.join(LAYERS)}): {upward}"
 
 

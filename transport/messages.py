@@ -128,6 +128,5 @@ class WeightsUpdate(Message):
 
 
 MESSAGE_TYPES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate)
+    cls.__name__: cls for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate)
 }

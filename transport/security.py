@@ -28,9 +28,10 @@ from zmq.utils.monitor import parse_monitor_message
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _ZAP_DOMAIN = b"rlvla3"
 _FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)  # fmt: skip
+)
 _WATCHED = _FAILED | zmq.EVENT_MONITOR_STOPPED
 _POLL_MS = 200
 
@@ -149,8 +150,10 @@ class CurveSecurity:
         if event["event"] == zmq.EVENT_MONITOR_STOPPED:
             return False
         if event["event"] & _FAILED and self.on_refused is not None:
-            self.on_refused(f"{zmq.Event(event['event']).name.lower()} (code {event['value']}) "
-                            f"on {event['endpoint'].decode(errors='replace')}")  # fmt: skip
+            self.on_refused(
+                f"{zmq.Event(event['event']).name.lower()} (code {event['value']}) "
+                f"on {event['endpoint'].decode(errors='replace')}"
+            )
         return True
 
 

@@ -227,9 +227,13 @@ def start_store(host: str, timeout_s: float = 60.0) -> dist.TCPStore:
         listener.bind(address)
         listener.listen(128)
         store = dist.TCPStore(
-            host, listener.getsockname()[1], is_master=True, wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.fileno(),
-        )  # fmt: skip
+            host,
+            listener.getsockname()[1],
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            master_listen_fd=listener.fileno(),
+        )
         listener.detach()  # the store owns the socket now; closed here only if it failed
     return store
 
@@ -255,9 +259,14 @@ class WeightLink:
     """
 
     def __init__(
-        self, store: dist.Store, link_id: str, rank: int, device: str = "cpu",
-        timeout_s: float = 60.0, host: str = "127.0.0.1",
-    ) -> None:  # fmt: skip
+        self,
+        store: dist.Store,
+        link_id: str,
+        rank: int,
+        device: str = "cpu",
+        timeout_s: float = 60.0,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.link_id = link_id
         self.rank = rank
         self.device = torch.device(device)
@@ -323,9 +332,12 @@ class Broadcaster:
     """Rank 0 of every link: keeps the newest weights and sends them to all linked servers."""
 
     def __init__(
-        self, store: dist.Store, device: str = "cpu", timeout_s: float = 60.0,
+        self,
+        store: dist.Store,
+        device: str = "cpu",
+        timeout_s: float = 60.0,
         host: str = "127.0.0.1",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.device = device
         self.timeout_s = timeout_s
@@ -379,8 +391,9 @@ class Broadcaster:
             except Exception:  # a dead peer: drop its link, the others go on
                 failed.append(link.link_id)
 
-        threads = [threading.Thread(target=send, args=(link,), daemon=True)
-                   for link in self.links.values()]  # fmt: skip
+        threads = [
+            threading.Thread(target=send, args=(link,), daemon=True) for link in self.links.values()
+        ]
         _run_until_stopped(threads, should_stop)
         for link_id in failed:
             self.remove(link_id)

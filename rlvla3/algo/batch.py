@@ -45,8 +45,12 @@ def build_batch(
     actions = _cat([c.actions for c in chunks], device)
     behaviour_log_probs = _cat([c.log_probs for c in chunks], device)
     behaviour_values = _cat([c.values for c in chunks], device)
-    batch: Batch = {"obs": obs, "actions": actions, "log_probs": behaviour_log_probs,
-                    "values": behaviour_values}  # fmt: skip
+    batch: Batch = {
+        "obs": obs,
+        "actions": actions,
+        "log_probs": behaviour_log_probs,
+        "values": behaviour_values,
+    }
     if algo.correction == "none":
         target_log_probs, values = None, behaviour_values
     else:
@@ -61,8 +65,15 @@ def build_batch(
         rewards = torch.tensor(c.rewards, device=device)  # (received arrays are read-only)
         dones = torch.tensor(c.terminated, device=device)
         if algo.correction == "vtrace":
-            vs, adv = vtrace(behaviour_log_probs[sl], target_log_probs[sl], rewards, values[sl],
-                             c.bootstrap_value, algo.gamma, dones=dones)  # fmt: skip
+            vs, adv = vtrace(
+                behaviour_log_probs[sl],
+                target_log_probs[sl],
+                rewards,
+                values[sl],
+                c.bootstrap_value,
+                algo.gamma,
+                dones=dones,
+            )
             advantages.append(adv)
             returns.append(vs)
         else:

@@ -65,8 +65,10 @@ def obs_problem(
         if arr is None:
             return f"obs[{key!r}]: missing"
         if arr.shape != (*leading, *space.shape) or arr.dtype != space.dtype:
-            return (f"obs[{key!r}]: {arr.dtype}{list(arr.shape)}, expected "
-                    f"{space.dtype}{[*leading, *space.shape]}")  # fmt: skip
+            return (
+                f"obs[{key!r}]: {arr.dtype}{list(arr.shape)}, expected "
+                f"{space.dtype}{[*leading, *space.shape]}"
+            )
     return None
 
 
@@ -80,6 +82,5 @@ def _action_problem(actions: np.ndarray, steps: int, spec: ActionSpec) -> str | 
     if actions.dtype.kind not in "iu":
         return f"actions: expected integers in [0, {spec.num_choices}), got {actions.dtype}"
     if actions.size and (actions.min() < 0 or actions.max() >= spec.num_choices):
-        return (f"actions: values {actions.min()}..{actions.max()} outside "
-                f"[0, {spec.num_choices})")  # fmt: skip
+        return f"actions: values {actions.min()}..{actions.max()} outside [0, {spec.num_choices})"
     return None

@@ -140,8 +140,10 @@ def attention(
     if not cu_seqlens.is_cuda:  # checked where it costs no device sync (the kernels check none)
         bounds = cu_seqlens.tolist()
         if bounds[0] != 0 or bounds[-1] != q.shape[0] or bounds != sorted(bounds):
-            raise ValueError(f"cu_seqlens must run non-decreasing from 0 to total_tokens="
-                             f"{q.shape[0]}, got {bounds[0]}..{bounds[-1]}")  # fmt: skip
+            raise ValueError(
+                f"cu_seqlens must run non-decreasing from 0 to total_tokens="
+                f"{q.shape[0]}, got {bounds[0]}..{bounds[-1]}"
+            )
     if max_seqlen is None:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)

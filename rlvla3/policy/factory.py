@@ -38,8 +38,10 @@ def build_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
         from rlvla3.policy.mlp import MLPPolicy
 
         if "state" not in env.observation.spaces:
-            raise ConfigError(f"policy.kind: mlp needs a 'state' observation; {cfg.env.id} has "
-                              f"{sorted(env.observation.spaces)} (use policy.kind: vla)")  # fmt: skip
+            raise ConfigError(
+                f"policy.kind: mlp needs a 'state' observation; {cfg.env.id} has "
+                f"{sorted(env.observation.spaces)} (use policy.kind: vla)"
+            )
         obs_dim = int(env.observation["state"].shape[0])
         return MLPPolicy(obs_dim, env.action, tuple(cfg.policy.hidden_sizes))
     from rlvla3.policy.vla import VLAConfig, VLAPolicy
