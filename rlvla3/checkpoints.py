@@ -1,14 +1,26 @@
-"""Trainer checkpoints: atomic writes, newest-first lookup, safe loading (``weights_only``).
+"""Trainer checkpoints: durable writes, verified newest-first resume, safe loading.
 
 Both trainers save and resume through ``save_training`` / ``resume_training``: model, optimizer,
 version, update count and whatever else the trainer keeps. torch is imported by the functions
 that save and load, so the launcher can look for a checkpoint (``find_checkpoint``) without
 paying for a torch import.
+
+Durability: a checkpoint is written to a temporary file, fsynced, its SHA-256 written beside it
+(``ckpt_<version>.sha256``, fsynced), then renamed into place and the directory fsynced. A
+machine crash at any point leaves either the previous checkpoints or the new one complete
+under its final name, never an empty or half-written file there. Resume tries the newest
+checkpoint first and skips, with a warning, any whose digest does not match or that does not
+load (truncated, corrupt, written by hand), so a bad file can cost one checkpoint's progress
+but never the run. A full disk fails the save (``OSError``), removes the partial files and
+leaves the older checkpoints in place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 _TRAINING_KEYS = ("model", "optimizer", "version", "updates")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +78,14 @@ def resume_training(
     device: torch.device,
     log: logging.Logger,
 ) -> Resumed | None:
-    """Load the newest checkpoint in ``directory`` into ``model`` and ``optimizer``; None when
-    there is none. An optimizer state of other parameter groups (a changed config) is left out,
-    with a warning: Adam starts afresh, the model does not."""
-    path = latest_checkpoint(directory)
-    if path is None:
+    """Load the newest complete checkpoint in ``directory`` into ``model`` and ``optimizer``;
+    None when there is none. Checkpoints that fail their digest or do not load are skipped
+    with a warning naming them. An optimizer state of other parameter groups (a changed
+    config) is left out, with a warning: Adam starts afresh, the model does not."""
+    loaded = load_newest_complete(directory, device, log)
+    if loaded is None:
         return None
-    state = load_checkpoint(path, device)
+    path, state = loaded
     model.load_state_dict(state["model"])
     try:
         optimizer.load_state_dict(state["optimizer"])
@@ -81,23 +95,85 @@ def resume_training(
     return Resumed(path, int(state["version"]), int(state["updates"]), extra)
 
 
+def load_newest_complete(
+    directory: Path, device: torch.device, log: logging.Logger
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint in ``directory`` that passes ``check`` and loads, with its state;
+    None when none does. Each one skipped is logged with why."""
+    for path in reversed(checkpoints(directory)):
+        problem = check(path)
+        if problem is None:
+            try:
+                state = load_checkpoint(path, device)
+                if not all(key in state for key in _TRAINING_KEYS):
+                    raise ValueError(f"missing {sorted(set(_TRAINING_KEYS) - set(state))}")
+                return path, state
+            except Exception as err:  # torch raises RuntimeError, pickle errors, EOFError...
+                problem = f"does not load ({type(err).__name__}: {err})"
+        log.warning("skipped checkpoint %s: %s", path, problem)
+    return None
+
+
+def check(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` must not be loaded (None: its digest matches, or it has
+    no digest file, as checkpoints written by hand do; loading then decides)."""
+    digest_path = _digest_path(path)
+    try:
+        expected = digest_path.read_text().strip()
+    except FileNotFoundError:
+        return None if path.stat().st_size > 0 else "empty file"
+    actual = _sha256(path)
+    if actual != expected:
+        return f"SHA-256 {actual[:12]}... does not match {digest_path.name} ({expected[:12]}...)"
+    return None
+
+
 def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` as ``ckpt_<version>.pt`` atomically and keep only the newest ``keep``."""
+    """Write ``state`` durably as ``ckpt_<version>.pt`` (see the module doc) and keep only the
+    newest ``keep``.
+
+    Raises:
+        OSError: the write failed (a full disk); nothing of it is left behind.
+    """
     import torch
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt_{version:08d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.rename(path)  # atomic: a crash never leaves a half-written checkpoint behind
-    for old in sorted(directory.glob("ckpt_*.pt"))[:-keep]:
+    tmp = path.with_name(path.name + ".tmp")
+    digest_path = _digest_path(path)
+    digest_tmp = digest_path.with_name(digest_path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _write_durably(digest_tmp, _sha256(tmp) + "\n")
+        digest_tmp.rename(digest_path)
+        tmp.rename(path)  # the digest is in place first: a final name always has one
+        _fsync_dir(directory)
+    except BaseException:
+        for leftover in (tmp, digest_tmp):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+        if not path.exists():
+            with contextlib.suppress(FileNotFoundError):
+                digest_path.unlink()
+        raise
+    for old in checkpoints(directory)[:-keep]:
         old.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            _digest_path(old).unlink()
     return path
 
 
+def checkpoints(directory: Path) -> list[Path]:
+    """The checkpoint files in ``directory``, oldest first (none: an empty list)."""
+    return sorted(directory.glob("ckpt_*.pt")) if directory.is_dir() else []
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest checkpoint in ``directory``, or None."""
-    found = sorted(directory.glob("ckpt_*.pt")) if directory.is_dir() else []
+    """The newest checkpoint file in ``directory``, or None (not checked: see ``check``)."""
+    found = checkpoints(directory)
     return found[-1] if found else None
 
 
@@ -113,14 +189,44 @@ def find_checkpoint(path: str | Path) -> Path | None:
 def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, Any]:
     """Load a checkpoint written by ``save_checkpoint`` (tensors and plain data only).
 
-    ``path`` may be a checkpoint file, a checkpoints directory or a run dir (newest one inside).
+    ``path`` may be a checkpoint file, a checkpoints directory or a run dir (the newest
+    complete one inside, see ``load_newest_complete``).
     """
     import torch
 
     path = Path(path)
     if path.is_dir():
-        found = find_checkpoint(path)
-        if found is None:
-            raise FileNotFoundError(f"no ckpt_*.pt in {path} or {path / 'checkpoints'}")
-        path = found
+        for directory in (path / "checkpoints", path):
+            loaded = load_newest_complete(directory, device, _log)
+            if loaded is not None:
+                return loaded[1]
+        raise FileNotFoundError(f"no complete ckpt_*.pt in {path} or {path / 'checkpoints'}")
     return torch.load(path, map_location=device, weights_only=True)
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_suffix(".sha256")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames in ``directory`` durable (a rename lives in the directory's data)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -36,6 +36,7 @@ COUNTERS: dict[str, str] = {
     "updates": "PPO updates",
     "nonfinite_minibatches": "optimizer steps skipped for non-finite gradients",
     "sft_samples": "demonstration samples the SFT trainer trained on",
+    "checkpoint_failures": "checkpoints not written (a full disk): the older ones stay",
     # weights
     "weights_rejected": "weight updates the broadcaster refused (size, layout, dtype, version)",
     "weights_unsent": "weight versions the broadcaster had no room for within a second (resent)",

@@ -94,6 +94,10 @@ class ProgressTracker:
         self.cfg = cfg
         self._last: tuple[float, int, int] | None = None  # (elapsed_s, env steps, version)
         self._moved_at = 0.0
+        self._updates = 0
+        self._learned_at = 0.0  # when the trainers' update count last moved
+        trainer = cfg.roles.get("trainer")
+        self._learns = trainer is not None and trainer.count > 0
 
     def line(self, registry: Registry, elapsed_s: float, restarts: int) -> str:
         """E.g. ``[  30s] env_steps=41200 (1373/s) episodes=310 mean_return=212.5 version=57
@@ -105,6 +109,9 @@ class ProgressTracker:
         rate = (steps - prev_steps) / max(elapsed_s - prev_s, 1e-9)
         if self._last is None or (steps, version) != (prev_steps, prev_version):
             self._moved_at = elapsed_s
+        updates = counters.get("updates", 0)
+        if self._last is None or updates != self._updates:
+            self._learned_at, self._updates = elapsed_s, updates
         self._last = (elapsed_s, steps, version)
         mean = mean_recent(registry, "return", min(self.cfg.run.stop.return_window, 20))
         roles = registry.roles()
@@ -142,6 +149,12 @@ class ProgressTracker:
                 else "env steps and weight version have not moved"
             )
             parts.append(f"NO PROGRESS for {still_s:.0f}s: {what}")
+        elif self._learns and elapsed_s - self._learned_at >= _NO_PROGRESS_S:
+            parts.append(
+                f"NO LEARNING for {elapsed_s - self._learned_at:.0f}s: env steps go on but no "
+                f"trainer update ran (chunks_dropped={counters.get('chunks_dropped', 0)}; see "
+                "the trainer's log)"
+            )
         return " ".join(parts)
 
 

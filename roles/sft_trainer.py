@@ -86,6 +86,7 @@ class SftTrainer(Role):
         self.last_loss: float | None = None
         self.finish_deadline: float | None = None
         self._resume()
+        self.version = self.catch_up_weights(self.policy, self.version)
         self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "sft"))
         self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
@@ -189,14 +190,17 @@ class SftTrainer(Role):
         self.version = self.publish_weights(self.publisher, self.policy)
 
     def _checkpoint(self) -> None:
-        save_training(
-            self.ckpt_dir,
-            model=self.policy,
-            optimizer=self.optimizer,
-            version=self.version,
-            updates=self.steps,
-            keep=self.settings.keep_checkpoints,
-        )
+        try:
+            save_training(
+                self.ckpt_dir,
+                model=self.policy,
+                optimizer=self.optimizer,
+                version=self.version,
+                updates=self.steps,
+                keep=self.settings.keep_checkpoints,
+            )
+        except OSError as err:  # a full disk: training goes on, the older checkpoints stay
+            self.drop("checkpoint_failures", f"checkpoint v{self.version} not written: {err}")
 
     def _resume(self) -> None:
         resumed = resume_training(
@@ -209,7 +213,7 @@ class SftTrainer(Role):
         if resumed is None:
             return
         self.steps = resumed.updates
-        self.version = max(resumed.version, self.registry.weight_version())
+        self.version = resumed.version
         self.log.info("resumed from %s (step %d)", resumed.path.name, self.steps)
 
 

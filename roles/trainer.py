@@ -27,7 +27,7 @@ from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
-from rlvla3.checkpoints import latest_checkpoint, load_checkpoint, resume_training, save_training
+from rlvla3.checkpoints import load_checkpoint, resume_training, save_training
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
@@ -53,6 +53,7 @@ class Trainer(Role):
         self.version, self.updates, self.samples_trained = -1, 0, 0
         self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
         self._resume()
+        self.version = self.catch_up_weights(self.policy, self.version)
         self.chunks = self.own(
             sockets.pull(hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame)
         )
@@ -210,29 +211,20 @@ class Trainer(Role):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        save_training(
-            self.ckpt_dir,
-            model=self.policy,
-            optimizer=self.optimizer,
-            version=self.version,
-            updates=self.updates,
-            keep=self.settings.keep_checkpoints,
-            samples_trained=self.samples_trained,
-        )
+        try:
+            save_training(
+                self.ckpt_dir,
+                model=self.policy,
+                optimizer=self.optimizer,
+                version=self.version,
+                updates=self.updates,
+                keep=self.settings.keep_checkpoints,
+                samples_trained=self.samples_trained,
+            )
+        except OSError as err:  # a full disk: training goes on, the older checkpoints stay
+            self.drop("checkpoint_failures", f"checkpoint v{self.version} not written: {err}")
 
     def _resume(self) -> None:
-        path = latest_checkpoint(self.ckpt_dir)
-        init = None
-        if self.cfg.policy.init_checkpoint and (path is None or self.cfg.algo.ref_kl_coef > 0):
-            init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)["model"]
-        if init is not None and self.cfg.algo.ref_kl_coef > 0:
-            # The KL regulariser's reference: the warm start's weights, frozen (also on resume).
-            self.reference = frozen_reference(self.policy, init)
-        if path is None:
-            if init is not None:  # e.g. RL continuing from an SFT run
-                self.policy.load_state_dict(init)
-                self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
-            return
         resumed = resume_training(
             self.ckpt_dir,
             model=self.policy,
@@ -240,10 +232,20 @@ class Trainer(Role):
             device=self.device,
             log=self.log,
         )
+        init = None
+        if self.cfg.policy.init_checkpoint and (resumed is None or self.cfg.algo.ref_kl_coef > 0):
+            init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)["model"]
+        if init is not None and self.cfg.algo.ref_kl_coef > 0:
+            # The KL regulariser's reference: the warm start's weights, frozen (also on resume).
+            self.reference = frozen_reference(self.policy, init)
+        if resumed is None:
+            if init is not None:  # e.g. RL continuing from an SFT run
+                self.policy.load_state_dict(init)
+                self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
+            return
         self.updates = resumed.updates
         self.samples_trained = int(resumed.extra.get("samples_trained", 0))
-        # Versions only grow: continue after whatever was published before the restart.
-        self.version = max(resumed.version, self.registry.weight_version())
+        self.version = resumed.version
         self.log.info(
             "resumed from %s (update %d, version %d)", resumed.path.name, self.updates, self.version
         )

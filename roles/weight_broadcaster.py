@@ -3,7 +3,9 @@
 Receives ``WeightsUpdate`` messages from the trainer (PULL, only the newest matters), keeps that
 version, and broadcasts it to every live rollout server through a two-rank link per server
 (``transport/weights.py``). Servers that join late get the current version when their link forms.
-The version and its time are recorded in Redis.
+The version and its time are recorded in Redis. A restarted trainer asks for the version held
+here (``WeightsRequest`` on the ``current`` endpoint) and continues from it when it is newer
+than its own checkpoint, so training never steps back behind what the servers act with.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from rlvla3.role import Role, main
 from transport import sockets
-from transport.messages import WeightsUpdate
+from transport.messages import WeightsRequest, WeightsUpdate
 from transport.weights import Broadcaster, start_store
 
 _LINK_SCAN_PERIOD_S = 0.5
@@ -30,6 +32,9 @@ class WeightBroadcaster(Role):
     def setup(self) -> None:
         self.updates = self.own(sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame))
         self.bind("updates", self.updates)
+        self.requests = self.own(sockets.RouterSocket(on_bad_frame=self.count_bad_frame))
+        self.bind("current", self.requests)
+        self.current: WeightsUpdate | None = None  # the version held, for WeightsRequest
         self.store = start_store(self.address, timeout_s=self.settings.link_timeout_s)
         self.registry.publish_endpoint(
             self.name, self.index, "store", f"{self.address}:{self.store.port}"
@@ -45,6 +50,7 @@ class WeightBroadcaster(Role):
         update = self._newest_valid_update(timeout_s=0.1)
         if update is not None:
             self._publish(update)
+        self._answer_requests()
         if time.monotonic() >= self.next_link_scan:
             self._sync_links()
             self.next_link_scan = time.monotonic() + _LINK_SCAN_PERIOD_S
@@ -68,7 +74,23 @@ class WeightBroadcaster(Role):
             update = self.updates.recv(timeout_s=0) if self.updates.poll(0) else None
         return newest
 
+    def _answer_requests(self) -> None:
+        """Answer every waiting ``WeightsRequest`` with the weights held (or version -1)."""
+        while self.requests.poll(0):
+            got = self.requests.recv_from(timeout_s=0)
+            if got is None:
+                continue  # a bad frame: counted by the socket
+            peer, request = got
+            if not isinstance(request, WeightsRequest):
+                self.drop("bad_frames", f"dropped a {type(request).__name__} on 'current'")
+                continue
+            held = self.current
+            if held is None or held.version <= request.after_version:
+                held = WeightsUpdate(version=-1, layout="", flat=np.zeros(0, np.float32))
+            self.requests.send_to(peer, held)
+
     def _publish(self, update: WeightsUpdate) -> None:
+        self.current = update
         self.layout, self.numel = update.layout, update.flat.size
         with warnings.catch_warnings():  # a read-only view of the received frame, only read
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -73,6 +73,7 @@ MESSAGES = {
         bootstrap_value=floats,
     ),
     m.WeightsUpdate: st.builds(m.WeightsUpdate, version=ints, layout=st.text(), flat=arrays),
+    m.WeightsRequest: st.builds(m.WeightsRequest, after_version=ints),
 }
 
 

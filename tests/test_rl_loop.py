@@ -132,6 +132,37 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
     assert rec.restarts == 1 and rec.status == "done" and pid_gone(trainer.pid)
 
 
+def test_trainer_killed_before_any_checkpoint_continues_from_the_broadcasters_weights(
+    tmp_path, redis_url
+) -> None:
+    """The learning deadlock: a trainer restarted with no checkpoint used to come back at
+    version 0 while the servers held a newer one, and refuse every chunk for ever."""
+    cfg = cartpole_config("cp_catch_up", redis_url, "async", checkpoint_every=10_000)
+    cfg["run"]["stop"] = {"max_wall_s": 200}
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
+    registry = Registry(redis_url, "cp_catch_up")
+    try:
+        wait_until(lambda: registry.weight_version() >= 5, 150, "5 weight versions")
+        trainer = next(r for r in registry.roles() if r.role == "trainer")
+        before = registry.weight_version()
+        updates = registry.counters()["updates"]
+        os.kill(trainer.pid, signal.SIGKILL)
+        wait_until(
+            lambda: registry.counters().get("updates", 0) >= updates + 3, 150, "updates go on"
+        )
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=120) == 130
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert not list((run_dir / "checkpoints").glob("ckpt_*.pt"))[:-1]  # only the one at exit
+    log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "held by the weight broadcaster (newer than v-1)" in log
+    assert "newer than the trainer" not in log
+    assert registry.weight_version() > before
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_simulator_blow_ups_cut_episodes_and_lose_nothing(tmp_path, redis_url, mode) -> None:
     """An env that returns NaN observations now and then: each fault ends its episode as a

@@ -4,7 +4,7 @@ Messages are frozen, slotted, keyword-only structs (``Message``). Array fields a
 (CPU torch tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
 field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
-3: ``ActionReply.env_action`` optional).
+3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -16,7 +16,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 Obs = dict[str, np.ndarray]
 
@@ -127,6 +127,19 @@ class WeightsUpdate(Message):
     flat: np.ndarray
 
 
+class WeightsRequest(Message):
+    """A restarted trainer → the weight broadcaster: send the weights you hold if newer than
+    ``after_version``. The answer is a ``WeightsUpdate``; version -1 with no values when the
+    broadcaster holds nothing newer.
+
+    Attributes:
+        after_version: the newest version the asker already has (-1: none).
+    """
+
+    after_version: int
+
+
 MESSAGE_TYPES: dict[str, type] = {
-    cls.__name__: cls for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate)
+    cls.__name__: cls
+    for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate, WeightsRequest)
 }

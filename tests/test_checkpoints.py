@@ -1,0 +1,130 @@
+"""Durable checkpoints: what a crash or a full disk leaves behind, and what resume loads."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import pytest
+import torch
+
+from rlvla3 import checkpoints
+from rlvla3.checkpoints import checkpoints as listed
+from rlvla3.checkpoints import resume_training, save_training
+
+
+def _model(value: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(value)
+    return model, torch.optim.Adam(model.parameters())
+
+
+def _save(directory, version: int, keep: int = 5):
+    model, optim = _model(float(version))
+    return save_training(
+        directory, model=model, optimizer=optim, version=version, updates=version * 10, keep=keep
+    )
+
+
+def _resume(directory, caplog):
+    model, optim = _model(0.0)
+    with caplog.at_level(logging.WARNING):
+        resumed = resume_training(
+            directory,
+            model=model,
+            optimizer=optim,
+            device=torch.device("cpu"),
+            log=logging.getLogger("t"),
+        )
+    return resumed, model
+
+
+def test_a_checkpoint_has_its_digest_and_no_temporary_files(tmp_path) -> None:
+    path = _save(tmp_path, 3)
+    assert path.name == "ckpt_00000003.pt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt_00000003.pt",
+        "ckpt_00000003.sha256",
+    ]
+    assert checkpoints.check(path) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "flip"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, caplog, damage: str) -> None:
+    _save(tmp_path, 1)
+    newest = _save(tmp_path, 2)
+    data = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        newest.write_bytes(b"")
+    else:  # one flipped byte in the tensor data: still a loadable zip, a wrong digest
+        i = len(data) // 2
+        newest.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :])
+    resumed, model = _resume(tmp_path, caplog)
+    assert resumed is not None and resumed.version == 1 and resumed.updates == 10
+    assert torch.all(model.weight == 1.0)
+    assert f"skipped checkpoint {newest}" in caplog.text
+
+
+def test_a_checkpoint_without_digest_loads_if_whole_and_is_skipped_if_not(tmp_path, caplog):
+    _save(tmp_path, 1)
+    newest = _save(tmp_path, 2)
+    newest.with_suffix(".sha256").unlink()  # e.g. copied in by hand
+    resumed, _ = _resume(tmp_path, caplog)
+    assert resumed is not None and resumed.version == 2
+    newest.write_bytes(newest.read_bytes()[:100])
+    resumed, _ = _resume(tmp_path, caplog)
+    assert resumed is not None and resumed.version == 1
+    assert "does not load" in caplog.text
+
+
+def test_nothing_loadable_means_no_resume(tmp_path, caplog) -> None:
+    (tmp_path / "ckpt_00000001.pt").write_bytes(b"not a checkpoint")
+    resumed, _ = _resume(tmp_path, caplog)
+    assert resumed is None and "skipped checkpoint" in caplog.text
+
+
+def test_a_full_disk_leaves_the_older_checkpoints_and_no_partial_file(tmp_path, monkeypatch):
+    _save(tmp_path, 1)
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        _save(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt_00000001.pt",
+        "ckpt_00000001.sha256",
+    ]
+
+
+def test_keep_prunes_old_checkpoints_with_their_digests(tmp_path) -> None:
+    for version in range(1, 5):
+        _save(tmp_path, version, keep=2)
+    assert [p.name for p in listed(tmp_path)] == ["ckpt_00000003.pt", "ckpt_00000004.pt"]
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == [
+        "ckpt_00000003.sha256",
+        "ckpt_00000004.sha256",
+    ]
+
+
+def test_saving_fsyncs_the_file_and_the_directory(tmp_path, monkeypatch) -> None:
+    synced: list[str] = []
+    real_fsync = checkpoints.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(checkpoints.os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpoints.os, "fsync", fsync)
+    _save(tmp_path, 7)
+    # the data (under its temporary name), its digest, then the directory after the renames
+    assert synced == [
+        str(tmp_path / "ckpt_00000007.pt.tmp"),
+        str(tmp_path / "ckpt_00000007.sha256.tmp"),
+        str(tmp_path),
+    ]
