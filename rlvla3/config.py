@@ -63,6 +63,10 @@ class RunConfig:
     """``tcp``: free ports on each node's address; ``ipc``: unix sockets in the run dir (one host)."""
     heartbeat_ttl_s: float = bounded(5.0, gt=0)
     """A role (or node launcher) whose heartbeat is older than this shows as LOST."""
+    stall_timeout_s: float = bounded(60.0, gt=0)
+    """A running role whose work loop has not finished a step for this long is STALLED: its launcher logs every thread's stack to the role's log, kills it and restarts it."""
+    busy_timeout_s: float = bounded(600.0, gt=0)
+    """The longest a role may say it is legitimately busy (a PPO update, an SFT step) before it counts as stalled."""
     progress_interval_s: float = bounded(5.0, gt=0)
     """Seconds between the launcher's progress lines."""
     stop_timeout_s: float = bounded(20.0, gt=0)

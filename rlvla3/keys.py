@@ -46,6 +46,13 @@ def counters(run_id: str) -> str:
     return f"{run_prefix(run_id)}:counters"
 
 
+def chunk_ledger(run_id: str) -> str:
+    """Hash of the chunk accounting that survives crashes (``rlvla3/chunk_ledger.py``): the
+    highest sequence number each producer pushed and each trainer received from it, and what
+    each trainer holds in its buffer."""
+    return f"{run_prefix(run_id)}:chunk_ledger"
+
+
 def weights(run_id: str) -> str:
     """Hash: ``version`` and ``at`` (unix seconds) of the newest broadcast weights, and
     ``trained``, the newest version a trainer produced."""

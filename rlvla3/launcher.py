@@ -5,7 +5,9 @@ One YAML describes the run. ``rlvla3 launch cfg.yaml`` runs every node's roles o
 launcher starts the run's Redis (``rlvla3/rendezvous.py``), checks the stop rules and ends the
 run; every other node's launcher joins it, follows the head's end, and stops its roles when it
 cannot reach the head for ``run.head_timeout_s``. A role that exits with an error is restarted
-per its restart policy; a role out of restarts fails the run. The first Ctrl-C (or SIGTERM)
+per its restart policy; a role out of restarts fails the run. A role that is alive but STALLED
+(it finished no step by the deadline its heartbeat carries, ``rlvla3/role.py``) has every
+thread's stack written to its log, is killed and restarted the same way. The first Ctrl-C (or SIGTERM)
 stops all roles gracefully, the second kills them.
 """
 
@@ -27,7 +29,15 @@ from rlvla3 import netaddr, run_secret
 from rlvla3.checkpoints import find_checkpoint
 from rlvla3.cluster import Seat, find_seat, own_address
 from rlvla3.config import Config, dump_config, load_config
-from rlvla3.processes import STOP_ORDER, RoleProcess, SpawnContext, spawn, stop_group, stop_stages
+from rlvla3.processes import (
+    STOP_ORDER,
+    RoleProcess,
+    SpawnContext,
+    dump_stacks,
+    spawn,
+    stop_group,
+    stop_stages,
+)
 from rlvla3.redis_server import RedisServerError
 from rlvla3.registry import Registry
 from rlvla3.rendezvous import (
@@ -74,6 +84,7 @@ class Launcher:
         self.registry: Registry | None = None
         self.address = ""
         self._next_beat = 0.0
+        self._next_stall_check = 0.0
         self._check_roles()
 
     def _check_roles(self) -> None:
@@ -300,6 +311,9 @@ class Launcher:
         )
 
     def _tend_processes(self, ctx: SpawnContext, now: float) -> str | None:
+        if now >= self._next_stall_check:
+            self._next_stall_check = now + 1.0
+            self._try(self._kill_stalled)
         for proc in self.procs:
             failure = self._check_process(proc, now)
             if failure:
@@ -351,6 +365,27 @@ class Launcher:
         proc.restart_at = now + delay
         self.echo(f"{proc.name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
         return None
+
+    def _kill_stalled(self) -> None:
+        """Kill this node's roles that are alive but stalled (``RoleRecord.stalled_for_s``),
+        their stacks written to their logs first; ``_check_process`` then restarts them."""
+        records = {(r.role, r.index): r for r in self.registry.roles()}
+        for proc in self.procs:
+            rec = records.get((proc.role, proc.index))
+            popen = proc.popen
+            if rec is None or popen is None or popen.poll() is not None or rec.pid != popen.pid:
+                continue  # not running, or the record is still an earlier incarnation's
+            if rec.stalled_for_s <= 0:
+                continue
+            where = dump_stacks(popen.pid, proc.log_path, self.stop_requested)
+            stalled_s = self.cfg.run.stall_timeout_s + rec.stalled_for_s
+            self.echo(
+                f"{proc.name} STALLED: no step finished for {stalled_s:.0f}s "
+                f"(run.stall_timeout_s); {where}; killing it"
+            )
+            self.registry.incr("role_stalls")
+            popen.kill()
+            popen.wait()
 
     def _restarts(self) -> int:
         return sum(p.restarts for p in self.procs)

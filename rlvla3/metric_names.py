@@ -29,6 +29,7 @@ COUNTERS: dict[str, str] = {
     "chunks_consumed": "chunks trained on",
     "chunks_dropped": "chunks dropped: too stale, or refused by the chunk checks",
     "chunks_in_flight_at_exit": "chunks still buffered or queued when a trainer stopped",
+    "chunks_lost_in_trainer": "chunks in a killed trainer's buffer (its successor writes them off)",
     "chunks_written_off": "chunks counted as pushed that a trainer found would never arrive",
     "bad_chunks": "chunks refused by the chunk checks (also in chunks_dropped)",
     "samples_consumed": "env steps trained on",
@@ -45,6 +46,7 @@ COUNTERS: dict[str, str] = {
     "auth_refused": "peers refused for not holding the run's secret (CURVE handshakes)",
     # launcher
     "role_restarts": "role processes the launchers restarted",
+    "role_stalls": "running roles killed (and restarted) for finishing no step in run.stall_timeout_s",
 }
 
 GAUGES: dict[str, str] = {

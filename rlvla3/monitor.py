@@ -19,6 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from rlvla3.chunk_ledger import balance
 from rlvla3.registry import LauncherRecord, Registry, RoleRecord
 
 # Gauges each role publishes that the table shows first, in this order.
@@ -62,8 +63,7 @@ def snapshot(registry: Registry) -> dict[str, Any]:
     """Everything the monitor shows, as plain data (what ``--json`` prints)."""
     counters = registry.counters()
     roles = registry.roles()
-    produced = counters.get("chunks_produced", 0)
-    settled = counters.get("chunks_consumed", 0) + counters.get("chunks_dropped", 0)
+    chunks = balance(registry.chunk_ledger(), counters)
     recent = registry.series("episodes", last=20)
     metrics = registry.series("metrics", last=1)
     return {
@@ -72,7 +72,8 @@ def snapshot(registry: Registry) -> dict[str, Any]:
         "stop_reason": registry.stop_reason(),
         "weight_version": registry.weight_version(),
         "counters": counters,
-        "chunks_in_flight": produced - settled,
+        "chunks_in_flight": chunks.produced - chunks.consumed - chunks.dropped - chunks.lost,
+        "chunk_accounting": chunks.as_dict(),
         "mean_return_last_20": sum(e["return"] for e in recent) / len(recent) if recent else None,
         "last_metrics": metrics[-1] if metrics else None,
         "roles": [dataclasses.asdict(r) for r in roles],
@@ -102,6 +103,19 @@ def node_totals(roles: list[RoleRecord], launchers: list[LauncherRecord]) -> lis
     return totals
 
 
+def role_status(role: dict[str, Any]) -> str:
+    """What the monitor calls a role (a ``RoleRecord`` as a dict): LOST when its heartbeat
+    expired, STALLED when it is alive but finished no step by its deadline, ``busy: ...``
+    while it says so, else its own status."""
+    if not role["alive"] and role["status"] not in ("done", "error"):
+        return "LOST"
+    if role.get("stalled_for_s", 0) > 0:
+        return "STALLED"
+    if role["status"] == "running" and role.get("busy"):
+        return f"busy: {role['busy']}"
+    return role["status"]
+
+
 def render(snap: dict[str, Any]) -> Group:
     """A rich renderable of one snapshot: a role table, a node table and a line of run-wide
     figures."""
@@ -109,8 +123,10 @@ def render(snap: dict[str, Any]) -> Group:
     for col in ("role", "node", "pid", "status", "heartbeat", "restarts", "gauges"):
         table.add_column(col, overflow="fold")
     for r in snap["roles"]:
-        status = r["status"] if r["alive"] or r["status"] in ("done", "error") else "LOST"
-        style = {"running": "green", "error": "red", "LOST": "red"}.get(status, "yellow")
+        status = role_status(r)
+        style = {"running": "green", "error": "red", "LOST": "red", "STALLED": "red"}.get(
+            status, "yellow"
+        )
         table.add_row(
             f"{r['role']}/{r['index']}",
             r["node"],

@@ -96,6 +96,34 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
     proc.restart_at = None
 
 
+def dump_stacks(pid: int, log_path: Path, give_up: threading.Event, timeout_s: float = 3.0) -> str:
+    """Have role process ``pid`` write every thread's stack to its log (SIGUSR1, which roles
+    hand to ``faulthandler``); returns where to look, for the launcher's message."""
+    if _process_state(pid) in ("T", "t"):  # SIGSTOP, a debugger: it cannot answer
+        return "the process is stopped (SIGSTOP or a debugger), so no stack"
+    start = log_path.stat().st_size if log_path.exists() else 0
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            if b"most recent call first" in log.read():
+                return f"every thread's stack is in {log_path}"
+        if give_up.wait(0.05):
+            break
+    return f"it wrote no stack within {timeout_s:.0f}s"
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of ``/proc/PID/stat`` (``R``, ``S``, ``T``...; ``?`` if unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    return stat.rpartition(")")[2].split()[0]
+
+
 def running(procs: list[RoleProcess]) -> list[RoleProcess]:
     """The processes that have not exited."""
     return [p for p in procs if p.popen is not None and p.popen.poll() is None]

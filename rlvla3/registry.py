@@ -33,6 +33,10 @@ class RoleRecord:
         heartbeat_age_s: seconds since its last heartbeat.
         alive: whether its heartbeat key has not expired.
         stats: the role's own gauges (rates, queue depths...).
+        stalled_for_s: how long past its stall deadline the role is (0: not stalled); the
+            deadline is its last finished step plus ``run.stall_timeout_s``, or the end of
+            what it said it is busy with, whichever is later.
+        busy: what the role says it is busy with ("" when nothing).
     """
 
     role: str
@@ -46,6 +50,8 @@ class RoleRecord:
     heartbeat_age_s: float
     alive: bool
     stats: dict[str, float]
+    stalled_for_s: float = 0.0
+    busy: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,15 +116,30 @@ class Registry:
                 "status": "starting",
                 "endpoints": "{}",
                 "heartbeat_at": time.time(),
+                "stall_at": 0,  # not checked until the role runs and says when it would stall
+                "busy": "",
             },
         )
         self.redis.hsetnx(key, "restarts", 0)
 
-    def heartbeat(self, role: str, index: int, ttl_s: float, stats: dict[str, float]) -> None:
-        """Refresh the role's TTL key and publish its current stats."""
+    def heartbeat(
+        self,
+        role: str,
+        index: int,
+        ttl_s: float,
+        stats: dict[str, float],
+        *,
+        stall_at: float = 0.0,
+        busy: str = "",
+    ) -> None:
+        """Refresh the role's TTL key and publish its current stats and liveness: ``stall_at``
+        (wall time after which it counts as stalled, 0: not checked) and ``busy``."""
         pipe = self.redis.pipeline()
         pipe.set(keys.role_alive(self.run_id, role, index), 1, px=int(ttl_s * 1000))
-        pipe.hset(keys.role_record(self.run_id, role, index), "heartbeat_at", time.time())
+        pipe.hset(
+            keys.role_record(self.run_id, role, index),
+            mapping={"heartbeat_at": time.time(), "stall_at": stall_at, "busy": busy},
+        )
         if stats:
             pipe.hset(keys.role_stats(self.run_id, role, index), mapping=stats)
         pipe.execute()
@@ -193,6 +214,8 @@ class Registry:
             heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
             alive=bool(alive),
             stats={k: float(v) for k, v in stats.items()},
+            stalled_for_s=_stalled_for(float(raw.get("stall_at", 0) or 0), raw, now),
+            busy=raw.get("busy", ""),
         )
 
     # --- counters -----------------------------------------------------------------------------
@@ -202,11 +225,32 @@ class Registry:
 
     def incr_many(self, amounts: dict[str, int]) -> None:
         """Add to several counters in one round trip."""
-        pipe = self.redis.pipeline()
+        self.flush(amounts)
+
+    def flush(
+        self,
+        amounts: dict[str, int],
+        ledger_highs: dict[str, int] | None = None,
+        ledger_adds: dict[str, int] | None = None,
+    ) -> None:
+        """Add ``amounts`` to the counters, set the chunk ledger's ``ledger_highs`` fields
+        (each a high-water mark its one writer only raises) and add ``ledger_adds`` to its
+        other fields, all in one transaction: a role killed at any moment leaves either all
+        of a flush or none of it, so counts and ledger always agree."""
+        pipe = self.redis.pipeline(transaction=True)
         for name, amount in amounts.items():
             if amount:
                 pipe.hincrby(keys.counters(self.run_id), name, amount)
+        if ledger_highs:
+            pipe.hset(keys.chunk_ledger(self.run_id), mapping=ledger_highs)
+        for name, amount in (ledger_adds or {}).items():
+            if amount:
+                pipe.hincrby(keys.chunk_ledger(self.run_id), name, amount)
         pipe.execute()
+
+    def chunk_ledger(self) -> dict[str, int]:
+        """The chunk ledger's fields (see ``rlvla3/chunk_ledger.py``)."""
+        return {k: int(v) for k, v in self.redis.hgetall(keys.chunk_ledger(self.run_id)).items()}
 
     def counters(self) -> dict[str, int]:
         """All run-wide counters."""
@@ -357,3 +401,10 @@ class Registry:
     def close(self) -> None:
         """Close the connection pool."""
         self.redis.close()
+
+
+def _stalled_for(stall_at: float, raw: dict[str, str], now: float) -> float:
+    """Seconds past ``stall_at`` of a running role (0: not stalled, or not checked)."""
+    if stall_at <= 0 or raw.get("status") != "running":
+        return 0.0
+    return max(0.0, now - stall_at)

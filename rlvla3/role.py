@@ -7,6 +7,13 @@ loop, Redis registration, TTL heartbeats, counters, status transitions
 (``starting → running → stopping → done | error``) and signals: the first SIGINT/SIGTERM stops
 gracefully after the current step, the second exits at once.
 
+Liveness is progress: the heartbeat carries the time by which the next step must have finished
+(the last one plus ``run.stall_timeout_s``). A role whose loop hangs keeps its heartbeat thread
+going but misses that deadline; its launcher then has every thread's stack written to the
+role's log (SIGUSR1, ``faulthandler``), kills it and restarts it. Work that is slow by nature
+says so (``with self.busy("PPO update"): ...``) and moves the deadline, up to
+``run.busy_timeout_s``.
+
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run the launcher hands over the run secret in the
 environment: the role then authenticates to Redis with it and speaks CURVE on every socket
@@ -21,13 +28,16 @@ from __future__ import annotations
 import abc
 import argparse
 import collections
+import contextlib
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -108,11 +118,17 @@ class Role(abc.ABC):
         self._redis_lock = threading.Lock()
         self._gauges: dict[str, float] = {}
         self._pending: collections.Counter[str] = collections.Counter()
+        self._pending_highs: dict[str, int] = {}  # chunk ledger high-water marks to flush
+        self._pending_ledger: collections.Counter[str] = collections.Counter()
         self._pending_lock = threading.Lock()
         self._drop_log: dict[str, tuple[float, int]] = {}  # counter -> (last logged, suppressed)
         self._heartbeat_stop = threading.Event()
         self._owned: list[Callable[[], object]] = []  # closers of what setup() opened
         self._set_up = False
+        # liveness (wall clock: the launcher compares it with its own): when the last step
+        # finished (0: not running yet), and what the role is busy with, until when
+        self._progress_at = 0.0
+        self._busy: tuple[str, float] | None = None
 
     # --- the interface subclasses implement ----------------------------------------------------
     def setup(self) -> None:
@@ -138,6 +154,34 @@ class Role(abc.ABC):
         self._owned.append(close if close is not None else resource.close)
         return resource
 
+    def progress(self) -> None:
+        """Note that the role is making progress (the loop does after every step; long work
+        with natural milestones may call it in between)."""
+        self._progress_at = time.time()
+
+    @contextlib.contextmanager
+    def busy(self, what: str, up_to_s: float | None = None) -> Iterator[None]:
+        """Say that the enclosed work is slow by nature, so the role is not taken for stalled
+        while it runs, for up to ``up_to_s`` (default ``run.busy_timeout_s``)."""
+        limit = self.cfg.run.busy_timeout_s if up_to_s is None else up_to_s
+        self._busy = (what, time.time() + limit)
+        try:
+            yield
+        finally:
+            self._busy = None
+            self.progress()
+
+    def _stall_deadline(self) -> tuple[float, str]:
+        """(wall time after which this role counts as stalled, 0 when not running; what it is
+        busy with)."""
+        if not self._progress_at:
+            return 0.0, ""
+        deadline = self._progress_at + self.cfg.run.stall_timeout_s
+        busy = self._busy
+        if busy is None:
+            return deadline, ""
+        return max(deadline, busy[1]), busy[0]
+
     def gauge(self, name: str, value: float) -> None:
         """Set a gauge shown by the monitor (one of ``rlvla3.metric_names.GAUGES``)."""
         if name not in GAUGES:
@@ -156,6 +200,18 @@ class Role(abc.ABC):
         with self._pending_lock:
             self._pending[name] += amount
         self._gauges[name] = self._gauges.get(name, 0.0) + amount
+
+    def ledger_high(self, field: str, value: int) -> None:
+        """Raise a chunk ledger high-water mark (``rlvla3/chunk_ledger.py``); flushed with the
+        counters, in the same transaction."""
+        with self._pending_lock:
+            if value > self._pending_highs.get(field, -1):
+                self._pending_highs[field] = value
+
+    def ledger_add(self, field: str, amount: int) -> None:
+        """Add to a chunk ledger field; flushed with the counters, in the same transaction."""
+        with self._pending_lock:
+            self._pending_ledger[field] += amount
 
     def count_bad_frame(self, err: CodecError) -> None:
         """Count and log a message that failed to decode; the role carries on."""
@@ -305,11 +361,13 @@ class Role(abc.ABC):
             self._set_up = True
             self.registry.set_status(self.name, self.index, "running")
             self.log.info("running")
+            self.progress()
             while not self.stop_event.is_set():
                 try:
                     self.step()
                 except _REDIS_ERRORS as err:
                     self._ride_out_redis_outage(err)
+                self.progress()
         except InterruptedError:
             pass
         except Exception:
@@ -323,6 +381,7 @@ class Role(abc.ABC):
         return code
 
     def _finish(self, code: int) -> int:
+        self._progress_at = 0.0  # stopping: no longer held to the step deadline
         self._set_status("stopping")
         try:
             if self._set_up:
@@ -398,7 +457,10 @@ class Role(abc.ABC):
                 continue
             last_beat = time.monotonic()
             try:
-                self.registry.heartbeat(self.name, self.index, ttl, self.stats())
+                stall_at, busy = self._stall_deadline()
+                self.registry.heartbeat(
+                    self.name, self.index, ttl, self.stats(), stall_at=stall_at, busy=busy
+                )
                 with self._redis_lock:
                     self._redis_lost_since = None
                 now = time.monotonic()
@@ -419,13 +481,19 @@ class Role(abc.ABC):
     def _flush_counters(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, collections.Counter()
-        if pending:
+            highs, self._pending_highs = self._pending_highs, {}
+            ledger, self._pending_ledger = self._pending_ledger, collections.Counter()
+        if pending or highs or ledger:
             try:
-                self.registry.incr_many(dict(pending))
-            except Exception as err:
+                self.registry.flush(dict(pending), highs, dict(ledger))
+            except Exception as err:  # none of it landed (one transaction): all of it again
                 self.log.warning("counter flush failed, will retry: %s", err)
                 with self._pending_lock:
                     self._pending.update(pending)
+                    self._pending_ledger.update(ledger)
+                    for field, value in highs.items():
+                        if value > self._pending_highs.get(field, -1):
+                            self._pending_highs[field] = value
 
     def _install_signal_handlers(self) -> None:
         def on_signal(signum: int, count: int) -> None:  # on the signal watcher thread
@@ -463,6 +531,8 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         "--address", default=None, help="address to bind and advertise (default: the node's host)"
     )
     args = parser.parse_args(argv)
+    # the launcher asks a stalled role where it is stuck: every thread's stack to the log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = load_config(args.config)
     logging.basicConfig(
         level=logging.INFO,

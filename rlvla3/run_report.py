@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlvla3.chunk_ledger import balance
 from rlvla3.config import Config
 from rlvla3.registry import Registry
 
@@ -132,6 +133,9 @@ class ProgressTracker:
         ]
         if lost:
             parts.append(f"LOST={','.join(lost)}")
+        stalled = [f"{r.role}/{r.index}@{r.node}" for r in roles if r.alive and r.stalled_for_s > 0]
+        if stalled:
+            parts.append(f"STALLED={','.join(stalled)}")
         for counter in (
             "bad_frames",
             "bad_chunks",
@@ -200,11 +204,11 @@ def write_report(
         summary["solved"] = meets_target(
             cfg.run.stop, evaluation["mean_return"], evaluation.get("success_rate")
         )
-    # Chunks counted as pushed that no trainer received (a node lost with chunks on the wire,
-    # a worker killed with a full queue): lost, so produced = received + lost.
-    summary["chunks_lost"] = max(
-        0, counters.get("chunks_produced", 0) - counters.get("chunks_received", 0)
-    )
+    # Where every chunk went, exact across crashes (rlvla3/chunk_ledger.py): lost are those a
+    # node, a killed worker's queue or a killed trainer took with it.
+    chunks = balance(registry.chunk_ledger(), counters)
+    summary["chunk_accounting"] = chunks.as_dict()
+    summary["chunks_lost"] = chunks.lost
     summary["roles"] = [
         {
             "role": r.role,

@@ -7,7 +7,8 @@ lock-step (a barrier after every step), and after ``chunk_len`` steps each env p
 trainer has published the next weight version (one round per version).
 
 Each env cuts its steps into ``TrajectoryChunk`` messages of ``chunk_len`` steps (shorter at an
-episode end) and pushes them to the trainer. Requests go round-robin to every live rollout server;
+episode end) and pushes them to the trainer, each numbered per env and process start, so the
+chunk accounting stays exact when a worker dies (``rlvla3/chunk_ledger.py``). Requests go round-robin to every live rollout server;
 an unanswered request is re-sent after ``request_timeout_s``, so losing a server loses no env.
 """
 
@@ -16,10 +17,12 @@ from __future__ import annotations
 import math
 import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
 
+from rlvla3.chunk_ledger import pushed_field
 from rlvla3.role import RateMeter, Role, main
 from sim.adapter import SimAdapter
 from sim.envs import make_env
@@ -36,6 +39,7 @@ class EnvWorker(Role):
     name = "env_worker"
 
     def setup(self) -> None:
+        self.incarnation = uuid.uuid4().hex[:8]  # this process start, in every chunk's producer
         self.servers = self.wait_for_endpoints("rollout_server", "requests")
         # Without an RL trainer (e.g. evaluating an SFT policy) envs only act and record episodes.
         self.trains = "trainer" in self.cfg.roles and self.cfg.roles["trainer"].count > 0
@@ -185,6 +189,7 @@ class EnvRunner:
         self.request_id = 0
         self.answered = False  # any reply yet: before the first, waiting is expected
         self.chunk_id = 0
+        self.producer = f"{worker.index}/{env_index}#{worker.incarnation}"
         self.steps: list[dict[str, Any]] = []
 
     def _run(self) -> None:
@@ -363,14 +368,16 @@ class EnvRunner:
             values=np.array([s["value"] for s in steps], np.float32),
             policy_versions=np.array([s["version"] for s in steps], np.int64),
             bootstrap_value=float(bootstrap_value),
+            producer=self.producer,
         )
-        self.chunk_id += 1
         self.chunks.sync_peers(self.worker.trainers)
         while not self.chunks.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
             if self.worker.stop_event.is_set():
-                return  # never sent: not counted as produced
+                return  # never sent: not counted as produced, its number not used
             self.chunks.sync_peers(self.worker.trainers)
         self.worker.count("chunks_produced")
+        self.worker.ledger_high(pushed_field(self.producer), self.chunk_id)
+        self.chunk_id += 1
         self.worker.wait_for_credit()
 
 

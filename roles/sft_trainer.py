@@ -129,7 +129,8 @@ class SftTrainer(Role):
         if self.steps >= self.cfg.sft.max_steps:  # (also when resumed after the end)
             self._finish()
             return
-        metrics = self._train_step()
+        with self.busy("SFT step"):
+            metrics = self._train_step()
         self.steps += 1
         s = self.cfg.sft
         if self.steps % s.publish_every == 0 or self.steps >= s.max_steps:

@@ -28,6 +28,7 @@ from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
 from rlvla3.checkpoints import load_checkpoint, resume_training, save_training
+from rlvla3.chunk_ledger import buffered_field, received_field
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
@@ -54,6 +55,8 @@ class Trainer(Role):
         self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
         self._resume()
         self.version = self.catch_up_weights(self.policy, self.version)
+        self.me = f"{self.name}/{self.index}"
+        self._write_off_dead_buffer()
         self.chunks = self.own(
             sockets.pull(hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame)
         )
@@ -68,6 +71,16 @@ class Trainer(Role):
         self.frozen, self.next_freeze_check = False, 0.0
         self.last_chunk_at = time.monotonic()
         self._publish()
+
+    def _write_off_dead_buffer(self) -> None:
+        """Chunks an earlier process of this trainer held in its buffer when it was killed are
+        lost: say so in the accounting (``chunks_lost_in_trainer``)."""
+        held = self.registry.chunk_ledger().get(buffered_field(self.me), 0)
+        if held > 0:
+            self.count("chunks_lost_in_trainer", held)
+            self.ledger_add(buffered_field(self.me), -held)
+            self._flush_counters()
+            self.log.warning("%d chunks died in the buffer of the trainer before this one", held)
 
     def _write_off_lost_chunks(self) -> None:
         """Chunks counted as pushed that no trainer will ever receive stop counting as queued,
@@ -97,7 +110,8 @@ class Trainer(Role):
             self._write_off_lost_chunks()
             self.last_chunk_at = time.monotonic()
         if self.buffered_steps >= self.batch_steps and not self._frozen():
-            self._train()
+            with self.busy("PPO update"):
+                self._train()
         if not self.frozen:  # the last send failed, or the broadcaster restarted
             self.publisher.resend_if_due()
 
@@ -114,15 +128,16 @@ class Trainer(Role):
             self.drop("bad_frames", f"dropped a {type(chunk).__name__} on the chunk queue")
             return
         self.count("chunks_received")  # env workers' back-pressure reads this
-        problem = chunk_problem(chunk, self.obs_space, self.action_spec)
+        problem = _producer_problem(chunk) or chunk_problem(chunk, self.obs_space, self.action_spec)
         if problem is not None:  # dropped, and counted as such, so the chunk accounting adds up
             self.drop(
                 "chunks_dropped",
                 f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}",
             )
-            self.count("bad_chunks")
+            self.count("bad_chunks")  # (not in the ledger: its producer and number are not trusted)
             self.count("samples_dropped", int(np.size(chunk.rewards)))
             return
+        self.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
         staleness = chunk_staleness(chunk, self.version)
         on_policy_only = self.cfg.run.mode != "async"
         if not keep_chunk(
@@ -138,6 +153,7 @@ class Trainer(Role):
             self.count("samples_dropped", len(chunk.rewards))
             return
         self.buffer.append(chunk)
+        self.ledger_add(buffered_field(self.me), 1)
         self.buffered_steps += len(chunk.rewards)
         self.gauge("staleness", staleness)
 
@@ -175,6 +191,7 @@ class Trainer(Role):
         self.samples_trained += samples
         self.sample_rate.add(samples)
         self.count("chunks_consumed", len(chunks))
+        self.ledger_add(buffered_field(self.me), -len(chunks))
         self.count("samples_consumed", samples)
         self.count("updates")
         if self.updates % a.publish_every == 0:
@@ -256,13 +273,28 @@ class Trainer(Role):
             self._checkpoint()
 
     def _drain(self) -> None:
-        """Count chunks still buffered or queued at exit, so produced = consumed + dropped + these."""
+        """Take the chunks still queued at exit and count them with the buffered ones as in
+        flight, so produced = consumed + dropped + these (+ lost)."""
         queued = 0
-        while self.chunks.recv(timeout_s=0.5) is not None:
+        while (chunk := self.chunks.recv(timeout_s=0.5)) is not None:
+            if not isinstance(chunk, TrajectoryChunk):
+                continue
             queued += 1
-        # received now, so a restarted trainer does not write them off a second time
-        self.count("chunks_received", queued)
+            # received now, so a restarted trainer does not write them off a second time
+            self.count("chunks_received")
+            if _producer_problem(chunk) is None:
+                self.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
+        self.ledger_add(buffered_field(self.me), -len(self.buffer))
         self.count("chunks_in_flight_at_exit", len(self.buffer) + queued)
+
+
+def _producer_problem(chunk: TrajectoryChunk) -> str | None:
+    """Why the chunk's producer and number cannot go into the chunk ledger (None: they can)."""
+    if not chunk.producer:
+        return "producer: empty (the chunk accounting needs it)"
+    if not 0 <= chunk.chunk_id < 2**53:
+        return f"chunk_id: {chunk.chunk_id}, expected a sequence number from 0"
+    return None
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ def test_a_node_cut_off_mid_run_is_lost_then_rejoins(slurm_cluster: Cluster, tmp
         + c.get("chunks_in_flight_at_exit", 0)
         + summary["chunks_lost"]
     )
+    assert summary["chunk_accounting"]["balanced"], summary["chunk_accounting"]
     assert "rejoined the run" in (run_dir / "logs" / "env_worker-1.log").read_text()
     assert_no_role_processes(slurm_cluster)
 

@@ -71,6 +71,7 @@ MESSAGES = {
         values=arrays,
         policy_versions=arrays,
         bootstrap_value=floats,
+        producer=st.text(),
     ),
     m.WeightsUpdate: st.builds(m.WeightsUpdate, version=ints, layout=st.text(), flat=arrays),
     m.WeightsRequest: st.builds(m.WeightsRequest, after_version=ints),

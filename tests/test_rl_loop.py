@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlvla3.chunk_ledger import balance
 from rlvla3.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, pid_gone, start_launcher, write_yaml
@@ -35,6 +36,19 @@ def cartpole_config(name: str, redis_url: str, mode: str, **algo: object) -> dic
     }
 
 
+def assert_no_chunk_lost(registry: Registry, c: dict[str, int]) -> None:
+    """Nothing lost: every chunk produced was trained on, dropped as stale, or still queued at
+    exit, by the counters and by the crash-proof ledger (rlvla3/chunk_ledger.py) alike."""
+    assert c["chunks_produced"] == (
+        c.get("chunks_consumed", 0)
+        + c.get("chunks_dropped", 0)
+        + c.get("chunks_in_flight_at_exit", 0)
+    )
+    chunks = balance(registry.chunk_ledger(), c)
+    assert chunks.balanced and chunks.lost == 0 and chunks.buffered == 0, chunks
+    assert chunks.produced == c["chunks_produced"]
+
+
 def run_to_end(tmp_path: Path, cfg: dict, timeout_s: float = 240) -> Path:
     run_dir = tmp_path / "run"
     launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
@@ -58,11 +72,7 @@ def test_short_run_trains_and_stops_cleanly(tmp_path, redis_url, mode: str) -> N
     c = registry.counters()
     assert c["updates"] >= 2 and registry.weight_version() >= 2
     # Nothing lost: every chunk produced was trained on, dropped as stale, or still queued at exit.
-    assert c["chunks_produced"] == (
-        c.get("chunks_consumed", 0)
-        + c.get("chunks_dropped", 0)
-        + c.get("chunks_in_flight_at_exit", 0)
-    )
+    assert_no_chunk_lost(registry, c)
     # ... and every finished episode reached the learning curve, the last ones at shutdown.
     episodes = registry.series("episodes")
     assert len(episodes) == c["episodes"] > 0
@@ -82,15 +92,12 @@ def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) ->
     cfg["roles"]["env_worker"]["settings"] = {"max_chunks_queued": 2}
     cfg["run"]["stop"] = {"max_env_steps": 2500, "max_wall_s": 150}
     run_dir = run_to_end(tmp_path, cfg)
-    c = Registry(redis_url, "cp_backpressure").counters()
+    registry = Registry(redis_url, "cp_backpressure")
+    c = registry.counters()
     assert c.get("backpressure_pauses", 0) > 0
     assert "max_env_steps" in json.loads((run_dir / "summary.json").read_text())["stop_reason"]
     assert c["chunks_received"] <= c["chunks_produced"]
-    assert c["chunks_produced"] == (
-        c.get("chunks_consumed", 0)
-        + c.get("chunks_dropped", 0)
-        + c.get("chunks_in_flight_at_exit", 0)
-    )
+    assert_no_chunk_lost(registry, c)
 
 
 def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
@@ -130,6 +137,8 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
     assert "resumed from ckpt_" in log
     rec = next(r for r in registry.roles() if r.role == "trainer")
     assert rec.restarts == 1 and rec.status == "done" and pid_gone(trainer.pid)
+    chunks = balance(registry.chunk_ledger(), registry.counters())
+    assert chunks.balanced and chunks.buffered == 0, chunks  # the killed trainer's: lost
 
 
 def test_trainer_killed_before_any_checkpoint_continues_from_the_broadcasters_weights(
@@ -146,7 +155,7 @@ def test_trainer_killed_before_any_checkpoint_continues_from_the_broadcasters_we
         wait_until(lambda: registry.weight_version() >= 5, 150, "5 weight versions")
         trainer = next(r for r in registry.roles() if r.role == "trainer")
         before = registry.weight_version()
-        updates = registry.counters()["updates"]
+        updates = registry.counters().get("updates", 0)
         os.kill(trainer.pid, signal.SIGKILL)
         wait_until(
             lambda: registry.counters().get("updates", 0) >= updates + 3, 150, "updates go on"
@@ -161,6 +170,8 @@ def test_trainer_killed_before_any_checkpoint_continues_from_the_broadcasters_we
     assert "held by the weight broadcaster (newer than v-1)" in log
     assert "newer than the trainer" not in log
     assert registry.weight_version() > before
+    chunks = balance(registry.chunk_ledger(), registry.counters())
+    assert chunks.balanced and chunks.buffered == 0, chunks
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -172,12 +183,9 @@ def test_simulator_blow_ups_cut_episodes_and_lose_nothing(tmp_path, redis_url, m
     cfg = cartpole_config(name, redis_url, mode)
     cfg["env"]["id"] = "tests.faulty_env:NaNCartPole-v0"
     run_dir = run_to_end(tmp_path, cfg)
-    c = Registry(redis_url, name).counters()
+    registry = Registry(redis_url, name)
+    c = registry.counters()
     assert c["sim_faults"] >= 10 and c["updates"] >= 2
     assert not c.get("bad_chunks") and not c.get("bad_requests")
-    assert c["chunks_produced"] == (
-        c.get("chunks_consumed", 0)
-        + c.get("chunks_dropped", 0)
-        + c.get("chunks_in_flight_at_exit", 0)
-    )
+    assert_no_chunk_lost(registry, c)
     assert "non-finite observation" in (run_dir / "logs" / "env_worker-0.log").read_text()

@@ -4,7 +4,7 @@ Messages are frozen, slotted, keyword-only structs (``Message``). Array fields a
 (CPU torch tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
 field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
-3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``).
+3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``, ``TrajectoryChunk.producer``).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -87,7 +87,7 @@ class TrajectoryChunk(Message):
     Attributes:
         worker_index: index of the env worker that produced it.
         env_index: env slot within that worker.
-        chunk_id: unique per worker, increasing.
+        chunk_id: the producer's sequence number: 0, 1, 2... per ``producer``.
         obs: each key stacked to [T, ...]; ``obs[t]`` is the observation acted on at step t.
         actions: [T, ...] actions taken (dtype as in ``ActionReply.action``).
         rewards: float32[T].
@@ -97,6 +97,9 @@ class TrajectoryChunk(Message):
         values: float32[T] behaviour value estimates.
         policy_versions: int64[T] weight version that chose each action.
         bootstrap_value: value of the observation after the last step (0 if terminated).
+        producer: who made it, ``worker/env#incarnation`` (unique per process start); with
+            ``chunk_id`` it keeps the chunk accounting exact across crashes
+            (``rlvla3/chunk_ledger.py``).
     """
 
     worker_index: int
@@ -111,6 +114,7 @@ class TrajectoryChunk(Message):
     values: np.ndarray
     policy_versions: np.ndarray
     bootstrap_value: float
+    producer: str = ""  # last: defaults follow the required fields
 
 
 class WeightsUpdate(Message):

@@ -1,0 +1,115 @@
+"""Chunk accounting that stays exact when processes die.
+
+Every trajectory chunk carries its producer (``worker/env#incarnation``, unique per process
+start) and a sequence number (``chunk_id``, from 0 per producer). Env workers record the highest
+number they pushed, each trainer the highest it received from each producer and how many chunks
+wait in its buffer; each role flushes these together with its counters in one Redis
+transaction (``Registry.flush``), so a role killed at any moment leaves all of a flush or none.
+
+From that ledger:
+
+- **produced**: per producer, one more than the highest number anybody recorded. A chunk pushed
+  by a worker that died before recording it is still known from the trainer's side, and a
+  number below the highest that no trainer received is a chunk lost on the way. Chunks the
+  trainer refused by its checks (``bad_chunks``) count as produced and dropped, each itself:
+  their producer and number are not trusted into the ledger.
+- **lost**: produced minus ``chunks_received`` (chunks that died in a socket queue, with a
+  killed worker or trainer, or with a lost node), plus ``chunks_lost_in_trainer`` (a killed
+  trainer's buffer, written off by the trainer that replaces it).
+- **balance**: produced = consumed + dropped + in flight at exit + buffered + lost.
+
+Chunks a worker made but neither recorded nor delivered before it died are unknowable, like the
+env steps in them (its ``env_steps`` died unflushed too): the run never saw them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+_PUSHED = "pushed|"
+_RECEIVED = "received|"
+_BUFFERED = "buffered|"
+
+
+def pushed_field(producer: str) -> str:
+    """The ledger field of the highest sequence number ``producer`` pushed."""
+    return f"{_PUSHED}{producer}"
+
+
+def received_field(producer: str, trainer: str) -> str:
+    """The ledger field of the highest sequence number ``trainer`` received from ``producer``."""
+    return f"{_RECEIVED}{producer}|{trainer}"
+
+
+def buffered_field(trainer: str) -> str:
+    """The ledger field counting the chunks in ``trainer``'s buffer."""
+    return f"{_BUFFERED}{trainer}"
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """Where every chunk the run produced went (see the module doc).
+
+    Attributes:
+        produced: chunks produced, from the sequence numbers.
+        received: chunks trainers took off their queues.
+        consumed: chunks trained on.
+        dropped: chunks dropped (too stale, or refused by the chunk checks).
+        in_flight_at_exit: chunks queued or buffered when a trainer stopped.
+        buffered: chunks in live trainers' buffers now.
+        lost_in_transit: produced but never received.
+        lost_in_trainer: received by a trainer that was killed before training on them.
+    """
+
+    produced: int
+    received: int
+    consumed: int
+    dropped: int
+    in_flight_at_exit: int
+    buffered: int
+    lost_in_transit: int
+    lost_in_trainer: int
+
+    @property
+    def lost(self) -> int:
+        """Chunks lost, in transit or in a killed trainer."""
+        return self.lost_in_transit + self.lost_in_trainer
+
+    @property
+    def balanced(self) -> bool:
+        """produced = consumed + dropped + in flight at exit + buffered + lost."""
+        settled = self.consumed + self.dropped + self.in_flight_at_exit + self.buffered
+        return self.lost_in_transit >= 0 and self.produced == settled + self.lost
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures, ``lost`` and ``balanced`` included (for ``summary.json``)."""
+        return {**asdict(self), "lost": self.lost, "balanced": self.balanced}
+
+
+def balance(ledger: dict[str, int], counters: dict[str, int]) -> Balance:
+    """The run's chunk balance from its ledger (``Registry.chunk_ledger``) and counters."""
+    highest: dict[str, int] = {}
+    buffered = 0
+    for field, value in ledger.items():
+        if field.startswith(_PUSHED):
+            producer = field[len(_PUSHED) :]
+        elif field.startswith(_RECEIVED):
+            producer = field[len(_RECEIVED) :].rpartition("|")[0]
+        else:
+            if field.startswith(_BUFFERED):
+                buffered += value
+            continue
+        highest[producer] = max(highest.get(producer, -1), value)
+    produced = sum(high + 1 for high in highest.values()) + counters.get("bad_chunks", 0)
+    received = counters.get("chunks_received", 0)
+    return Balance(
+        produced=produced,
+        received=received,
+        consumed=counters.get("chunks_consumed", 0),
+        dropped=counters.get("chunks_dropped", 0),
+        in_flight_at_exit=counters.get("chunks_in_flight_at_exit", 0),
+        buffered=buffered,
+        lost_in_transit=produced - received,
+        lost_in_trainer=counters.get("chunks_lost_in_trainer", 0),
+    )

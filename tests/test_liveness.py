@@ -1,0 +1,78 @@
+"""Liveness is progress: stall deadlines in the registry, and the stacks a stalled role leaves."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rlvla3.processes import dump_stacks
+from rlvla3.registry import Registry
+from tests.conftest import wait_until
+
+_STUCK = """
+import faulthandler, signal, threading
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+def stuck_in_here():
+    print("ready", flush=True)
+    threading.Event().wait()
+stuck_in_here()
+"""
+
+
+@pytest.fixture
+def stuck_process(tmp_path):
+    log_path = tmp_path / "role.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _STUCK], stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_until(lambda: "ready" in log_path.read_text(), 30, "the process to start")
+        yield proc, log_path
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stuck_process_writes_where_it_is_stuck(stuck_process) -> None:
+    proc, log_path = stuck_process
+    where = dump_stacks(proc.pid, log_path, threading.Event())
+    assert where == f"every thread's stack is in {log_path}"
+    text = log_path.read_text()
+    assert "most recent call first" in text and "stuck_in_here" in text
+
+
+def test_a_stopped_process_is_named_as_such(stuck_process) -> None:
+    proc, log_path = stuck_process
+    proc.send_signal(signal.SIGSTOP)
+    wait_until(
+        lambda: open(f"/proc/{proc.pid}/stat").read().rpartition(")")[2].split()[0] == "T",
+        10,
+        "the process to stop",
+    )
+    assert "stopped" in dump_stacks(proc.pid, log_path, threading.Event())
+
+
+def test_the_registry_reports_a_missed_step_deadline(registry: Registry) -> None:
+    registry.register("trainer", 0, node="n", host="127.0.0.1", pid=1)
+    registry.set_status("trainer", 0, "running")
+    now = time.time()
+    registry.heartbeat("trainer", 0, 5.0, {}, stall_at=now + 60, busy="")
+    (rec,) = registry.roles()
+    assert rec.stalled_for_s == 0
+    registry.heartbeat("trainer", 0, 5.0, {}, stall_at=now - 3, busy="PPO update")
+    (rec,) = registry.roles()
+    assert rec.stalled_for_s >= 3 and rec.busy == "PPO update"
+    registry.set_status("trainer", 0, "stopping")  # only running roles can stall
+    (rec,) = registry.roles()
+    assert rec.stalled_for_s == 0
+    # a restarted incarnation registers afresh: no deadline until it runs
+    registry.register("trainer", 0, node="n", host="127.0.0.1", pid=2)
+    registry.set_status("trainer", 0, "running")
+    (rec,) = registry.roles()
+    assert rec.stalled_for_s == 0
