@@ -407,14 +407,22 @@ class Launcher:
             popen = proc.popen
             if rec is None or popen is None or popen.poll() is not None or rec.pid != popen.pid:
                 continue  # not running, or the record is still an earlier incarnation's
-            if rec.stalled_for_s <= 0:
+            # A process whose heartbeat thread cannot beat either (stopped, or hung with the
+            # GIL held) is stuck too, whatever it said it was busy with.
+            silent = (
+                not rec.alive
+                and rec.status in ("starting", "running")
+                and rec.heartbeat_age_s > self.cfg.run.stall_timeout_s
+            )
+            if rec.stalled_for_s <= 0 and not silent:
                 continue
             where = dump_stacks(popen.pid, proc.log_path, self.stop_requested)
-            stalled_s = self.cfg.run.stall_timeout_s + rec.stalled_for_s
-            self.echo(
-                f"{proc.name} STALLED: no step finished for {stalled_s:.0f}s "
-                f"(run.stall_timeout_s); {where}; killing it"
+            what = (
+                f"no heartbeat for {rec.heartbeat_age_s:.0f}s"
+                if silent
+                else f"no step finished for {self.cfg.run.stall_timeout_s + rec.stalled_for_s:.0f}s"
             )
+            self.echo(f"{proc.name} STALLED: {what} (run.stall_timeout_s); {where}; killing it")
             self.registry.incr("role_stalls")
             popen.kill()
             popen.wait()

@@ -27,9 +27,11 @@ FROM_SCRATCH = [
 ]
 BENCHMARKS = {
     "async_vs_sync.py": [],
+    "faults.py": [],
     "main_job.py": [],
     "multi_node.py": [],
     "packing.py": [],
+    "redis_fsync.py": [],
     "ppo_cartpole_reference.py": [],
     "rl_tabletop_probe.py": ["launch/vla_tabletop.yaml", *FROM_SCRATCH],
     "rollout_server.py": [],
