@@ -22,17 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.checkpoints import resume_training, save_training
+from rlvla3.checkpoints import resume_training
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
-from rlvla3.role import RateMeter, Role, main
+from rlvla3.role import RateMeter, main
+from rlvla3.training_role import TrainingRole
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
 
 _FINAL_BROADCAST_WAIT_S = 60.0
 
 
-class SftTrainer(Role):
+class SftTrainer(TrainingRole):
     """Supervised (behaviour-cloning) training with packed batches; publishes weight versions."""
 
     name = "sft_trainer"
@@ -191,17 +192,12 @@ class SftTrainer(Role):
         self.version = self.publish_weights(self.publisher, self.policy)
 
     def _checkpoint(self) -> None:
-        try:
-            save_training(
-                self.ckpt_dir,
-                model=self.policy,
-                optimizer=self.optimizer,
-                version=self.version,
-                updates=self.steps,
-                keep=self.settings.keep_checkpoints,
-            )
-        except OSError as err:  # a full disk: training goes on, the older checkpoints stay
-            self.drop("checkpoint_failures", f"checkpoint v{self.version} not written: {err}")
+        self.save_checkpoint(
+            self.policy,
+            self.optimizer,
+            self.version,
+            self.steps,
+        )
 
     def _resume(self) -> None:
         resumed = resume_training(

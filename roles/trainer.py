@@ -27,17 +27,18 @@ from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
-from rlvla3.checkpoints import load_checkpoint, resume_training, save_training
+from rlvla3.checkpoints import load_checkpoint, resume_training
 from rlvla3.chunk_ledger import buffered_field, received_field
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
-from rlvla3.role import RateMeter, Role, main
+from rlvla3.role import RateMeter, main
+from rlvla3.training_role import TrainingRole
 from transport import sockets
 from transport.messages import TrajectoryChunk
 
 
-class Trainer(Role):
+class Trainer(TrainingRole):
     """Consumes chunks, updates the policy with PPO, publishes weights, checkpoints."""
 
     name = "trainer"
@@ -228,18 +229,13 @@ class Trainer(Role):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        try:
-            save_training(
-                self.ckpt_dir,
-                model=self.policy,
-                optimizer=self.optimizer,
-                version=self.version,
-                updates=self.updates,
-                keep=self.settings.keep_checkpoints,
-                samples_trained=self.samples_trained,
-            )
-        except OSError as err:  # a full disk: training goes on, the older checkpoints stay
-            self.drop("checkpoint_failures", f"checkpoint v{self.version} not written: {err}")
+        self.save_checkpoint(
+            self.policy,
+            self.optimizer,
+            self.version,
+            self.updates,
+            samples_trained=self.samples_trained,
+        )
 
     def _resume(self) -> None:
         resumed = resume_training(

@@ -1,0 +1,128 @@
+"""The base of the roles that train and publish weights (the RL and the SFT trainer).
+
+What both do alike lives here once: publish versioned weights through the weight broadcaster,
+catch up with the run when they (re)start behind it, and write checkpoints that a full disk
+cannot turn into a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvla3.checkpoints import save_training
+from rlvla3.role import Role
+
+
+class TrainingRole(Role):
+    """A ``Role`` that trains a module and publishes its weights as versions."""
+
+    def start_weight_publisher(self, module: Any, version: int) -> Any:
+        """A ``transport.weights.WeightPublisher`` to the live weight broadcaster: it follows the
+        broadcaster across restarts and records each version in Redis before sending it (the
+        broadcaster accepts no version above that)."""
+        from transport.weights import WeightPublisher  # torch: only the trainers need it
+
+        def broadcaster() -> str | None:
+            found = self.registry.endpoints("weight_broadcaster", "updates")
+            return found[0] if found else None
+
+        self.wait_for_endpoints("weight_broadcaster", "updates")
+        return self.own(
+            WeightPublisher(
+                module, broadcaster, version, announce=self.registry.set_trained_version
+            )
+        )
+
+    def catch_up_weights(self, module: Any, version: int) -> int:
+        """Bring a (re)starting trainer up to where the run stands; returns its version.
+
+        ``version`` is what the trainer restored itself (its checkpoint's, -1 for none). When
+        the run has gone further (the broadcaster holds, or a trainer announced, a newer
+        version), the weights the broadcaster holds are loaded into ``module`` if newer, and
+        the version count continues after the newest the run has seen: versions only move
+        forward, so the servers take the next publish and the chunks they make are not
+        "newer than the trainer" (which would be refused for ever).
+        """
+        run_version = max(self.registry.weight_version(), self.registry.trained_version())
+        if run_version <= version:
+            return version
+        held = self._held_weights(version)
+        if held is not None and held.version > version:
+            from transport.weights import FlatLayout
+
+            layout = FlatLayout.of(module)
+            if (held.layout, held.flat.size) == (layout.digest, layout.numel):
+                import torch
+
+                layout.load(module, torch.from_numpy(held.flat.copy()))
+                self.log.info(
+                    "took weights v%d held by the weight broadcaster (newer than v%d)",
+                    held.version,
+                    version,
+                )
+                version = held.version
+            else:
+                self.log.warning(
+                    "the broadcaster's weights v%d have another layout; not taken", held.version
+                )
+        if run_version > version:
+            self.log.warning(
+                "the run has reached v%d; continuing the version count from there "
+                "with the weights of v%d",
+                run_version,
+                version,
+            )
+        return max(version, run_version)
+
+    def _held_weights(self, after_version: int, timeout_s: float = 10.0) -> Any:
+        """The broadcaster's ``WeightsUpdate`` if newer than ``after_version``, else None
+        (also when no broadcaster answers within ``timeout_s``)."""
+        from transport import sockets
+        from transport.messages import WeightsRequest
+
+        try:
+            address = self.wait_for_endpoints("weight_broadcaster", "current", timeout_s=timeout_s)
+        except TimeoutError:
+            self.log.warning("no weight broadcaster to ask for the run's weights")
+            return None
+        asker = sockets.dealer(hwm=1, on_bad_frame=self.count_bad_frame)
+        try:
+            asker.connect(address[0])
+            asker.send(WeightsRequest(after_version=after_version), timeout_s=timeout_s)
+            held = asker.recv(timeout_s=timeout_s)
+        finally:
+            asker.close()
+        if held is None:
+            self.log.warning("the weight broadcaster did not answer within %.0fs", timeout_s)
+        return held if held is not None and held.version > after_version else None
+
+    def publish_weights(self, publisher: Any, module: Any) -> int:
+        """Publish ``module``'s weights as the next version; returns it."""
+        version = publisher.publish(module)
+        self.gauge("policy_version", version)
+        if not publisher.last_sent:
+            self.drop(
+                "weights_unsent",
+                f"weights v{version}: the weight broadcaster took nothing "
+                "for a second (busy, down or restarting); publishing again shortly",
+            )
+        return version
+
+    def save_checkpoint(
+        self, model: Any, optimizer: Any, version: int, updates: int, **extra: Any
+    ) -> None:
+        """Checkpoint into ``RUN_DIR/checkpoints`` (``rlvla3/checkpoints.py``), keeping
+        ``settings.keep_checkpoints``. A failed write (a full disk) is counted and logged, and
+        training goes on: the older checkpoints stay."""
+        try:
+            save_training(
+                self.run_dir / "checkpoints",
+                model=model,
+                optimizer=optimizer,
+                version=version,
+                updates=updates,
+                keep=self.settings.keep_checkpoints,
+                **extra,
+            )
+        except OSError as err:
+            self.drop("checkpoint_failures", f"checkpoint v{version} not written: {err}")
