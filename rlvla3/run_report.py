@@ -25,6 +25,10 @@ def mean_recent(registry: Registry, key: str, window: int) -> float | None:
     return sum(float(e.get(key, 0.0)) for e in recent) / len(recent)
 
 
+SOLVED = "solved: "
+"""How ``stop_condition`` begins a reason that is a reached target (``write_report`` reads it)."""
+
+
 def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | None:
     """The reason to end the run now, or None to go on."""
     stop = cfg.run.stop
@@ -40,11 +44,11 @@ def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | N
     if stop.target_mean_return is not None:
         mean = mean_recent(registry, "return", stop.return_window)
         if mean is not None and mean >= stop.target_mean_return:
-            return f"solved: mean return {mean:.1f} over {stop.return_window} episodes"
+            return f"{SOLVED}mean return {mean:.1f} over {stop.return_window} episodes"
     if stop.target_success_rate is not None:
         rate = mean_recent(registry, "success", stop.return_window)
         if rate is not None and rate >= stop.target_success_rate:
-            return f"solved: success rate {rate:.2f} over {stop.return_window} episodes"
+            return f"{SOLVED}success rate {rate:.2f} over {stop.return_window} episodes"
     return None
 
 
@@ -182,7 +186,10 @@ def write_report(
         "mode": cfg.run.mode,
         "stop_reason": reason,
         # Either target reached over a full window of the last episodes (what stops the run).
-        "solved": full_window and meets_target(cfg.run.stop, final_mean, recent_rate),
+        # The stop rule's verdict stands: episodes that finish while the roles are stopping
+        # come after it and must not undo it.
+        "solved": reason.startswith(SOLVED)
+        or (full_window and meets_target(cfg.run.stop, final_mean, recent_rate)),
         "env_steps": counters.get("env_steps", 0),
         "wall_s": round(wall_s, 3),
         "final_mean_return": final_mean,

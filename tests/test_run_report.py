@@ -71,3 +71,33 @@ def test_an_evaluation_decides_over_all_its_episodes(tmp_path, redis_url) -> Non
     summary = write_report(registry, cfg, tmp_path, 1.0, "test")
     assert summary["success_rate"] == 0.75 and summary["evaluation"]["episodes"] == 200
     assert summary["solved"] is False
+
+
+def test_the_stop_rules_verdict_stands_against_episodes_that_finish_while_stopping(
+    tmp_path, redis_url
+) -> None:
+    """The run stopped on its target; episodes the env workers finished while stopping pull the
+    last window below it: summary.json still says solved (and says why it stopped)."""
+    name = "rep_late"
+    cfg = config_from_dict(
+        {
+            "run": {
+                "name": name,
+                "redis_url": redis_url,
+                "stop": {"target_mean_return": 4.0, "return_window": 4},
+            }
+        }
+    )
+    registry = Registry(redis_url, name)
+    returns = [5.0, 5.0, 5.0, 5.0, 1.0, 1.0]  # the first four stopped the run
+    registry.append(
+        "episodes",
+        [
+            {"return": r, "length": 5, "t": float(i), "env_steps": 5 * i}
+            for i, r in enumerate(returns)
+        ],
+    )
+    late = write_report(registry, cfg, tmp_path, 1.0, "solved: mean return 5.0 over 4 episodes")
+    assert late["solved"] is True and late["final_mean_return"] == 3.0
+    other = write_report(registry, cfg, tmp_path, 1.0, "wall time 10s reached run.stop.max_wall_s")
+    assert other["solved"] is False
