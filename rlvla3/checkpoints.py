@@ -135,7 +135,6 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
     Raises:
         OSError: the write failed (a full disk); nothing of it is left behind.
     """
-    import torch
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt_{version:08d}.pt"
@@ -144,7 +143,7 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
     digest_tmp = digest_path.with_name(digest_path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            _torch_save(state, f)
             f.flush()
             os.fsync(f.fileno())
         _write_durably(digest_tmp, _sha256(tmp) + "\n")
@@ -164,6 +163,23 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
         with contextlib.suppress(FileNotFoundError):
             _digest_path(old).unlink()
     return path
+
+
+def _torch_save(state: dict[str, Any], file: Any) -> None:
+    """``torch.save``, failing with the OSError a failed write raised: torch's zip writer
+    reports it as a RuntimeError ("unexpected pos ...") while closing, and a full disk must
+    read as the OSError it is."""
+    import torch
+
+    try:
+        torch.save(state, file)
+    except RuntimeError as err:
+        cause = err.__context__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is None:
+            raise
+        raise cause from err
 
 
 def checkpoints(directory: Path) -> list[Path]:

@@ -422,6 +422,8 @@ class Launcher:
                 if silent
                 else f"no step finished for {self.cfg.run.stall_timeout_s + rec.stalled_for_s:.0f}s"
             )
+            if rec.busy and not silent:
+                what += f" ({rec.busy})"
             self.echo(f"{proc.name} STALLED: {what} (run.stall_timeout_s); {where}; killing it")
             self.registry.incr("role_stalls")
             popen.kill()

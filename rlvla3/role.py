@@ -12,7 +12,8 @@ Liveness is progress: the heartbeat carries the time by which the next step must
 going but misses that deadline; its launcher then has every thread's stack written to the
 role's log (SIGUSR1, ``faulthandler``), kills it and restarts it. Work that is slow by nature
 says so (``with self.busy("PPO update"): ...``) and moves the deadline, up to
-``run.busy_timeout_s``.
+``run.busy_timeout_s``. Work done by threads beside the loop is held to the same timeout
+(``stuck_work``): an env thread stuck inside its simulator stalls the env worker.
 
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run the launcher hands over the run secret in the
@@ -171,16 +172,26 @@ class Role(abc.ABC):
             self._busy = None
             self.progress()
 
+    def stuck_work(self) -> tuple[float, str] | None:
+        """The oldest unfinished work done beside the loop: (wall time it began, what it is), or
+        None when there is none. Roles whose threads work apart from ``step()`` (the env
+        worker's env threads) override it, so that a thread stuck there stalls the role too."""
+        return None
+
     def _stall_deadline(self) -> tuple[float, str]:
         """(wall time after which this role counts as stalled, 0 when not running; what it is
-        busy with)."""
+        busy with, or where it is stuck)."""
         if not self._progress_at:
             return 0.0, ""
-        deadline = self._progress_at + self.cfg.run.stall_timeout_s
+        timeout = self.cfg.run.stall_timeout_s
+        deadline, what = self._progress_at + timeout, ""
         busy = self._busy
-        if busy is None:
-            return deadline, ""
-        return max(deadline, busy[1]), busy[0]
+        if busy is not None:
+            deadline, what = max(deadline, busy[1]), busy[0]
+        stuck = self.stuck_work()
+        if stuck is not None and stuck[0] + timeout < deadline:
+            deadline, what = stuck[0] + timeout, stuck[1]
+        return deadline, what
 
     def gauge(self, name: str, value: float) -> None:
         """Set a gauge shown by the monitor (one of ``rlvla3.metric_names.GAUGES``)."""

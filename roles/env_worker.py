@@ -113,6 +113,15 @@ class EnvWorker(Role):
                 self.version_seen.wait(0.1)
         return True
 
+    def stuck_work(self) -> tuple[float, str] | None:
+        """The env longest inside its simulator (step or reset), if one is: a simulator that
+        hangs stalls the worker (envs waiting for actions are not stuck: their server is)."""
+        inside = [(r.sim_since, r.env_index) for r in self.runners if r.sim_since]
+        if not inside:
+            return None
+        since, env_index = min(inside)
+        return since, f"env {env_index} inside its simulator ({self.cfg.env.id})"
+
     def shutdown(self) -> None:
         self.stop_event.set()
         if self.barrier is not None:
@@ -189,6 +198,7 @@ class EnvRunner:
         self.request_id = 0
         self.answered = False  # any reply yet: before the first, waiting is expected
         self.chunk_id = 0
+        self.sim_since = 0.0  # wall time this env entered its simulator's step or reset; 0: out
         self.producer = f"{worker.index}/{env_index}#{worker.incarnation}"
         self.steps: list[dict[str, Any]] = []
 
@@ -217,7 +227,9 @@ class EnvRunner:
         """``env.reset()``, again while it returns a non-finite observation (a broken state);
         an env that keeps doing so fails its worker, naming it."""
         for _ in range(_RESET_TRIES):
+            self.sim_since = time.time()
             obs, _ = env.reset()
+            self.sim_since = 0.0
             if _finite(obs, 0.0):
                 return obs
             self.worker.drop(
@@ -246,7 +258,9 @@ class EnvRunner:
         versions = (reply.policy_version, reply.policy_version)
         while not w.stop_event.is_set():
             stepped = time.perf_counter()
+            self.sim_since = time.time()
             next_obs, reward, terminated, truncated, info = env.step(reply.env_step_action)
+            self.sim_since = 0.0
             w.count("env_step_us", round((time.perf_counter() - stepped) * 1e6))
             fault = not _finite(next_obs, reward)
             if fault:  # a simulator blow-up (NaN/inf): cut the episode here, as a truncation

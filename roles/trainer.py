@@ -37,6 +37,8 @@ from rlvla3.training_role import TrainingRole
 from transport import sockets
 from transport.messages import TrajectoryChunk
 
+_DRAIN_S = 5.0  # the longest a stopping trainer takes chunks off its queue
+
 
 class Trainer(TrainingRole):
     """Consumes chunks, updates the policy with PPO, publishes weights, checkpoints."""
@@ -270,9 +272,14 @@ class Trainer(TrainingRole):
 
     def _drain(self) -> None:
         """Take the chunks still queued at exit and count them with the buffered ones as in
-        flight, so produced = consumed + dropped + these (+ lost)."""
+        flight, so produced = consumed + dropped + these (+ lost). Bounded in time: a trainer
+        that stops alone (it failed) has env workers still pushing, and what it leaves
+        queued its successor writes off."""
         queued = 0
-        while (chunk := self.chunks.recv(timeout_s=0.5)) is not None:
+        deadline = time.monotonic() + _DRAIN_S
+        while (
+            time.monotonic() < deadline and (chunk := self.chunks.recv(timeout_s=0.5)) is not None
+        ):
             if not isinstance(chunk, TrajectoryChunk):
                 continue
             queued += 1

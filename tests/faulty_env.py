@@ -1,9 +1,12 @@
-"""A CartPole whose simulator "blows up" on demand (tests only): every ``every``-th step returns a
-NaN observation, as an unstable physics step can, and every 4th reset does too. Importing the module registers it, so a run
-uses it as ``env.id: tests.faulty_env:NaNCartPole-v0``."""
+"""Simulators that fail on demand (tests only). ``NaNCartPole``: every ``every``-th step returns a
+NaN observation, as an unstable physics step can, and every 4th reset does too.
+``HangingCartPole``: one step never returns. Importing the module registers them, so a run uses
+them as ``env.id: tests.faulty_env:NaNCartPole-v0``."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -31,3 +34,26 @@ class NaNCartPole(gym.Wrapper):
 
 
 gym.register("NaNCartPole-v0", entry_point=NaNCartPole)
+
+
+class HangingCartPole(gym.Wrapper):
+    """A CartPole whose simulator hangs for good inside its ``hang_at``-th step, once per run:
+    the first env to get there leaves ``marker`` behind, so the restarted worker's envs run."""
+
+    def __init__(self, marker: str, hang_at: int = 200) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.marker, self.hang_at, self.steps = Path(marker), hang_at, 0
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        self.steps += 1
+        if self.steps == self.hang_at:
+            try:
+                self.marker.touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                threading.Event().wait()  # a deadlocked physics engine, say
+        return self.env.step(action)
+
+
+gym.register("HangingCartPole-v0", entry_point=HangingCartPole)

@@ -102,6 +102,45 @@ def test_a_full_disk_leaves_the_older_checkpoints_and_no_partial_file(tmp_path, 
     ]
 
 
+class _DiskFullAfter:
+    """A file that takes ``room`` bytes, then fails every write with ENOSPC (a full disk as
+    torch.save meets it: its zip writer then fails again, with a RuntimeError, closing)."""
+
+    def __init__(self, path, mode: str, room: int) -> None:
+        self.file, self.room = open(path, mode), room  # noqa: SIM115 (closed by __exit__)
+
+    def write(self, data) -> int:
+        size = len(data.encode() if isinstance(data, str) else memoryview(data).cast("B"))
+        if size > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= size
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+def test_a_disk_that_fills_inside_torch_save_fails_the_save_with_an_oserror(tmp_path, monkeypatch):
+    """torch's zip writer turns the ENOSPC into a RuntimeError: the save still fails as the
+    OSError it is (which the trainers count and ride out), leaving no partial file."""
+    _save(tmp_path, 1)
+    monkeypatch.setattr(
+        checkpoints, "open", lambda path, mode: _DiskFullAfter(path, mode, 300), raising=False
+    )
+    with pytest.raises(OSError, match="No space left"):
+        _save(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt_00000001.pt",
+        "ckpt_00000001.sha256",
+    ]
+
+
 def test_keep_prunes_old_checkpoints_with_their_digests(tmp_path) -> None:
     for version in range(1, 5):
         _save(tmp_path, version, keep=2)

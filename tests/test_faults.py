@@ -11,20 +11,33 @@ Marked slow (about 40 s a fault on 2 cores); ``.ci/run`` runs it after the READM
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
+import zmq
 
+from rlvla3.checkpoints import check, checkpoints
 from rlvla3.registry import Registry, RoleRecord
 from tests.conftest import wait_until
+from tests.fuzz_frames import draw_bad_messages
 from tests.launching import REPO, launcher_output, start_launcher
+from transport.codec import DEFAULT_LIMITS, encode
+from transport.messages import (
+    ObsRequest,
+    TrajectoryChunk,
+    WeightsRequest,
+    WeightsUpdate,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -49,10 +62,10 @@ class Run:
         return next(r for r in self.registry.roles() if (r.role, r.index) == (role, index))
 
 
-def _back_running(run: Run, role: str, old_pid: int) -> Callable[[], bool]:
+def _back_running(run: Run, role: str, old_pid: int, index: int = 0) -> Callable[[], bool]:
     def check() -> bool:
         try:
-            rec = run.role(role)
+            rec = run.role(role, index)
         except (StopIteration, redis.exceptions.ConnectionError):
             return False
         return rec.pid != old_pid and rec.alive and rec.status == "running"
@@ -93,6 +106,27 @@ def stop_role(role: str) -> Callable[[Run], float]:
     return inject
 
 
+def hang_env(run: Run) -> float:
+    """An env's simulator step never returns (``tests.faulty_env.HangingCartPole``); returns the
+    seconds from the hang until a new process of its worker runs."""
+    marker = run.run_dir.parent / "hang-marker"
+    wait_until(marker.exists, 180, "an env to hang")
+    started = time.monotonic()
+
+    def stuck() -> RoleRecord | None:
+        return next(
+            (r for r in run.registry.roles() if "inside its simulator" in (r.busy or "")), None
+        )
+
+    wait_until(lambda: stuck() is not None, 30, "the worker to report its stuck env")
+    victim = stuck()
+    assert victim is not None
+    wait_until(
+        _back_running(run, victim.role, victim.pid, victim.index), 120, "env worker replaced"
+    )
+    return time.monotonic() - started
+
+
 def kill_redis(run: Run) -> float:
     """kill -9 the run's redis-server; returns the seconds until it answers again."""
     client = redis.Redis.from_url(run.url)
@@ -110,54 +144,109 @@ def kill_redis(run: Run) -> float:
     return time.monotonic() - started
 
 
-FAULTS: dict[str, tuple[Callable[[Run], float], str]] = {
-    "kill -9 env worker": (kill_role("env_worker"), "env_worker/0 exited with code -9; restart"),
-    "kill -9 rollout server": (
-        kill_role("rollout_server"),
-        "rollout_server/0 exited with code -9; restart",
+def fill_checkpoint_disk(run: Run) -> float:
+    """The checkpoint dir is a tmpfs with room for one checkpoint: wait until a save fails;
+    nothing to recover from (training goes on), so 0."""
+    wait_until(
+        lambda: run.registry.counters().get("checkpoint_failures", 0) >= 1,
+        180,
+        "a checkpoint to fail on the full disk",
+    )
+    return 0.0
+
+
+# The other env worker alone can solve the task before a stalled one is replaced (the stall
+# timeout plus a restart): a longer window keeps the run going until then.
+_LONGER_WINDOW = "run.stop.return_window=100"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One row of docs/reliability.md's table.
+
+    Attributes:
+        inject: does it to a running main job; returns the recovery time in seconds.
+        said: what the launcher's output or a role's log must say about it.
+        overrides: extra ``--set`` options (``{tmp}``: the test's tmp dir).
+        checkpoint_disk: a tmpfs of this size mounted on the run's checkpoint dir (root only).
+    """
+
+    inject: Callable[[Run], float]
+    said: str
+    overrides: tuple[str, ...] = ()
+    checkpoint_disk: str | None = None
+
+
+FAULTS: dict[str, Fault] = {
+    "kill -9 env worker": Fault(kill_role("env_worker"), "env_worker/0 exited with code -9"),
+    "kill -9 rollout server": Fault(
+        kill_role("rollout_server"), "rollout_server/0 exited with code -9"
     ),
-    "kill -9 trainer": (kill_role("trainer"), "trainer/0 exited with code -9; restart"),
-    "kill -9 weight broadcaster": (
-        kill_role("weight_broadcaster"),
-        "weight_broadcaster/0 exited with code -9; restart",
+    "kill -9 trainer": Fault(kill_role("trainer"), "trainer/0 exited with code -9"),
+    "kill -9 weight broadcaster": Fault(
+        kill_role("weight_broadcaster"), "weight_broadcaster/0 exited with code -9"
     ),
-    "SIGSTOP rollout server (then SIGCONT)": (stop_role("rollout_server"), "STALLED"),
-    "SIGSTOP trainer (then SIGCONT)": (stop_role("trainer"), "STALLED"),
-    "kill -9 the run's redis-server": (kill_redis, "restarted from its append-only file"),
+    "SIGSTOP env worker (then SIGCONT)": Fault(
+        stop_role("env_worker"), "env_worker/0 STALLED", overrides=(_LONGER_WINDOW,)
+    ),
+    "SIGSTOP rollout server (then SIGCONT)": Fault(
+        stop_role("rollout_server"), "rollout_server/0 STALLED"
+    ),
+    "SIGSTOP trainer (then SIGCONT)": Fault(stop_role("trainer"), "trainer/0 STALLED"),
+    "SIGSTOP weight broadcaster (then SIGCONT)": Fault(
+        stop_role("weight_broadcaster"), "weight_broadcaster/0 STALLED"
+    ),
+    "an env's simulator step hangs": Fault(
+        hang_env,
+        "inside its simulator",
+        overrides=(
+            "env.id=tests.faulty_env:HangingCartPole-v0",
+            "env.kwargs.marker={tmp}/hang-marker",
+            f"env.kwargs.hang_at={_INJECT_AT_STEPS // 8}",  # 8 envs: about 5,000 steps in
+            _LONGER_WINDOW,
+        ),
+    ),
+    "kill -9 the run's redis-server": Fault(kill_redis, "restarted from its append-only file"),
+    "checkpoint disk full (tmpfs)": Fault(
+        fill_checkpoint_disk, "not written", checkpoint_disk="200k"
+    ),
 }
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
-def test_the_main_job_survives(tmp_path, fault: str) -> None:
-    inject, said = FAULTS[fault]
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_the_main_job_survives(tmp_path, name: str) -> None:
+    fault = FAULTS[name]
     run_dir = tmp_path / "run"
     config = REPO / "launch" / "cartpole.yaml"
-    args = [a for o in _OVERRIDES for a in ("--set", o)]
-    launcher = start_launcher(config, run_dir, *args)
-    try:
+    overrides = [*_OVERRIDES, *(o.format(tmp=tmp_path) for o in fault.overrides)]
+    args = [a for o in overrides for a in ("--set", o)]
+    with contextlib.ExitStack() as cleanup:
+        if fault.checkpoint_disk is not None:
+            cleanup.enter_context(_small_disk(run_dir / "checkpoints", fault.checkpoint_disk))
+        launcher = start_launcher(config, run_dir, *args)
+        cleanup.callback(_reap, launcher)
         wait_until(lambda: (run_dir / "run.json").exists(), 60, "run.json")
         url = json.loads((run_dir / "run.json").read_text())["redis_url"]
         run = Run(run_dir, Registry(url, "cartpole"), url)
-        wait_until(
-            lambda: run.registry.counters().get("env_steps", 0) >= _INJECT_AT_STEPS,
-            180,
-            f"{_INJECT_AT_STEPS} env steps",
-        )
-        recovery_s = inject(run)
+        if fault.inject is not hang_env:  # (a hang comes when the env gets there)
+            wait_until(
+                lambda: run.registry.counters().get("env_steps", 0) >= _INJECT_AT_STEPS,
+                180,
+                f"{_INJECT_AT_STEPS} env steps",
+            )
+        recovery_s = fault.inject(run)
         assert launcher.wait(timeout=300) == 0, launcher_output(run_dir)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-    output = launcher_output(run_dir)
-    assert said in output, output
-    summary = json.loads((run_dir / "summary.json").read_text())
+        said = everything_said(run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if fault.checkpoint_disk is not None:
+            _assert_only_complete_checkpoints(run_dir / "checkpoints")
+    assert fault.said in said, said
     chunks = summary["chunk_accounting"]
     assert summary["solved"], summary["stop_reason"]
     assert chunks["balanced"], chunks
     _report(
-        fault=fault,
-        did=next(line for line in output.splitlines() if said in line),
+        fault=name,
+        did=next(line for line in said.splitlines() if fault.said in line).strip(),
         recovery_s=round(recovery_s, 2),
         chunks_produced=chunks["produced"],
         chunks_lost=chunks["lost"],
@@ -165,6 +254,157 @@ def test_the_main_job_survives(tmp_path, fault: str) -> None:
         env_steps=summary["env_steps"],
         wall_s=summary["wall_s"],
     )
+
+
+# Where a role listens, and the messages each socket takes (others are bad input there).
+_LISTENING = [
+    ("rollout_server", "requests", zmq.DEALER),
+    ("trainer", "chunks", zmq.PUSH),
+    ("weight_broadcaster", "updates", zmq.PUSH),
+    ("weight_broadcaster", "current", zmq.DEALER),
+]
+_REFUSALS = ("bad_frames", "bad_requests", "bad_chunks", "weights_rejected")
+_FUZZ_MESSAGES = 10_000
+
+
+def test_bad_messages_on_every_listening_socket_are_counted_and_harm_nothing(tmp_path) -> None:
+    """10,000 messages drawn by hypothesis (``tests/fuzz_frames.py``: garbage, cut short, wrong
+    schema), plus oversized ones and well-formed ones of the wrong type or content, to each
+    socket a role of the main job listens on: every one is counted as refused, no role
+    restarts, the run solves and its chunk accounting balances."""
+    bad = draw_bad_messages(_FUZZ_MESSAGES)
+    run_dir = tmp_path / "run"
+    args = [a for o in _OVERRIDES for a in ("--set", o)]
+    launcher = start_launcher(REPO / "launch" / "cartpole.yaml", run_dir, *args)
+    senders: list[zmq.Socket] = []
+    try:
+        wait_until(lambda: (run_dir / "run.json").exists(), 60, "run.json")
+        url = json.loads((run_dir / "run.json").read_text())["redis_url"]
+        run = Run(run_dir, Registry(url, "cartpole"), url)
+        wait_until(
+            lambda: run.registry.counters().get("env_steps", 0) >= 1000, 180, "1000 env steps"
+        )
+        # (the broadcaster holds the trainer's weights: their layout is what it checks against)
+        wait_until(lambda: run.registry.weight_version() >= 0, 60, "the first weights")
+        before = run.registry.counters()
+        started = time.monotonic()
+        sent = 0
+        for role, endpoint, kind in _LISTENING:
+            (address,) = run.registry.endpoints(role, endpoint)
+            sock = zmq.Context.instance().socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDTIMEO, 30_000)
+            sock.connect(address)
+            senders.append(sock)
+            for frames in [*bad, *_oversized(), *_well_formed_but_refused(endpoint)]:
+                sock.send_multipart(frames)
+                sent += 1
+
+        def refused() -> int:
+            now = run.registry.counters()
+            return sum(now.get(c, 0) - before.get(c, 0) for c in _REFUSALS)
+
+        wait_until(lambda: refused() >= sent, 120, f"{sent} refusals counted")
+        handled_s = time.monotonic() - started
+        assert launcher.wait(timeout=300) == 0, launcher_output(run_dir)
+    finally:
+        for sock in senders:
+            sock.close()
+        _reap(launcher)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    counters = summary["counters"]
+    refusals = {c: counters.get(c, 0) - before.get(c, 0) for c in _REFUSALS}
+    assert sum(refusals.values()) == sent, refusals  # each exactly once
+    assert counters.get("role_restarts", 0) == 0 and counters.get("role_stalls", 0) == 0
+    assert summary["solved"], summary["stop_reason"]
+    chunks = summary["chunk_accounting"]
+    assert chunks["balanced"], chunks
+    _report(
+        fault=f"{_FUZZ_MESSAGES:,} bad messages (hypothesis) to each of {len(_LISTENING)} "
+        "listening sockets",
+        did=f"refused and counted all {sent:,}: "
+        + ", ".join(f"{c}={n:,}" for c, n in refusals.items() if n),
+        recovery_s=round(handled_s, 2),
+        chunks_produced=chunks["produced"],
+        chunks_lost=chunks["lost"],
+        solved=summary["solved"],
+        env_steps=summary["env_steps"],
+        wall_s=summary["wall_s"],
+    )
+
+
+def _oversized() -> list[list[bytes]]:
+    """Over the codec's limits: a header of more than max_header_bytes, more than max_frames
+    frames."""
+    limits = DEFAULT_LIMITS
+    return [[b"\x91" + b"\x00" * limits.max_header_bytes], [b"\x90"] * (limits.max_frames + 1)]
+
+
+def _well_formed_but_refused(endpoint: str) -> list[list[bytes]]:
+    """Messages that decode but that the role must refuse: another type than the socket takes,
+    or the right type with bad content."""
+    state = np.zeros(4, np.float32)
+    wrong_type = encode(WeightsRequest(after_version=-1))
+    if endpoint == "current":
+        return [encode(ObsRequest(env_key="x", request_id=1, obs={"state": state}))]
+    if endpoint == "updates":
+        return [wrong_type, encode(WeightsUpdate(version=10**6, layout="?", flat=state))]
+    if endpoint == "requests":
+        return [
+            wrong_type,
+            encode(ObsRequest(env_key="x", request_id=1, obs={"state": np.zeros(5, np.float32)})),
+            encode(ObsRequest(env_key="x", request_id=2, obs={"state": state + np.nan})),
+        ]
+    chunk = TrajectoryChunk(  # no producer: its accounting cannot be trusted
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
+        obs={"state": np.zeros((2, 4), np.float32)},
+        actions=np.zeros(2, np.int64),
+        rewards=np.ones(2, np.float32),
+        terminated=np.zeros(2, bool),
+        truncated=np.zeros(2, bool),
+        log_probs=np.zeros(2, np.float32),
+        values=np.zeros(2, np.float32),
+        policy_versions=np.zeros(2, np.int64),
+        bootstrap_value=0.0,
+    )
+    return [wrong_type, encode(chunk)]
+
+
+def everything_said(run_dir: Path) -> str:
+    """The launcher's output, then every role's log."""
+    logs = sorted((run_dir / "logs").glob("*.log"))
+    return "\n".join([launcher_output(run_dir), *(p.read_text(errors="replace") for p in logs)])
+
+
+def _reap(launcher: subprocess.Popen) -> None:
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.wait()
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[None]:
+    """A tmpfs of ``size`` on ``path`` for the block; unmounted (lazily) whatever happens."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _assert_only_complete_checkpoints(directory: Path) -> None:
+    """Every file left is a checkpoint whose digest matches, or that digest: no partial file."""
+    saved = checkpoints(directory)
+    assert saved, "the first checkpoint fits: it must be there"
+    for path in saved:
+        assert check(path) is None, check(path)
+    expected = {p.name for p in saved} | {p.with_suffix(".sha256").name for p in saved}
+    assert {p.name for p in directory.iterdir()} == expected
 
 
 def _report(**row: object) -> None:
