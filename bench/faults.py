@@ -34,7 +34,7 @@ def main() -> None:
         report = Path(tmp) / "rows.jsonl"
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "slow", "tests/test_faults.py"]
         if args.smoke:
-            cmd += ["-k", "env and worker"]
+            cmd += ["-k", "kill and env and worker"]
         env = dict(os.environ, RLVLA3_FAULT_REPORT=str(report))
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         rows = (
@@ -42,12 +42,9 @@ def main() -> None:
             if report.exists()
             else []
         )
-    print(f"{'fault':40} {'recovery':>9} {'chunks lost':>12} {'produced':>9} {'solved':>7}")
+    print(f"{'fault':58} {'recovery':>9}  {'lost':44} {'solved':>6}")
     for r in rows:
-        print(
-            f"{r['fault']:40} {r['recovery_s']:8.2f}s {r['chunks_lost']:12d} "
-            f"{r['chunks_produced']:9d} {str(r['solved']):>7}"
-        )
+        print(f"{r['fault']:58} {r['recovery_s']:8.2f}s  {r['lost']:44} {str(r['solved']):>6}")
     write_result(args.json, "faults", {"rows": rows}, vars(args))
     if done.returncode != 0:
         print(done.stdout[-3000:])
