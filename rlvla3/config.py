@@ -64,7 +64,7 @@ class RunConfig:
     heartbeat_ttl_s: float = bounded(5.0, gt=0)
     """A role (or node launcher) whose heartbeat is older than this shows as LOST."""
     stall_timeout_s: float = bounded(60.0, gt=0)
-    """A running role whose work loop has not finished a step for this long is STALLED: its launcher logs every thread's stack to the role's log, kills it and restarts it."""
+    """A running role whose work loop has not finished a step for this long (or one of whose env threads has been inside its simulator this long) is STALLED: its launcher logs every thread's stack to the role's log, kills it and restarts it."""
     busy_timeout_s: float = bounded(600.0, gt=0)
     """The longest a role may say it is legitimately busy (a PPO update, an SFT step) before it counts as stalled."""
     progress_interval_s: float = bounded(5.0, gt=0)

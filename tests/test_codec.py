@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tests.fuzz_frames import bad_message
 from transport import messages as m
 from transport.codec import (
     ZERO_COPY_MIN_BYTES,
+    CodecError,
     CodecLimits,
     MalformedFrame,
     OversizedFrame,
@@ -280,3 +282,13 @@ def test_huge_declared_shape_is_rejected_before_allocation() -> None:
     header = _update(["float64", [1 << 40, 1 << 20], 1])
     with pytest.raises(OversizedFrame, match="WeightsUpdate.flat: array of"):
         decode([header, b"\x00" * 8])
+
+
+@settings(max_examples=300, deadline=None)
+@given(bad_message())
+def test_the_fuzz_suites_bad_messages_raise_only_codec_errors(frames: list[bytes]) -> None:
+    """What ``tests/fuzz_frames.py`` draws for the fault suite's live sockets: garbage, cut
+    short, wrong schema. Decoding raises a ``CodecError`` (which sockets count as a bad frame)
+    and nothing else (which would stop the role)."""
+    with pytest.raises(CodecError):
+        decode(frames)
