@@ -258,14 +258,14 @@ def test_the_main_job_survives(tmp_path, name: str) -> None:
     )
 
 
-_SFT_STEPS = 120
-_SFT_INJECT_AT_STEP = 45
+_SFT_STEPS = 1000  # long enough that the fault lands mid-training on a fast host too
+_SFT_INJECT_AT_STEP = 100
 
 
 def _sft_job(tmp_path: Path) -> Path:
     """A short supervised job on the built-in table-top task: demonstrations generated, a small
     VLA trained for ``_SFT_STEPS`` steps with a checkpoint every 10, published to a rollout
-    server, evaluated at the end."""
+    server every 50, evaluated at the end."""
     cfg = {
         "run": {
             "name": "sft_faults",
@@ -291,7 +291,7 @@ def _sft_job(tmp_path: Path) -> Path:
             "max_steps": _SFT_STEPS,
             "lr": 3e-3,
             "token_budget": 1024,
-            "publish_every": 10,
+            "publish_every": 50,
             "checkpoint_every": 10,
         },
     }
@@ -324,7 +324,6 @@ def test_the_sft_job_survives(tmp_path, name: str) -> None:
                 return 0
 
         wait_until(lambda: trained_steps() >= _SFT_INJECT_AT_STEP, 300, "SFT steps")
-        at_step = int(trained_steps())
         recovery_s = inject(run)
         assert launcher.wait(timeout=300) == 0, launcher_output(run_dir)
     finally:
@@ -332,13 +331,12 @@ def test_the_sft_job_survives(tmp_path, name: str) -> None:
     said = everything_said(run_dir)
     assert expected in said, said
     resumed = re.findall(r"resumed from ckpt_\d+\.pt \(step (\d+)\)", said)
-    assert len(resumed) == 1, said
-    redone = at_step - int(resumed[0])
-    assert 0 <= redone <= 10 + 1  # the gauge lags a step behind at most
-    steps = [
-        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    assert len(resumed) == 1 and int(resumed[0]) % 10 == 0, said
+    metrics = (run_dir / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in metrics]
     assert steps[-1] == _SFT_STEPS and set(steps) == set(range(1, _SFT_STEPS + 1))
+    redone = len(steps) - len(set(steps))  # logged by the victim and again by its successor
+    assert 0 <= redone < 10  # checkpoint_every
     summary = json.loads((run_dir / "summary.json").read_text())
     assert f"sft finished {_SFT_STEPS} steps" in summary["stop_reason"], summary["stop_reason"]
     assert summary["evaluation"]["version"] == summary["weight_version"]
