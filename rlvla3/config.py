@@ -176,13 +176,17 @@ class PolicyConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlgoConfig:
-    """PPO with off-policy correction for lagging rollouts.
+    """PPO with off-policy correction for lagging rollouts, or GRPO (``kind: grpo``).
 
     After an SFT warm start the value head is untrained: ``value_warmup_updates`` train the critic
     alone first, ``value_lr`` lets it learn faster than a small ``lr``, and ``ref_kl_coef`` keeps
     the policy near its warm start while the critic's advantages are still noise.
     """
 
+    kind: Literal["ppo", "grpo"] = "ppo"
+    """``ppo``: advantages from GAE on a learned critic. ``grpo``: each episode's return relative to its group's (``group_size`` episodes from the same start state), no critic (rlvla3/algo/grpo.py)."""
+    group_size: int = bounded(4, ge=2)
+    """GRPO: episodes per group; env workers start this many envs from the same seed (``env.num_envs_per_worker`` must be a multiple)."""
     lr: float = bounded(2.5e-4, gt=0)
     """Adam learning rate."""
     value_lr: float | None = bounded(None, gt=0)
@@ -390,10 +394,28 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "algo.ref_kl_coef: needs policy.init_checkpoint (the reference policy's weights)"
         )
+    if cfg.algo.kind == "grpo":
+        _validate_grpo(cfg)
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
+
+
+def _validate_grpo(cfg: Config) -> None:
+    a = cfg.algo
+    if cfg.env.num_envs_per_worker % a.group_size:
+        raise ConfigError(
+            f"algo.group_size: {a.group_size} does not divide env.num_envs_per_worker "
+            f"({cfg.env.num_envs_per_worker}); a group's envs run in one env worker"
+        )
+    if cfg.run.mode != "async":
+        raise ConfigError(
+            f"algo.kind: grpo runs in run.mode async (got {cfg.run.mode!r}): a group trains "
+            "when its last episode ends, not per round"
+        )
+    if a.correction == "vtrace":
+        raise ConfigError("algo.correction: vtrace needs a critic; grpo has none (truncated_is)")
 
 
 def _validate_vla(raw: dict[str, Any]) -> None:

@@ -200,6 +200,12 @@ class EnvRunner:
         self.chunk_id = 0
         self.sim_since = 0.0  # wall time this env entered its simulator's step or reset; 0: out
         self.producer = f"{worker.index}/{env_index}#{worker.incarnation}"
+        # GRPO: the envs of a group start each of their episodes from the same seed, and their
+        # chunks carry the episode's group (rlvla3/algo/grpo.py).
+        self.grouped = self.cfg.algo.kind == "grpo" and worker.trains
+        self.group_index = env_index // self.cfg.algo.group_size
+        self.episode = -1
+        self.group = ""
         self.steps: list[dict[str, Any]] = []
 
     def _run(self) -> None:
@@ -227,8 +233,10 @@ class EnvRunner:
         """``env.reset()``, again while it returns a non-finite observation (a broken state);
         an env that keeps doing so fails its worker, naming it."""
         for _ in range(_RESET_TRIES):
+            # (a group's envs meet the same broken start state and all move on to the next)
+            seed = self._next_group_seed() if self.grouped else None
             self.sim_since = time.time()
-            obs, _ = env.reset()
+            obs, _ = env.reset(seed=seed)
             self.sim_since = 0.0
             if _finite(obs, 0.0):
                 return obs
@@ -240,6 +248,15 @@ class EnvRunner:
             f"env {self.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
             "row returned non-finite observations"
         )
+
+    def _next_group_seed(self) -> int:
+        """Enter this env's next episode's group; return its reset seed, the same for every env
+        of the group."""
+        self.episode += 1
+        w = self.worker
+        self.group = f"{w.index}/{self.group_index}#{w.incarnation}:{self.episode}"
+        key = [self.cfg.run.seed, w.index, self.group_index, self.episode]
+        return int(np.random.SeedSequence(key).generate_state(1)[0])
 
     def _straggler(self, seed: int) -> StragglerConfig | None:
         s = self.cfg.env.straggler
@@ -383,6 +400,7 @@ class EnvRunner:
             policy_versions=np.array([s["version"] for s in steps], np.int64),
             bootstrap_value=float(bootstrap_value),
             producer=self.producer,
+            group=self.group,
         )
         self.chunks.sync_peers(self.worker.trainers)
         while not self.chunks.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer

@@ -1,10 +1,12 @@
-"""Trainer role: PPO on streamed trajectory chunks, publishing versioned weights.
+"""Trainer role: PPO (or GRPO) on streamed trajectory chunks, publishing versioned weights.
 
 Chunks arrive on a PULL socket from every env worker. In ``async`` mode the trainer consumes them
 as they stream in: a chunk more than ``algo.max_staleness`` versions behind is dropped (counted),
 the rest are corrected for lag (``algo.correction``), and an update runs whenever ``batch_steps``
 env steps are buffered — it never waits for a rollout round. In ``sync`` and ``async_rollout``
-modes training is per round: only chunks from the current version are used.
+modes training is per round: only chunks from the current version are used. With
+``algo.kind: grpo`` chunks wait in a ``GroupAssembler`` until their group of episodes is
+complete, and the staleness bound applies per sample when it is trained (``rlvla3/algo/grpo.py``).
 
 After every ``algo.publish_every`` updates the weights go to the broadcaster as a new version.
 Checkpoints (model, optimizer, version, update count) are written every ``algo.checkpoint_every``
@@ -23,8 +25,9 @@ import time
 import numpy as np
 import torch
 
-from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
+from rlvla3.algo.batch import build_batch, build_grpo_batch, chunk_staleness, keep_chunk
 from rlvla3.algo.chunk_check import chunk_problem
+from rlvla3.algo.grpo import GroupAssembler
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
 from rlvla3.checkpoints import load_checkpoint, resume_training
@@ -41,7 +44,7 @@ _DRAIN_S = 5.0  # the longest a stopping trainer takes chunks off its queue
 
 
 class Trainer(TrainingRole):
-    """Consumes chunks, updates the policy with PPO, publishes weights, checkpoints."""
+    """Consumes chunks, updates the policy with PPO or GRPO, publishes weights, checkpoints."""
 
     name = "trainer"
 
@@ -67,6 +70,10 @@ class Trainer(TrainingRole):
         self._write_off_lost_chunks()
         self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.buffer: list[TrajectoryChunk] = []
+        self.advantages: list[float] = []  # GRPO: each buffered chunk's episode advantage
+        self.groups = (
+            GroupAssembler(self.cfg.algo.group_size) if self.cfg.algo.kind == "grpo" else None
+        )
         self.buffered_steps = 0
         self.batch_steps = self.cfg.algo.batch_steps or self._round_steps()
         self.sample_rate = RateMeter(window_s=20.0)
@@ -131,7 +138,11 @@ class Trainer(TrainingRole):
             self.drop("bad_frames", f"dropped a {type(chunk).__name__} on the chunk queue")
             return
         self.count("chunks_received")  # env workers' back-pressure reads this
-        problem = _producer_problem(chunk) or chunk_problem(chunk, self.obs_space, self.action_spec)
+        problem = (
+            _producer_problem(chunk)
+            or chunk_problem(chunk, self.obs_space, self.action_spec)
+            or self._group_problem(chunk)
+        )
         if problem is not None:  # dropped, and counted as such, so the chunk accounting adds up
             self.drop(
                 "chunks_dropped",
@@ -143,9 +154,9 @@ class Trainer(TrainingRole):
         self.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
         staleness = chunk_staleness(chunk, self.version)
         on_policy_only = self.cfg.run.mode != "async"
-        if not keep_chunk(
-            staleness, max_staleness=self.cfg.algo.max_staleness, on_policy_only=on_policy_only
-        ):
+        # (GRPO holds stale steps until their group is complete: the bound applies per sample)
+        max_staleness = 2**62 if self.groups is not None else self.cfg.algo.max_staleness
+        if not keep_chunk(staleness, max_staleness=max_staleness, on_policy_only=on_policy_only):
             if staleness < 0:
                 self.log.error(
                     "chunk from version %d is newer than the trainer's %d",
@@ -155,16 +166,61 @@ class Trainer(TrainingRole):
             self.count("chunks_dropped")
             self.count("samples_dropped", len(chunk.rewards))
             return
-        self.buffer.append(chunk)
         self.ledger_add(buffered_field(self.me), 1)
-        self.buffered_steps += len(chunk.rewards)
         self.gauge("staleness", staleness)
+        if self.groups is None:
+            self.buffer.append(chunk)
+            self.buffered_steps += len(chunk.rewards)
+            return
+        try:
+            group = self.groups.add(chunk)
+        except ValueError as err:
+            self._drop_held([chunk], f"dropped chunk {chunk.chunk_id} of {chunk.producer}: {err}")
+            return
+        if group is not None:
+            for chunks, advantage in group.episodes:
+                self.buffer.extend(chunks)
+                self.advantages.extend([advantage] * len(chunks))
+                self.buffered_steps += sum(len(c.rewards) for c in chunks)
+
+    def _group_problem(self, chunk: TrajectoryChunk) -> str | None:
+        if self.groups is not None and not chunk.group:
+            return "group: empty (algo.kind grpo: env workers tag each episode's group)"
+        return None
+
+    def _drop_held(self, chunks: list[TrajectoryChunk], reason: str) -> None:
+        """Drop chunks the trainer holds (buffered, or waiting for their group), counted."""
+        self.drop("chunks_dropped", reason)
+        if len(chunks) > 1:
+            self.count("chunks_dropped", len(chunks) - 1)
+        self.count("samples_dropped", sum(len(c.rewards) for c in chunks))
+        self.ledger_add(buffered_field(self.me), -len(chunks))
+
+    def _evict_stale_groups(self) -> None:
+        """GRPO: groups that can no longer be trained (no step within the staleness bound: a
+        producer died or stopped mid-group) are dropped."""
+        if self.groups is None:
+            return
+        stale = self.groups.evict_stale(self.version, self.cfg.algo.max_staleness)
+        if stale:
+            self._drop_held(
+                stale, f"dropped {len(stale)} chunks of incomplete GRPO groups: too stale"
+            )
 
     def _train(self) -> None:
         chunks, self.buffer, self.buffered_steps = self.buffer, [], 0
+        advantages, self.advantages = self.advantages, []
         started = time.perf_counter()
-        batch = build_batch(chunks, self.policy, self.cfg.algo, self.device)
         a = self.cfg.algo
+        left_out = 0
+        if self.groups is None:
+            batch = build_batch(chunks, self.policy, a, self.device)
+        else:
+            episodes = list(zip(chunks, advantages, strict=True))
+            batch, left_out = build_grpo_batch(episodes, self.policy, a, self.device, self.version)
+            if batch is None:
+                self._drop_held(chunks, f"dropped {len(chunks)} GRPO chunks: every step too stale")
+                return
         scale = self._lr_scale()
         scale_learning_rate(self.optimizer, scale)
         lr = a.lr * scale
@@ -175,9 +231,10 @@ class Trainer(TrainingRole):
             epochs=a.epochs,
             minibatch_size=a.minibatch_size,
             clip_coef=a.clip_coef,
-            vf_coef=a.vf_coef,
+            vf_coef=0.0 if self.groups is not None else a.vf_coef,  # GRPO: no critic
             ent_coef=a.ent_coef,
             max_grad_norm=a.max_grad_norm,
+            norm_adv=self.groups is None,  # GRPO's are normalised within their group
             policy_coef=0.0 if self.updates < a.value_warmup_updates else 1.0,
             reference=self.reference,
             ref_kl_coef=a.ref_kl_coef,
@@ -190,7 +247,9 @@ class Trainer(TrainingRole):
                 "gradients (weights unchanged by them)",
             )
         self.updates += 1
-        samples = sum(len(c.rewards) for c in chunks)
+        samples = sum(len(c.rewards) for c in chunks) - left_out
+        if left_out:
+            self.count("samples_dropped", left_out)
         self.samples_trained += samples
         self.sample_rate.add(samples)
         self.count("chunks_consumed", len(chunks))
@@ -201,6 +260,7 @@ class Trainer(TrainingRole):
             self._publish()
         if self.updates % a.checkpoint_every == 0:
             self._checkpoint()
+        self._evict_stale_groups()
         staleness = [chunk_staleness(c, self.version - 1) for c in chunks]
         metrics.update(
             update=self.updates,
@@ -287,8 +347,9 @@ class Trainer(TrainingRole):
             self.count("chunks_received")
             if _producer_problem(chunk) is None:
                 self.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
-        self.ledger_add(buffered_field(self.me), -len(self.buffer))
-        self.count("chunks_in_flight_at_exit", len(self.buffer) + queued)
+        held = len(self.buffer) + (self.groups.held if self.groups is not None else 0)
+        self.ledger_add(buffered_field(self.me), -held)
+        self.count("chunks_in_flight_at_exit", held + queued)
 
 
 def _producer_problem(chunk: TrajectoryChunk) -> str | None:

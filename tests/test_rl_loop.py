@@ -85,6 +85,21 @@ def test_short_run_trains_and_stops_cleanly(tmp_path, redis_url, mode: str) -> N
     assert (run_dir / "learning_curve.png").is_file()
 
 
+def test_grpo_trains_on_complete_groups_and_loses_nothing(tmp_path, redis_url) -> None:
+    """``algo.kind: grpo``: env workers tag episodes with their group, the trainer trains
+    complete groups only, and the chunks it still held for incomplete groups at exit are
+    counted in flight: the accounting balances."""
+    name = "cp_grpo"
+    cfg = cartpole_config(name, redis_url, "async", kind="grpo", group_size=2, max_staleness=8)
+    run_dir = run_to_end(tmp_path, cfg)
+    registry = Registry(redis_url, name)
+    c = registry.counters()
+    assert c["updates"] >= 2 and c.get("bad_chunks", 0) == 0
+    assert_no_chunk_lost(registry, c)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["samples"] for m in metrics) == c["samples_consumed"]
+
+
 def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) -> None:
     # A slow trainer (many epochs) and a tiny allowed backlog: envs must pause, the run must
     # still reach its step budget (no deadlock), and nothing may be lost.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Obs = dict[str, np.ndarray]
 
@@ -100,6 +100,8 @@ class TrajectoryChunk(Message):
         producer: who made it, ``worker/env#incarnation`` (unique per process start); with
             ``chunk_id`` it keeps the chunk accounting exact across crashes
             (``rlvla3/chunk_ledger.py``).
+        group: GRPO only (``algo.kind: grpo``): the group of the episode these steps belong to,
+            shared by the ``algo.group_size`` episodes started from the same state; "" otherwise.
     """
 
     worker_index: int
@@ -115,6 +117,7 @@ class TrajectoryChunk(Message):
     policy_versions: np.ndarray
     bootstrap_value: float
     producer: str = ""  # last: defaults follow the required fields
+    group: str = ""
 
 
 class WeightsUpdate(Message):

@@ -1,4 +1,5 @@
-"""Turn trajectory chunks into one PPO training batch, with the configured off-policy correction.
+"""Turn trajectory chunks into one PPO training batch, with the configured off-policy correction
+(``build_batch``; ``build_grpo_batch`` for GRPO's group-relative advantages).
 
 - ``none``: GAE on the behaviour values; PPO's ratio clipping is the only correction.
 - ``truncated_is``: GAE advantages, and each sample's loss weighted by min(pi/mu, 1).
@@ -92,3 +93,49 @@ def build_batch(
 
 def _cat(arrays: list[np.ndarray], device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(arrays)).to(device)
+
+
+def build_grpo_batch(
+    episodes: Sequence[tuple[TrajectoryChunk, float]],
+    policy: ActorCritic,
+    algo: AlgoConfig,
+    device: torch.device,
+    version: int,
+) -> tuple[Batch | None, int]:
+    """Flat batch for ``ppo_update`` from GRPO chunks, each with its episode's group-relative
+    advantage (``rlvla3/algo/grpo.py``). Steps more than ``algo.max_staleness`` versions behind
+    ``version`` are left out (per sample); returns the batch (None when no step is left) and
+    how many steps were left out. No critic: returns and values are zeros (train with
+    ``vf_coef=0``)."""
+    keep = [
+        version - np.asarray(c.policy_versions, np.int64) <= algo.max_staleness for c, _ in episodes
+    ]
+    left_out = sum(int((~k).sum()) for k in keep)
+    if not any(k.any() for k in keep):
+        return None, left_out
+    obs = {
+        key: _cat([c.obs[key][k] for (c, _), k in zip(episodes, keep, strict=True)], device)
+        for key in episodes[0][0].obs
+    }
+    actions = _cat([c.actions[k] for (c, _), k in zip(episodes, keep, strict=True)], device)
+    log_probs = _cat([c.log_probs[k] for (c, _), k in zip(episodes, keep, strict=True)], device)
+    advantages = torch.cat(
+        [
+            torch.full((int(k.sum()),), adv, dtype=torch.float32, device=device)
+            for (_, adv), k in zip(episodes, keep, strict=True)
+        ]
+    )
+    zeros = torch.zeros_like(advantages)
+    batch: Batch = {
+        "obs": obs,
+        "actions": actions,
+        "log_probs": log_probs,
+        "values": zeros,
+        "advantages": advantages,
+        "returns": zeros,
+    }
+    if algo.correction == "truncated_is":
+        with torch.no_grad():
+            target = policy.evaluate(obs, actions).log_prob
+        batch["is_weights"] = truncated_importance_weights(log_probs, target)
+    return batch, left_out

@@ -1,0 +1,143 @@
+"""GRPO: group-relative advantages against hand-worked numbers, groups assembled from chunks that
+arrive in any order, the staleness bound per sample, and same-seed groups of envs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from rlvla3.algo.batch import build_grpo_batch
+from rlvla3.algo.grpo import GroupAssembler, group_advantages
+from rlvla3.config import AlgoConfig, ConfigError, config_from_dict
+from roles.env_worker import EnvRunner
+from transport.messages import TrajectoryChunk
+
+
+def chunk(
+    producer: str,
+    group: str,
+    rewards: list[float],
+    *,
+    ends: bool,
+    versions: list[int] | None = None,
+) -> TrajectoryChunk:
+    n = len(rewards)
+    done = np.zeros(n, bool)
+    done[-1] = ends
+    return TrajectoryChunk(
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
+        obs={"state": np.arange(n * 2, dtype=np.float32).reshape(n, 2)},
+        actions=np.zeros(n, np.int64),
+        rewards=np.asarray(rewards, np.float32),
+        terminated=done,
+        truncated=np.zeros(n, bool),
+        log_probs=np.full(n, -0.7, np.float32),
+        values=np.zeros(n, np.float32),
+        policy_versions=np.asarray(versions if versions is not None else [0] * n, np.int64),
+        bootstrap_value=0.0,
+        producer=producer,
+        group=group,
+    )
+
+
+def test_advantages_by_hand() -> None:
+    # returns 1, 0, 0, 1: mean 0.5, population std 0.5 -> +1, -1, -1, +1
+    np.testing.assert_allclose(group_advantages([1, 0, 0, 1]), [1, -1, -1, 1], atol=1e-5)
+    # returns 3, 1, 2: mean 2, std sqrt(2/3) = 0.8165 -> +1.2247, -1.2247, 0
+    np.testing.assert_allclose(group_advantages([3, 1, 2]), [1.2247449, -1.2247449, 0], atol=1e-5)
+    # every episode alike: nothing to learn from the group
+    assert group_advantages([2.0, 2.0, 2.0]).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_group_is_released_when_its_last_episode_ends_whatever_the_order() -> None:
+    groups = GroupAssembler(group_size=2)
+    a1 = chunk("0/0#x", "g", [1.0, 1.0], ends=False)
+    b = chunk("0/1#x", "g", [1.0], ends=True)  # return 1
+    a2 = chunk("0/0#x", "g", [1.0], ends=True)  # episode a: return 3
+    assert groups.add(a1) is None and groups.add(b) is None
+    assert groups.held == 2
+    done = groups.add(a2)
+    assert done is not None and groups.held == 0
+    by_first = {chunks[0].producer: (chunks, adv) for chunks, adv in done.episodes}
+    assert by_first["0/0#x"][0] == [a1, a2]  # in arrival order
+    assert by_first["0/0#x"][1] == pytest.approx(1.0, abs=1e-5)  # (3 - 2) / 1
+    assert by_first["0/1#x"][1] == pytest.approx(-1.0, abs=1e-5)
+
+
+def test_a_group_takes_no_more_episodes_than_its_size() -> None:
+    groups = GroupAssembler(group_size=2)
+    groups.add(chunk("0/0#x", "g", [1.0], ends=False))
+    groups.add(chunk("0/1#x", "g", [1.0], ends=False))
+    with pytest.raises(ValueError, match="algo.group_size is 2"):
+        groups.add(chunk("0/2#x", "g", [1.0], ends=True))
+    with pytest.raises(ValueError, match="group: empty"):
+        groups.add(chunk("0/0#x", "", [1.0], ends=True))
+
+
+def test_incomplete_groups_past_the_staleness_bound_are_evicted() -> None:
+    groups = GroupAssembler(group_size=2)
+    old = chunk("0/0#x", "old", [1.0, 1.0], ends=True, versions=[2, 3])
+    fresh = chunk("0/1#x", "fresh", [1.0], ends=False, versions=[8])
+    groups.add(old)
+    groups.add(fresh)
+    assert groups.evict_stale(version=10, max_staleness=4) == [old]  # newest step 7 behind
+    assert groups.held == 1
+    assert groups.evict_stale(version=12, max_staleness=4) == []  # 4 behind: still trainable
+
+
+def test_the_staleness_bound_applies_per_sample() -> None:
+    algo = AlgoConfig(kind="grpo", correction="none", max_staleness=2)
+    mixed = chunk("0/0#x", "g", [1.0, 1.0, 1.0], ends=True, versions=[1, 5, 6])
+    fresh = chunk("0/1#x", "g", [0.0], ends=True, versions=[6])
+    batch, left_out = build_grpo_batch(
+        [(mixed, 1.0), (fresh, -1.0)], policy=None, algo=algo, device=torch.device("cpu"), version=6
+    )
+    assert left_out == 1  # the step from version 1
+    assert batch is not None
+    assert batch["advantages"].tolist() == [1.0, 1.0, -1.0]
+    assert batch["obs"]["state"].tolist() == [[2.0, 3.0], [4.0, 5.0], [0.0, 1.0]]
+    assert batch["returns"].abs().sum() == 0  # no critic
+    stale, left_out = build_grpo_batch(
+        [(mixed, 1.0)], policy=None, algo=algo, device=torch.device("cpu"), version=20
+    )
+    assert stale is None and left_out == 3
+
+
+def _runner(cfg, env_index: int, worker_index: int = 0) -> EnvRunner:
+    worker = SimpleNamespace(cfg=cfg, index=worker_index, incarnation="inc", trains=True)
+    return EnvRunner(worker, env_index)  # (its thread is never started)
+
+
+def test_the_envs_of_a_group_start_each_episode_from_the_same_seed() -> None:
+    cfg = config_from_dict(
+        {"env": {"num_envs_per_worker": 4}, "algo": {"kind": "grpo", "group_size": 2}}
+    )
+    first, second, other = _runner(cfg, 0), _runner(cfg, 1), _runner(cfg, 2)
+    seeds = [[r._next_group_seed() for _ in range(3)] for r in (first, second, other)]
+    assert seeds[0] == seeds[1]  # env 0 and 1: group 0, episode by episode
+    assert len(set(seeds[0])) == 3  # each episode starts elsewhere
+    assert not set(seeds[2]) & set(seeds[0])  # group 1 is another
+    assert first.group == second.group == "0/0#inc:2" and other.group == "0/1#inc:2"
+    assert _runner(cfg, 0, worker_index=1)._next_group_seed() != seeds[0][0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (
+            {"algo": {"kind": "grpo", "group_size": 3}, "env": {"num_envs_per_worker": 4}},
+            "algo.group_size",
+        ),
+        ({"algo": {"kind": "grpo"}, "run": {"mode": "sync"}}, "algo.kind"),
+        ({"algo": {"kind": "grpo", "correction": "vtrace"}}, "algo.correction"),
+    ],
+)
+def test_grpo_settings_that_cannot_work_are_refused_at_load(overrides: dict, field: str) -> None:
+    raw = {"env": {"num_envs_per_worker": 4}, **overrides}
+    with pytest.raises(ConfigError, match=field):
+        config_from_dict(raw)
