@@ -4,11 +4,9 @@ One YAML describes the run. ``rlvla3 launch cfg.yaml`` runs every node's roles o
 ``--node NAME`` (or a Slurm step, see ``rlvla3/cluster.py``) runs one node's. The head node's
 launcher starts the run's Redis (``rlvla3/rendezvous.py``), checks the stop rules and ends the
 run; every other node's launcher joins it, follows the head's end, and stops its roles when it
-cannot reach the head for ``run.head_timeout_s``. A role that exits with an error is restarted
-per its restart policy; a role out of restarts fails the run. A role that is alive but STALLED
-(it finished no step by the deadline its heartbeat carries, ``rlvla3/role.py``) has every
-thread's stack written to its log, is killed and restarted the same way. The first Ctrl-C (or SIGTERM)
-stops all roles gracefully, the second kills them.
+cannot reach the head for ``run.head_timeout_s``. Each launcher's ``RoleSupervisor``
+(``rlvla3/role_supervisor.py``) restarts its node's roles that exit with an error or stall. The
+first Ctrl-C (or SIGTERM) stops all roles gracefully, the second kills them.
 """
 
 from __future__ import annotations
@@ -29,15 +27,7 @@ from rlvla3 import netaddr, run_secret
 from rlvla3.checkpoints import find_checkpoint
 from rlvla3.cluster import Seat, find_seat, own_address
 from rlvla3.config import Config, dump_config, load_config
-from rlvla3.processes import (
-    STOP_ORDER,
-    RoleProcess,
-    SpawnContext,
-    dump_stacks,
-    spawn,
-    stop_group,
-    stop_stages,
-)
+from rlvla3.processes import STOP_ORDER, SpawnContext, stop_group, stop_stages
 from rlvla3.redis_server import RedisServerError
 from rlvla3.registry import Registry
 from rlvla3.rendezvous import (
@@ -50,6 +40,7 @@ from rlvla3.rendezvous import (
     write_node_info,
     write_run_info,
 )
+from rlvla3.role_supervisor import REDIS_ERRORS, RoleSupervisor, try_bookkeeping
 from rlvla3.run_report import ProgressTracker, evaluation_episodes, stop_condition, write_report
 from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
@@ -57,7 +48,6 @@ from transport import security
 
 _TICK_S = 0.2
 _STOPPED_BY_SIGNAL = "stopped by signal"
-_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _BUSY = ("starting", "running", "stopping")
 
 
@@ -80,11 +70,10 @@ class Launcher:
         self.echo = echo
         self.stop_requested = threading.Event()
         self.kill_requested = threading.Event()
-        self.procs: list[RoleProcess] = []
         self.registry: Registry | None = None
+        self.roles: RoleSupervisor | None = None  # this node's processes, once Redis is there
         self.address = ""
         self._next_beat = 0.0
-        self._next_stall_check = 0.0
         self._check_roles()
 
     def _check_roles(self) -> None:
@@ -188,14 +177,21 @@ class Launcher:
             nccl_interface=interface,
         )
         reason, code, redis_lost = "launcher failed", 1, False
+        self.roles = RoleSupervisor(
+            self.cfg, self.run_dir, self.registry, self.echo, self.stop_requested
+        )
         try:
             self._beat("running")
-            self._start_all(ctx)
+            self.roles.start(ctx, self._my_nodes())
+            self.echo(
+                f"{self._who()}started {len(self.roles.procs)} role processes (address "
+                f"{self.address}); logs in {self.run_dir / 'logs'}"
+            )
             if self.seat.is_head:
                 reason, code = self._supervise(ctx, started, store), 0
             else:
                 reason, code = self._follow(ctx, started)
-        except _REDIS_ERRORS as err:
+        except REDIS_ERRORS as err:
             reason, redis_lost = f"lost the run's Redis at {store.url} ({err})", True
         finally:  # whatever ended the loop, the roles stop in order and the run is reported
             code = self._exit_code(reason, code, redis_lost)
@@ -203,48 +199,33 @@ class Launcher:
         return code
 
     def _exit_code(self, reason: str, code: int, redis_lost: bool) -> int:
-        if any(p.failed for p in self.procs) or redis_lost:
+        if self.roles.any_failed or redis_lost:
             return 1
         return 130 if reason == _STOPPED_BY_SIGNAL else code
 
     def _end(self, reason: str, code: int, redis_lost: bool, wall_s: float) -> None:
         if self.seat.is_head and self.seat.multi_host and not redis_lost:
-            self._try(lambda: self.registry.end_run(reason, code))
-        self._try(lambda: self._beat("stopping"))
+            try_bookkeeping(lambda: self.registry.end_run(reason, code))
+        try_bookkeeping(lambda: self._beat("stopping"))
         self._stop_all()
         if self.seat.is_head:
             self._finish_head(reason, wall_s, redis_lost)
         else:
-            self._try(lambda: self._beat("done" if code == 0 else "error"))
+            try_bookkeeping(lambda: self._beat("done" if code == 0 else "error"))
         self.echo(f"{self._who()}run {self.cfg.run.name} ended: {reason}; run dir {self.run_dir}")
         self.registry.close()
 
     def _finish_head(self, reason: str, wall_s: float, redis_lost: bool) -> None:
         if not redis_lost and self.seat.multi_host:
             self._wait_for_members()
-        self._try(lambda: self._beat("done"))  # every role has stopped: the report says so
+        try_bookkeeping(lambda: self._beat("done"))  # every role has stopped: the report says so
         try:
             if not redis_lost:
                 write_report(self.registry, self.cfg, self.run_dir, wall_s, reason)
                 return
-        except _REDIS_ERRORS as err:  # e.g. Slurm's scancel stopped the redis-server too
+        except REDIS_ERRORS as err:  # e.g. Slurm's scancel stopped the redis-server too
             reason = f"{reason}; the run's Redis went away while reporting ({err})"
         _write_partial_report(self.run_dir, self.cfg, wall_s, reason)
-
-    def _start_all(self, ctx: SpawnContext) -> None:
-        mine = set(self._my_nodes())
-        for role in self.cfg.roles:
-            for index, node in enumerate(self.cfg.placement(role)):
-                if node not in mine:
-                    continue
-                log_path = self.run_dir / "logs" / f"{role}-{index}.log"
-                proc = RoleProcess(role=role, index=index, node=node, log_path=log_path)
-                self.procs.append(proc)
-                spawn(proc, ctx)
-        self.echo(
-            f"{self._who()}started {len(self.procs)} role processes (address "
-            f"{self.address}); logs in {self.run_dir / 'logs'}"
-        )
 
     def _supervise(self, ctx: SpawnContext, started: float, store: RunStore) -> str:
         """The head's loop: restart crashed roles (and the run's redis-server), check the stop
@@ -256,20 +237,20 @@ class Launcher:
             now = time.monotonic()
             try:
                 self._keep_redis_up(store)
-                failure = self._tend_processes(ctx, now)
+                failure = self.roles.tend(ctx, now)
                 if failure:
                     return failure
-                if all(p.finished for p in self.procs):
+                if self.roles.all_finished:
                     return "all roles finished"
                 self._beat("running")
                 reason = stop_condition(self.registry, self.cfg, now - started)
                 if reason:
                     return self._evaluate(ctx, reason, store)
                 if now >= next_progress:
-                    self.echo(progress.line(self.registry, now - started, self._restarts()))
+                    self.echo(progress.line(self.registry, now - started, self.roles.restarts))
                     next_progress = now + self.cfg.run.progress_interval_s
                 redis_lost_since = None
-            except _REDIS_ERRORS as err:  # roles ride it out as long: so does the head
+            except REDIS_ERRORS as err:  # roles ride it out as long: so does the head
                 if redis_lost_since is None:
                     redis_lost_since = now
                     self.echo(f"the run's Redis is unreachable ({err}); riding it out")
@@ -304,9 +285,9 @@ class Launcher:
         next_progress = last_contact + self.cfg.run.progress_interval_s
         while not self.stop_requested.wait(_TICK_S):
             now = time.monotonic()
-            failure = self._tend_processes(ctx, now)
+            failure = self.roles.tend(ctx, now)
             if failure:
-                self._try(self.registry.request_stop, f"{failure} on node {self.seat.label}")
+                try_bookkeeping(self.registry.request_stop, f"{failure} on node {self.seat.label}")
                 return failure, 1
             try:
                 self._beat("running")
@@ -315,7 +296,7 @@ class Launcher:
                     return f"the head ended the run: {end[0]}", end[1]
                 if self._head_alive():
                     last_contact = now
-            except _REDIS_ERRORS:
+            except REDIS_ERRORS:
                 pass  # a network outage: ride it out up to run.head_timeout_s
             lost_s = now - last_contact
             if lost_s >= self.cfg.run.head_timeout_s:
@@ -325,11 +306,11 @@ class Launcher:
                     1,
                 )
             if now >= next_progress:
-                alive = sum(p.popen is not None and p.popen.poll() is None for p in self.procs)
+                alive = self.roles.running
                 head = "reachable" if lost_s < 2 * _TICK_S + 1 else f"unreachable for {lost_s:.0f}s"
                 self.echo(
                     f"[{now - started:5.0f}s] node {self.seat.label}: {alive}/"
-                    f"{len(self.procs)} roles running, restarts={self._restarts()}, "
+                    f"{len(self.roles.procs)} roles running, restarts={self.roles.restarts}, "
                     f"head {self.seat.head.name} {head}"
                 )
                 next_progress = now + self.cfg.run.progress_interval_s
@@ -340,18 +321,6 @@ class Launcher:
             rec.node == self.seat.head.name and rec.alive and rec.status in _BUSY
             for rec in self.registry.launchers()
         )
-
-    def _tend_processes(self, ctx: SpawnContext, now: float) -> str | None:
-        if now >= self._next_stall_check:
-            self._next_stall_check = now + 1.0
-            self._try(self._kill_stalled)
-        for proc in self.procs:
-            failure = self._check_process(proc, now)
-            if failure:
-                return failure
-            if proc.restart_at is not None and now >= proc.restart_at:
-                spawn(proc, ctx)
-        return None
 
     def _evaluate(self, ctx: SpawnContext, reason: str, store: RunStore) -> str:
         """Freeze training and wait for ``eval_episodes`` fresh episodes of the final weights."""
@@ -365,7 +334,7 @@ class Launcher:
         deadline = time.monotonic() + self.cfg.run.stop.eval_timeout_s
         while not self.stop_requested.wait(_TICK_S):
             self._keep_redis_up(store)
-            failure = self._tend_processes(ctx, time.monotonic())
+            failure = self.roles.tend(ctx, time.monotonic())
             if failure:
                 return failure
             self._beat("running")
@@ -375,62 +344,6 @@ class Launcher:
             if time.monotonic() > deadline:
                 return f"{reason}; evaluation timed out after {done} episodes"
         return _STOPPED_BY_SIGNAL
-
-    def _check_process(self, proc: RoleProcess, now: float) -> str | None:
-        if proc.popen is None or proc.finished or proc.restart_at is not None:
-            return None
-        code = proc.popen.poll()
-        if code is None:
-            return None
-        if code == 0:
-            proc.finished = True
-            return None
-        self._try(lambda: self.registry.mark_dead(proc.role, proc.index))
-        policy = self.cfg.roles[proc.role].restart
-        if proc.restarts >= policy.max_restarts:
-            proc.failed = True
-            self.echo(f"{proc.name} exited with code {code}; out of restarts (see {proc.log_path})")
-            return f"{proc.name} failed"
-        delay = policy.backoff_s * (2**proc.restarts)
-        proc.restarts += 1
-        self._try(lambda: self.registry.record_restart(proc.role, proc.index))
-        proc.restart_at = now + delay
-        self.echo(f"{proc.name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
-        return None
-
-    def _kill_stalled(self) -> None:
-        """Kill this node's roles that are alive but stalled (``RoleRecord.stalled_for_s``),
-        their stacks written to their logs first; ``_check_process`` then restarts them."""
-        records = {(r.role, r.index): r for r in self.registry.roles()}
-        for proc in self.procs:
-            rec = records.get((proc.role, proc.index))
-            popen = proc.popen
-            if rec is None or popen is None or popen.poll() is not None or rec.pid != popen.pid:
-                continue  # not running, or the record is still an earlier incarnation's
-            # A process whose heartbeat thread cannot beat either (stopped, or hung with the
-            # GIL held) is stuck too, whatever it said it was busy with.
-            silent = (
-                not rec.alive
-                and rec.status in ("starting", "running")
-                and rec.heartbeat_age_s > self.cfg.run.stall_timeout_s
-            )
-            if rec.stalled_for_s <= 0 and not silent:
-                continue
-            where = dump_stacks(popen.pid, proc.log_path, self.stop_requested)
-            what = (
-                f"no heartbeat for {rec.heartbeat_age_s:.0f}s"
-                if silent
-                else f"no step finished for {self.cfg.run.stall_timeout_s + rec.stalled_for_s:.0f}s"
-            )
-            if rec.busy and not silent:
-                what += f" ({rec.busy})"
-            self.echo(f"{proc.name} STALLED: {what} (run.stall_timeout_s); {where}; killing it")
-            self.registry.incr("role_stalls")
-            popen.kill()
-            popen.wait()
-
-    def _restarts(self) -> int:
-        return sum(p.restarts for p in self.procs)
 
     def _beat(self, status: str) -> None:
         """This node's launcher heartbeat in a multi-host run (at most once a second while the
@@ -450,13 +363,6 @@ class Launcher:
             pid=os.getpid(),
         )
 
-    def _try(self, action: Callable[..., object], *args: object) -> None:
-        """Run a Redis bookkeeping ``action(*args)``; an unreachable Redis only skips it."""
-        try:
-            action(*args)
-        except _REDIS_ERRORS:
-            pass
-
     def _who(self) -> str:
         return f"node {self.seat.label}: " if self.seat.multi_host else ""
 
@@ -468,7 +374,7 @@ class Launcher:
         next role only once no instance of this one is still busy on any node, so a trainer on
         one host drains what env workers on another pushed until they stopped."""
         timeout_s = self.cfg.run.stop_timeout_s
-        local = dict(stop_stages(self.procs))
+        local = dict(stop_stages(self.roles.procs))
         stages = [r for r in STOP_ORDER if r in self.cfg.roles] + [
             r for r in local if r not in STOP_ORDER
         ]
@@ -477,7 +383,7 @@ class Launcher:
                 local.get(role, []),
                 timeout_s,
                 self.kill_requested,
-                on_tick=lambda: self._try(lambda: self._beat("stopping")),
+                on_tick=lambda: try_bookkeeping(lambda: self._beat("stopping")),
             )
             if self.seat.multi_host:
                 self._wait_remote(role, time.monotonic() + timeout_s)
@@ -494,7 +400,7 @@ class Launcher:
                 self._beat("stopping")
                 if self.kill_requested.wait(_TICK_S):
                     return
-        except _REDIS_ERRORS:
+        except REDIS_ERRORS:
             pass
 
     def _wait_for_members(self) -> None:
@@ -512,7 +418,7 @@ class Launcher:
             while members_busy() and time.monotonic() < deadline:
                 if self.kill_requested.wait(_TICK_S):
                     return
-        except _REDIS_ERRORS:
+        except REDIS_ERRORS:
             pass
 
     def _on_signal(self, _signum: int, count: int) -> None:  # on the signal watcher thread

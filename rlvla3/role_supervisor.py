@@ -1,0 +1,160 @@
+"""The role processes of one node: started, restarted when they exit with an error, and killed
+(their stacks written first) when STALLED.
+
+A role that exits with an error is restarted per its restart policy (``roles.<role>.restart``:
+exponential back-off, at most ``max_restarts``); a role out of restarts fails the run. A role
+that is alive but STALLED (it finished no step by the deadline its heartbeat carries,
+``rlvla3/role.py``, or its heartbeat stopped while its process lives) has every thread's stack
+written to its log, is killed, and is then restarted the same way. The launcher
+(``rlvla3/launcher.py``) decides when the run ends and stops these processes in order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import redis
+
+from rlvla3.config import Config
+from rlvla3.processes import RoleProcess, SpawnContext, dump_stacks, spawn
+from rlvla3.registry import Registry
+
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_STALL_CHECK_PERIOD_S = 1.0
+
+
+def try_bookkeeping(action: Callable[..., object], *args: object) -> None:
+    """Run a Redis bookkeeping ``action(*args)``; an unreachable Redis only skips it."""
+    try:
+        action(*args)
+    except REDIS_ERRORS:
+        pass
+
+
+class RoleSupervisor:
+    """Starts and tends this node's role processes.
+
+    Args:
+        cfg: the run config.
+        run_dir: the run dir (role logs go to ``logs/<role>-<index>.log``).
+        registry: the run's Redis bookkeeping.
+        echo: where what happens to the processes is said.
+        stop_requested: set when the launcher was asked to stop (cuts a stack dump short).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        registry: Registry,
+        echo: Callable[[str], None],
+        stop_requested: threading.Event,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.registry = registry
+        self.echo = echo
+        self.stop_requested = stop_requested
+        self.procs: list[RoleProcess] = []
+        self._next_stall_check = 0.0
+
+    def start(self, ctx: SpawnContext, nodes: Iterable[str]) -> None:
+        """Start every role instance placed on one of ``nodes``."""
+        mine = set(nodes)
+        for role in self.cfg.roles:
+            for index, node in enumerate(self.cfg.placement(role)):
+                if node not in mine:
+                    continue
+                log_path = self.run_dir / "logs" / f"{role}-{index}.log"
+                proc = RoleProcess(role=role, index=index, node=node, log_path=log_path)
+                self.procs.append(proc)
+                spawn(proc, ctx)
+
+    def tend(self, ctx: SpawnContext, now: float) -> str | None:
+        """Kill stalled roles (at most once a second), note exits, restart those due; the
+        reason the run must fail when a role is out of restarts, else None."""
+        if now >= self._next_stall_check:
+            self._next_stall_check = now + _STALL_CHECK_PERIOD_S
+            try_bookkeeping(self._kill_stalled)
+        for proc in self.procs:
+            failure = self._check_process(proc, now)
+            if failure:
+                return failure
+            if proc.restart_at is not None and now >= proc.restart_at:
+                spawn(proc, ctx)
+        return None
+
+    @property
+    def restarts(self) -> int:
+        """Restarts so far, of every process."""
+        return sum(p.restarts for p in self.procs)
+
+    @property
+    def all_finished(self) -> bool:
+        """Every process exited cleanly (code 0)."""
+        return all(p.finished for p in self.procs)
+
+    @property
+    def any_failed(self) -> bool:
+        """A process ran out of restarts."""
+        return any(p.failed for p in self.procs)
+
+    @property
+    def running(self) -> int:
+        """Processes alive now."""
+        return sum(p.popen is not None and p.popen.poll() is None for p in self.procs)
+
+    def _check_process(self, proc: RoleProcess, now: float) -> str | None:
+        if proc.popen is None or proc.finished or proc.restart_at is not None:
+            return None
+        code = proc.popen.poll()
+        if code is None:
+            return None
+        if code == 0:
+            proc.finished = True
+            return None
+        try_bookkeeping(lambda: self.registry.mark_dead(proc.role, proc.index))
+        policy = self.cfg.roles[proc.role].restart
+        if proc.restarts >= policy.max_restarts:
+            proc.failed = True
+            self.echo(f"{proc.name} exited with code {code}; out of restarts (see {proc.log_path})")
+            return f"{proc.name} failed"
+        delay = policy.backoff_s * (2**proc.restarts)
+        proc.restarts += 1
+        try_bookkeeping(lambda: self.registry.record_restart(proc.role, proc.index))
+        proc.restart_at = now + delay
+        self.echo(f"{proc.name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
+        return None
+
+    def _kill_stalled(self) -> None:
+        """Kill this node's roles that are alive but stalled (``RoleRecord.stalled_for_s``),
+        their stacks written to their logs first; ``_check_process`` then restarts them."""
+        records = {(r.role, r.index): r for r in self.registry.roles()}
+        for proc in self.procs:
+            rec = records.get((proc.role, proc.index))
+            popen = proc.popen
+            if rec is None or popen is None or popen.poll() is not None or rec.pid != popen.pid:
+                continue  # not running, or the record is still an earlier incarnation's
+            # A process whose heartbeat thread cannot beat either (stopped, or hung with the
+            # GIL held) is stuck too, whatever it said it was busy with.
+            silent = (
+                not rec.alive
+                and rec.status in ("starting", "running")
+                and rec.heartbeat_age_s > self.cfg.run.stall_timeout_s
+            )
+            if rec.stalled_for_s <= 0 and not silent:
+                continue
+            where = dump_stacks(popen.pid, proc.log_path, self.stop_requested)
+            what = (
+                f"no heartbeat for {rec.heartbeat_age_s:.0f}s"
+                if silent
+                else f"no step finished for {self.cfg.run.stall_timeout_s + rec.stalled_for_s:.0f}s"
+            )
+            if rec.busy and not silent:
+                what += f" ({rec.busy})"
+            self.echo(f"{proc.name} STALLED: {what} (run.stall_timeout_s); {where}; killing it")
+            self.registry.incr("role_stalls")
+            popen.kill()
+            popen.wait()
