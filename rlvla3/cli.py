@@ -18,9 +18,9 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from rlvla3.config import dump_config, load_config
+    from rlvla3.config import dump_config_with_defaults, load_config
 
-    print(dump_config(load_config(args.config, args.set)), end="")
+    print(dump_config_with_defaults(load_config(args.config, args.set)), end="")
     return 0
 
 

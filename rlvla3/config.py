@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlvla3 import nodes as node_groups
-from rlvla3.policy.vla_config import VLAConfig
+from rlvla3.policy.vla_config import FIELDS_FROM_ENV_SPACES, VLAConfig
 from rlvla3.role_settings import ROLE_SETTINGS
 from rlvla3.typed_load import ConfigError, bounded, from_dict, to_dict
 from rlvla3.yaml12 import YamlError, dump_yaml, parse_yaml
@@ -364,6 +364,21 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 def dump_config(cfg: Config) -> str:
     """The resolved config as YAML, as saved beside the run's logs."""
     return dump_yaml(to_dict(cfg))  # read back by the roles: the same YAML 1.2 rules both ways
+
+
+def dump_config_with_defaults(cfg: Config) -> str:
+    """``dump_config`` plus every default the roles will apply: each role's ``settings`` in
+    full and, for a VLA policy, every ``policy.vla`` field but those the env's spaces decide
+    (``FIELDS_FROM_ENV_SPACES``). What ``rlvla3 config`` prints; loads back to the same run."""
+    raw = to_dict(cfg)
+    for role in cfg.roles:
+        raw["roles"][role]["settings"] = to_dict(cfg.role_settings(role))
+    if cfg.policy.kind == "vla":
+        defaults = {
+            k: v for k, v in to_dict(VLAConfig()).items() if k not in FIELDS_FROM_ENV_SPACES
+        }
+        raw["policy"]["vla"] = {**defaults, **cfg.policy.vla}
+    return dump_yaml(raw)
 
 
 def _validate(cfg: Config) -> None:

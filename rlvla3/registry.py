@@ -223,10 +223,6 @@ class Registry:
         """Add to a run-wide counter; returns the new value."""
         return int(self.redis.hincrby(keys.counters(self.run_id), name, amount))
 
-    def incr_many(self, amounts: dict[str, int]) -> None:
-        """Add to several counters in one round trip."""
-        self.flush(amounts)
-
     def flush(
         self,
         amounts: dict[str, int],

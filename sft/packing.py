@@ -112,34 +112,6 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return bins
 
 
-def first_fit(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """First-fit packing in the given order (no sorting): the baseline ``pack`` is compared to.
-
-    Same arguments, result format and errors as ``pack``.
-    """
-    sizes = _check(lengths, budget)
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i, n in enumerate(sizes):
-        for b, r in enumerate(room):
-            if r >= n:
-                bins[b].append(i)
-                room[b] -= n
-                break
-        else:
-            bins.append([i])
-            room.append(budget - n)
-    return bins
-
-
-def padding_efficiency(bins: Sequence[Sequence[int]], lengths: Sequence[int], budget: int) -> float:
-    """Real tokens / (number of bins x budget): 1.0 means no token slot is wasted."""
-    if not bins:
-        return 0.0
-    real = sum(int(lengths[i]) for b in bins for i in b)
-    return real / (len(bins) * budget)
-
-
 def collate_packed(samples: Sequence[Tensor], bin: Sequence[int], *, budget: int) -> PackedBatch:
     """Concatenate the samples of one bin into a ``PackedBatch``.
 

@@ -135,11 +135,6 @@ class StragglerAdapter(SimAdapter):
     def max_episode_steps(self) -> int | None:
         return self.inner.max_episode_steps
 
-    def expected_step_s(self) -> float:
-        """Mean delay this wrapper adds per step, seconds: the lower bound on the mean step time,
-        i.e. the no-wait bound a perfectly asynchronous system approaches."""
-        return self.cfg.expected_delay_s
-
     def sample_delay_s(self) -> float:
         """Draw one step delay in seconds (advances the delay stream)."""
         cfg = self.cfg

@@ -7,7 +7,13 @@ import os
 import pytest
 import yaml
 
-from rlvla3.config import Config, config_from_dict, dump_config, load_config
+from rlvla3.config import (
+    Config,
+    config_from_dict,
+    dump_config,
+    dump_config_with_defaults,
+    load_config,
+)
 from rlvla3.role import pin_to_cpus
 from rlvla3.typed_load import ConfigError
 
@@ -142,6 +148,24 @@ def test_resolved_dump_round_trips() -> None:
     again = config_from_dict(yaml.safe_load(dump_config(cfg)))
     assert again == cfg
     assert again.placement("env_worker") == ["local", "local"]
+
+
+def test_config_command_prints_every_default_and_loads_back() -> None:
+    cfg = load_config("launch/vla_tabletop.yaml", ["roles.trainer.settings.keep_checkpoints=3"])
+    shown = yaml.safe_load(dump_config_with_defaults(cfg))
+    assert shown["roles"]["trainer"]["settings"] == {
+        "device": "cpu",
+        "num_threads": 1,
+        "chunk_queue_hwm": 256,
+        "keep_checkpoints": 3,
+    }
+    assert shown["roles"]["env_worker"]["settings"]["request_timeout_s"] == 10.0
+    vla = shown["policy"]["vla"]
+    assert vla["d_model"] == 64 and vla["stem_channels"] == 16  # given / default
+    assert "image_size" not in vla and "action_dim" not in vla  # the env's spaces decide them
+    again = config_from_dict(shown)
+    assert again.role_settings("trainer") == cfg.role_settings("trainer")
+    assert again.run == cfg.run and again.algo == cfg.algo
 
 
 def test_placement_spreads_round_robin() -> None:

@@ -15,7 +15,7 @@ from sim import libero_setup
 from sim.adapter import SimAdapter, SimulatorNotInstalledError
 from sim.envs import make_env
 from sim.libero import LiberoConfig, parse_env_id, quat_to_axis_angle
-from sim.tokenizer import decode_instruction
+from tests.instructions import decode_instruction
 
 ENV_ID = "libero/libero_spatial/0"
 MAX_STEPS = 3  # the shared env truncates early so one env serves the truncation test too

@@ -21,7 +21,7 @@ from gymnasium import spaces
 
 from sim.adapter import SimAdapter, SimulatorNotInstalledError
 from sim.envs import make_env
-from sim.tokenizer import decode_instruction
+from tests.instructions import decode_instruction
 
 pytestmark = pytest.mark.maniskill
 

@@ -10,14 +10,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlvla3.policy.vla import Transformer
-from sft.packing import (
-    collate_packed,
-    document_ids,
-    first_fit,
-    pack,
-    padding_efficiency,
-    per_document_mean,
-)
+from sft.packing import collate_packed, document_ids, pack, per_document_mean
+
+
+def first_fit(lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit packing in the given order (no sorting): the baseline ``pack`` is compared to.
+    Same arguments, result format and errors as ``pack``."""
+    pack(lengths, budget)  # the same validation, so the same errors
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(int(x) for x in lengths):
+        for b, r in enumerate(room):
+            if r >= n:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(budget - n)
+    return bins
+
+
+def padding_efficiency(bins: list[list[int]], lengths: list[int], budget: int) -> float:
+    """Real tokens / (number of bins x budget): 1.0 means no token slot is wasted."""
+    if not bins:
+        return 0.0
+    return sum(int(lengths[i]) for b in bins for i in b) / (len(bins) * budget)
 
 
 @st.composite

@@ -62,7 +62,7 @@ def test_endpoints_are_found_only_for_live_roles(registry) -> None:
 
 
 def test_counters_restarts_weights_and_stop(registry) -> None:
-    registry.incr_many({"env_steps": 5, "bad_frames": 1, "zero": 0})
+    registry.flush({"env_steps": 5, "bad_frames": 1, "zero": 0})
     registry.incr("env_steps", 2)
     assert registry.counters() == {"env_steps": 7, "bad_frames": 1}
     registry.register("trainer", 0, node="n", host="h", pid=1)

@@ -19,7 +19,7 @@ from sim.experts import TableTopExpert
 from sim.gym_adapter import GymAdapter
 from sim.straggler import StragglerAdapter, StragglerConfig, lognormal_mu
 from sim.tabletop import COLOURS, NUM_OBJECTS, STATE_DIM, TableTopConfig, TableTopEnv
-from sim.tokenizer import decode_instruction
+from tests.instructions import decode_instruction
 
 
 def _check_obs(env: SimAdapter, obs: dict[str, np.ndarray]) -> None:
@@ -250,7 +250,7 @@ def test_straggler_lognormal_mean_without_sleeping() -> None:
         assert info["straggler_delay_s"] == slept[-1]
     delays = np.array(slept)
     assert len(delays) == n and env.inner.steps == n
-    assert env.expected_step_s() == pytest.approx(0.002)
+    assert env.cfg.expected_delay_s == pytest.approx(0.002)
     assert delays.mean() == pytest.approx(0.002, rel=0.05)  # ~5 standard errors
     # the median pins mu = ln(mean) - sigma^2/2 (a naive mu = ln(mean) gives median == mean)
     assert np.median(delays) == pytest.approx(np.exp(lognormal_mu(2.0, 1.0)) / 1000, rel=0.05)
@@ -269,7 +269,7 @@ def test_straggler_constant_none_and_validation() -> None:
         _CountingEnv(), StragglerConfig(distribution="none"), sleep=slept.append
     )
     _, _, _, _, info = none.step(0)
-    assert slept == [] and info["straggler_delay_s"] == 0.0 and none.expected_step_s() == 0.0
+    assert slept == [] and info["straggler_delay_s"] == 0.0 and none.cfg.expected_delay_s == 0.0
     with pytest.raises(ValueError):
         StragglerConfig(distribution="pareto")
     with pytest.raises(ValueError):

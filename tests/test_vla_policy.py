@@ -12,12 +12,8 @@ from rlvla3.policy.vla import (
     bins_to_continuous,
     continuous_to_bins,
 )
-from sim.tokenizer import (
-    VOCAB_SIZE,
-    decode_instruction,
-    encode_instruction,
-    encode_instructions,
-)
+from sim.tokenizer import VOCAB_SIZE, encode_instruction
+from tests.instructions import decode_instruction, encode_instructions
 
 HEADS = ["discrete_bins", "gaussian", "categorical"]
 B = 4

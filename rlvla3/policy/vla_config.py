@@ -12,6 +12,18 @@ from sim.tokenizer import InstructionTokens, instruction_token_counts
 
 ActionHead = Literal["discrete_bins", "gaussian", "categorical"]
 
+# Fields that follow the env's observation and action spaces when ``policy.vla`` leaves them out.
+FIELDS_FROM_ENV_SPACES = (
+    "image_size",
+    "channels",
+    "max_instruction_len",
+    "proprio_dim",
+    "num_actions",
+    "action_dim",
+    "action_low",
+    "action_high",
+)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VLAConfig:
