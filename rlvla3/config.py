@@ -43,6 +43,27 @@ class StopConfig:
     """Fresh episodes of the final weights to measure once a stop condition is met (0: none)."""
     eval_timeout_s: float = bounded(300.0, gt=0)
     """The longest that evaluation may take."""
+    target_eval_success_rate: float | None = bounded(None, ge=0, le=1)
+    """Stop when a periodic evaluation (``run.eval``) measures at least this greedy success rate."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalConfig:
+    """Periodic evaluation while training (what RLinf calls ``val_check_interval``).
+
+    With ``every_versions`` > 0, the roles ``eval_rollout_server`` (greedy actions) and
+    ``eval_env_worker`` measure the policy on the same held-out episodes every
+    ``every_versions`` weight versions, beside training and without pausing it. Each result
+    goes to ``metrics.jsonl`` (``"kind": "eval"``), TensorBoard (``eval/``), the monitor and
+    ``learning_curve.png``.
+    """
+
+    every_versions: int = bounded(0, ge=0)
+    """Evaluate the newest weights once this many versions have passed since the last evaluated one (0: no periodic evaluation)."""
+    episodes: int = bounded(50, ge=1)
+    """Episodes per evaluation: seeds ``seed`` to ``seed + episodes - 1``, the same every time."""
+    seed: int = bounded(1_000_000_000, ge=0, le=2**63 - 1)
+    """First reset seed of the held-out episodes (training envs draw theirs from ``run.seed``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +104,8 @@ class RunConfig:
     """A node, and its roles, ride out losing the head (or Redis) this long, then stop (exit 1)."""
     stop: StopConfig = field(default_factory=StopConfig)
     """When the run ends."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Periodic evaluation of the greedy policy on held-out episodes while training."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -411,10 +434,39 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.algo.kind == "grpo":
         _validate_grpo(cfg)
+    _validate_eval(cfg)
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
+
+
+EVAL_ROLES = ("eval_env_worker", "eval_rollout_server")
+"""The roles of periodic evaluation (``run.eval``): one of each."""
+
+
+def _validate_eval(cfg: Config) -> None:
+    counts = {role: cfg.roles[role].count if role in cfg.roles else 0 for role in EVAL_ROLES}
+    if cfg.run.eval.every_versions == 0:
+        for role, count in counts.items():
+            if count:
+                raise ConfigError(
+                    f"roles.{role}: periodic evaluation is off (run.eval.every_versions: 0)"
+                )
+        if cfg.run.stop.target_eval_success_rate is not None:
+            raise ConfigError(
+                "run.stop.target_eval_success_rate: needs periodic evaluation "
+                "(run.eval.every_versions > 0)"
+            )
+        return
+    for role, count in counts.items():
+        if count != 1:
+            raise ConfigError(
+                f"roles.{role}.count: run.eval.every_versions > 0 needs exactly one {role} "
+                f"(has {count})"
+            )
+    if "trainer" not in cfg.roles or cfg.roles["trainer"].count == 0:
+        raise ConfigError("run.eval.every_versions: periodic evaluation needs a trainer")
 
 
 def _validate_grpo(cfg: Config) -> None:

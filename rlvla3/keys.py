@@ -102,6 +102,18 @@ def evaluation(run_id: str) -> str:
     return f"{run_prefix(run_id)}:eval"
 
 
+def eval_round(run_id: str) -> str:
+    """Hash of periodic evaluation: ``round`` (int, raised by the eval rollout server when it
+    takes new weights), ``version`` (those weights') and ``done`` (the newest round the eval env
+    worker finished)."""
+    return f"{run_prefix(run_id)}:eval_round"
+
+
+def evaluations(run_id: str) -> str:
+    """List of JSON periodic evaluation results (version, success rate, mean return; bounded)."""
+    return f"{run_prefix(run_id)}:evaluations"
+
+
 def metrics(run_id: str) -> str:
     """List of JSON learning-curve points pushed by the trainer (bounded)."""
     return f"{run_prefix(run_id)}:metrics"

@@ -20,6 +20,11 @@ COUNTERS: dict[str, str] = {
     "request_timeouts": "action requests unanswered within request_timeout_s and re-sent",
     "backpressure_pauses": "times envs paused because too many chunks waited for a trainer",
     "sim_faults": "simulator steps or resets that returned NaN/inf (episode cut, env reset)",
+    # eval env worker (periodic evaluation, run.eval)
+    "eval_env_steps": "simulator steps of periodic evaluation (not in env_steps)",
+    "eval_episodes": "held-out episodes finished by periodic evaluation",
+    "eval_rounds": "periodic evaluations recorded (one weight version each)",
+    "eval_rounds_void": "evaluations given up because the eval rollout server changed weights mid-round (it restarted)",
     # rollout servers
     "requests_served": "action requests answered",
     "bad_requests": "requests refused: not an observation request, wrong shape or dtype, NaN/inf",

@@ -12,10 +12,15 @@ from rlvla3.registry import Registry
 class MetricsLog:
     """Appends metric points to ``metrics.jsonl``, ``tb/`` (if tensorboard is installed), Redis."""
 
-    def __init__(self, run_dir: Path, registry: Registry, prefix: str) -> None:
+    def __init__(
+        self, run_dir: Path, registry: Registry, prefix: str, series: str = "metrics"
+    ) -> None:
+        """``prefix``: the TensorBoard tag prefix; ``series``: the Redis series the points go
+        to (``metrics``, or ``evaluations`` for periodic evaluation)."""
         self.file = open(run_dir / "metrics.jsonl", "a")
         self.registry = registry
         self.prefix = prefix
+        self.series = series
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # JSONL and Redis still record everything
@@ -27,7 +32,7 @@ class MetricsLog:
         """Record one point; numeric values also go to TensorBoard under ``prefix/``."""
         self.file.write(json.dumps(metrics) + "\n")
         self.file.flush()
-        self.registry.append("metrics", [metrics])
+        self.registry.append(self.series, [metrics])
         if self.tb is not None:
             for key, value in metrics.items():
                 if key != "t" and isinstance(value, (int, float)):

@@ -76,6 +76,7 @@ def snapshot(registry: Registry) -> dict[str, Any]:
         "chunk_accounting": chunks.as_dict(),
         "mean_return_last_20": sum(e["return"] for e in recent) / len(recent) if recent else None,
         "last_metrics": metrics[-1] if metrics else None,
+        "evaluations": registry.series("evaluations", last=10),
         "roles": [dataclasses.asdict(r) for r in roles],
         "nodes": node_totals(roles, registry.launchers()),
     }
@@ -159,7 +160,22 @@ def render(snap: dict[str, Any]) -> Group:
         f"in_flight={snap['chunks_in_flight']}  bad_frames={c.get('bad_frames', 0)}"
         + (f"  auth_refused={c['auth_refused']}" if c.get("auth_refused") else "")
     )
-    return Group(table, nodes, line)
+    evaluations = snap.get("evaluations") or []
+    if not evaluations:
+        return Group(table, nodes, line)
+    return Group(table, nodes, line, evaluation_line(evaluations))
+
+
+def evaluation_line(evaluations: list[dict[str, Any]]) -> str:
+    """The newest periodic evaluations, newest first: ``v12 0.62 (ret 2.3)`` each, success
+    rate where the env reports it, on how many held-out episodes."""
+    shown = []
+    for e in reversed(evaluations[-5:]):
+        rate = f"{e['success_rate']:.2f} " if "success_rate" in e else ""
+        shown.append(f"v{e['version']} {rate}(ret {e['mean_return']:.1f})")
+    return f"evaluated (greedy, {evaluations[-1]['episodes']} held-out episodes): " + ", ".join(
+        shown
+    )
 
 
 def _gauges(stats: dict[str, float]) -> str:

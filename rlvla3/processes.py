@@ -23,7 +23,15 @@ from rlvla3 import run_secret
 _TICK_S = 0.2
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 # Producers stop first, so every queue is drained by its consumer before the consumer stops.
-STOP_ORDER = ("env_worker", "rollout_server", "trainer", "sft_trainer", "weight_broadcaster")
+STOP_ORDER = (
+    "eval_env_worker",
+    "env_worker",
+    "eval_rollout_server",
+    "rollout_server",
+    "trainer",
+    "sft_trainer",
+    "weight_broadcaster",
+)
 
 
 @dataclass(slots=True)

@@ -372,9 +372,27 @@ class Registry:
         value = self.redis.hget(keys.evaluation(self.run_id), "version")
         return None if value is None else int(value)
 
+    def begin_eval_round(self, version: int) -> int:
+        """Periodic evaluation: the eval rollout server now serves ``version``; returns the new
+        round's number (the eval env worker drops any round it was playing)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hincrby(keys.eval_round(self.run_id), "round", 1)
+        pipe.hset(keys.eval_round(self.run_id), "version", version)
+        return int(pipe.execute()[0])
+
+    def finish_eval_round(self, round_: int) -> None:
+        """Periodic evaluation: every episode of ``round_`` is recorded."""
+        self.redis.hset(keys.eval_round(self.run_id), "done", round_)
+
+    def eval_round(self) -> tuple[int, int, int]:
+        """``(round, version, done)`` of periodic evaluation; ``(0, -1, 0)`` before the first."""
+        raw = self.redis.hgetall(keys.eval_round(self.run_id))
+        return int(raw.get("round", 0)), int(raw.get("version", -1)), int(raw.get("done", 0))
+
     def append(self, series: str, points: Iterable[dict[str, Any]]) -> None:
-        """Append JSON points to ``metrics`` or ``episodes`` (kept to the newest 10,000)."""
-        key = {"metrics": keys.metrics, "episodes": keys.episodes}[series](self.run_id)
+        """Append JSON points to ``metrics``, ``episodes`` or ``evaluations`` (kept to the newest
+        10,000)."""
+        key = _SERIES[series](self.run_id)
         encoded = [json.dumps(p) for p in points]
         if encoded:
             pipe = self.redis.pipeline()
@@ -383,8 +401,9 @@ class Registry:
             pipe.execute()
 
     def series(self, series: str, last: int = 0) -> list[dict[str, Any]]:
-        """The newest ``last`` points (all when 0) of ``metrics`` or ``episodes``."""
-        key = {"metrics": keys.metrics, "episodes": keys.episodes}[series](self.run_id)
+        """The newest ``last`` points (all when 0) of ``metrics``, ``episodes`` or
+        ``evaluations``."""
+        key = _SERIES[series](self.run_id)
         return [json.loads(p) for p in self.redis.lrange(key, -last if last else 0, -1)]
 
     def clear_run(self) -> None:
@@ -397,6 +416,9 @@ class Registry:
     def close(self) -> None:
         """Close the connection pool."""
         self.redis.close()
+
+
+_SERIES = {"metrics": keys.metrics, "episodes": keys.episodes, "evaluations": keys.evaluations}
 
 
 def _stalled_for(stall_at: float, raw: dict[str, str], now: float) -> float:

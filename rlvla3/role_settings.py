@@ -89,6 +89,8 @@ ROLE_SETTINGS: dict[str, type] = {
     "sft_trainer": SftTrainerSettings,
     "env_worker": EnvWorkerSettings,
     "rollout_server": RolloutServerSettings,
+    "eval_env_worker": EnvWorkerSettings,
+    "eval_rollout_server": RolloutServerSettings,
     "trainer": TrainerSettings,
     "weight_broadcaster": WeightBroadcasterSettings,
 }

@@ -49,6 +49,14 @@ def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | N
         rate = mean_recent(registry, "success", stop.return_window)
         if rate is not None and rate >= stop.target_success_rate:
             return f"{SOLVED}success rate {rate:.2f} over {stop.return_window} episodes"
+    if stop.target_eval_success_rate is not None:
+        last = registry.series("evaluations", last=1)
+        rate = last[0].get("success_rate") if last else None
+        if rate is not None and rate >= stop.target_eval_success_rate:
+            return (
+                f"{SOLVED}evaluated success rate {rate:.2f} of weights v{last[0]['version']} "
+                f"on {last[0]['episodes']} held-out episodes"
+            )
     return None
 
 
@@ -235,32 +243,78 @@ def write_report(
     last = registry.series("metrics", last=1)
     if last and "loss" in last[-1]:
         summary["final_loss"] = last[-1]["loss"]
+    evaluations = registry.series("evaluations")
+    if evaluations:
+        summary["evaluations"] = [
+            {k: e[k] for k in _EVALUATION_KEYS if k in e} for e in evaluations
+        ]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if episodes:
-        plot_learning_curve(episodes, run_dir / "learning_curve.png", window)
+        plot_learning_curve(episodes, run_dir / "learning_curve.png", window, evaluations)
     return summary
 
 
-def plot_learning_curve(episodes: list[dict[str, Any]], path: Path, window: int) -> None:
-    """Episode return against env steps, with a moving average over ``window`` episodes."""
+_EVALUATION_KEYS = ("version", "env_steps", "episodes", "success_rate", "mean_return")
+
+
+def _moving_mean(ys: list[float], window: int) -> list[float]:
+    return [
+        sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
+        for i in range(len(ys))
+    ]
+
+
+def plot_learning_curve(
+    episodes: list[dict[str, Any]],
+    path: Path,
+    window: int,
+    evaluations: list[dict[str, Any]] | None = None,
+) -> None:
+    """Episode return against env steps, with a moving average over ``window`` episodes, and
+    the periodic evaluations' mean returns. Where the env reports success, a second panel
+    shows the training (sampled) episodes' success rate over ``window`` episodes beside the
+    evaluated (greedy, held-out) success rate."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    evaluations = evaluations or []
     xs = [e.get("env_steps", i) for i, e in enumerate(episodes)]
     ys = [e["return"] for e in episodes]
-    smooth = [
-        sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
-        for i in range(len(ys))
-    ]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    has_success = any("success" in e for e in episodes)
+    fig, axes = plt.subplots(1, 2 if has_success else 1, figsize=(12 if has_success else 7, 4))
+    ax = axes[0] if has_success else axes
     ax.plot(xs, ys, ".", alpha=0.3, label="episode return")
-    ax.plot(xs, smooth, "-", label=f"mean of last {window}")
+    ax.plot(xs, _moving_mean(ys, window), "-", label=f"mean of last {window}")
+    if evaluations:
+        ax.plot(
+            [e["env_steps"] for e in evaluations],
+            [e["mean_return"] for e in evaluations],
+            "o-",
+            label="evaluation (greedy, held-out)",
+        )
     ax.set_xlabel("env steps")
     ax.set_ylabel("return")
     ax.legend()
     ax.grid(alpha=0.3)
+    if has_success:
+        ax = axes[1]
+        wins = [float(bool(e.get("success"))) for e in episodes]
+        ax.plot(xs, _moving_mean(wins, window), "-", label=f"training episodes, last {window}")
+        rated = [e for e in evaluations if "success_rate" in e]
+        if rated:
+            ax.plot(
+                [e["env_steps"] for e in rated],
+                [e["success_rate"] for e in rated],
+                "o-",
+                label="evaluation (greedy, held-out)",
+            )
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend()
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -37,16 +37,24 @@ class EnvWorker(Role):
     """Runs ``env.num_envs_per_worker`` envs, one ``EnvRunner`` thread each."""
 
     name = "env_worker"
+    server_role = "rollout_server"
+    """The role whose servers act for these envs."""
+    serves_training = True
+    """False for evaluation's worker: no chunks, no lock-step, no back-pressure."""
 
     def setup(self) -> None:
         self.incarnation = uuid.uuid4().hex[:8]  # this process start, in every chunk's producer
-        self.servers = self.wait_for_endpoints("rollout_server", "requests")
+        self.servers = self.wait_for_endpoints(self.server_role, "requests")
         # Without an RL trainer (e.g. evaluating an SFT policy) envs only act and record episodes.
-        self.trains = "trainer" in self.cfg.roles and self.cfg.roles["trainer"].count > 0
+        self.trains = (
+            self.serves_training
+            and "trainer" in self.cfg.roles
+            and self.cfg.roles["trainer"].count > 0
+        )
         self.trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
         self.step_rate = RateMeter()
         num_envs = self.cfg.env.num_envs_per_worker
-        sync = self.cfg.run.mode == "sync"
+        sync = self.cfg.run.mode == "sync" and self.serves_training
         self.barrier = threading.Barrier(num_envs) if sync else None
         self.version_seen = threading.Condition()
         self.latest_version = self.registry.weight_version()
@@ -56,7 +64,7 @@ class EnvWorker(Role):
         # an env thread never waits on Redis between two steps.
         self.episode_lock = threading.Lock()
         self.finished_episodes: list[dict[str, Any]] = []
-        self.runners = [EnvRunner(self, i) for i in range(num_envs)]
+        self.runners = [self.runner(i) for i in range(num_envs)]
         for runner in self.runners:
             runner.thread.start()
         self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
@@ -70,7 +78,7 @@ class EnvWorker(Role):
         if self.settings.max_chunks_queued and self.trains and not sync:
             self._watch_trainer_backlog()
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
-            self.servers = self.registry.endpoints("rollout_server", "requests") or self.servers
+            self.servers = self.registry.endpoints(self.server_role, "requests") or self.servers
             if self.trains:
                 self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
             self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
@@ -79,6 +87,10 @@ class EnvWorker(Role):
         for runner in self.runners:
             if runner.error is not None:
                 raise RuntimeError(f"env {runner.env_index} failed") from runner.error
+
+    def runner(self, env_index: int) -> EnvRunner:
+        """The thread that runs env ``env_index``."""
+        return EnvRunner(self, env_index)
 
     def _watch_version(self) -> None:
         version = self.registry.weight_version()
@@ -229,17 +241,19 @@ class EnvRunner:
             self.dealer.close()
             self.chunks.raw.close()
 
-    def _reset(self, env: SimAdapter) -> dict[str, np.ndarray]:
-        """``env.reset()``, again while it returns a non-finite observation (a broken state);
-        an env that keeps doing so fails its worker, naming it."""
+    def _reset(self, env: SimAdapter, seed: int | None = None) -> dict[str, np.ndarray]:
+        """``env.reset(seed=seed)``, again (unseeded) while it returns a non-finite observation
+        (a broken state); an env that keeps doing so fails its worker, naming it."""
         for _ in range(_RESET_TRIES):
             # (a group's envs meet the same broken start state and all move on to the next)
-            seed = self._next_group_seed() if self.grouped else None
+            if self.grouped:
+                seed = self._next_group_seed()
             self.sim_since = time.time()
             obs, _ = env.reset(seed=seed)
             self.sim_since = 0.0
             if _finite(obs, 0.0):
                 return obs
+            seed = None
             self.worker.drop(
                 "sim_faults",
                 f"env {self.env_index}: reset returned a non-finite observation; resetting again",

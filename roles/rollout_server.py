@@ -42,6 +42,8 @@ class RolloutServer(Role):
     """Serves actions from the newest weights it has, swapping versions between batches."""
 
     name = "rollout_server"
+    serves_training = True
+    """False for evaluation's server: it never takes part in ``sync`` mode's lock-step."""
 
     def setup(self) -> None:
         torch.set_num_threads(self.settings.num_threads)
@@ -59,9 +61,8 @@ class RolloutServer(Role):
         self.weights_ready = threading.Event()
         self.requests = self.own(RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame))
         self.bind("requests", self.requests)
-        self.full_batch = (
-            self._num_envs() if self.cfg.run.mode == "sync" else self.settings.max_batch
-        )
+        self.sync = self.cfg.run.mode == "sync" and self.serves_training
+        self.full_batch = self._num_envs() if self.sync else self.settings.max_batch
         self.request_rate = RateMeter()
         self.rng = np.random.default_rng([self.cfg.run.seed, self.index])  # act_numpy's sampling
         self.greedy, self.next_eval_check = False, 0.0
@@ -140,10 +141,7 @@ class RolloutServer(Role):
     # --- serving ---------------------------------------------------------------------------------
     def step(self) -> None:
         self._maybe_swap()
-        if not self.greedy and time.monotonic() >= self.next_eval_check:
-            # The end-of-run evaluation measures the policy's best actions, not its exploration.
-            self.greedy = self.registry.evaluation_version() is not None
-            self.next_eval_check = time.monotonic() + 1.0
+        self._refresh_greedy()
         batch, waited_s = self._collect()
         if not batch:
             return
@@ -155,17 +153,20 @@ class RolloutServer(Role):
         self.gauge("batch_fill", len(batch) / self.full_batch)
         self.gauge("queue_wait_ms", waited_s * 1000)
 
+    def _refresh_greedy(self) -> None:
+        """Serve greedy actions once the launcher starts the end-of-run evaluation (checked at
+        most once a second): it measures the policy's best actions, not its exploration."""
+        if not self.greedy and time.monotonic() >= self.next_eval_check:
+            self.greedy = self.registry.evaluation_version() is not None
+            self.next_eval_check = time.monotonic() + 1.0
+
     def _collect(self) -> tuple[list[tuple[bytes, ObsRequest]], float]:
         first = self.requests.recv_from(timeout_s=0.1)
         if first is None:
             return [], 0.0
         batch = [first]
         started = time.monotonic()
-        wait_ms = (
-            self.settings.sync_max_wait_ms
-            if self.cfg.run.mode == "sync"
-            else self.settings.max_wait_ms
-        )
+        wait_ms = self.settings.sync_max_wait_ms if self.sync else self.settings.max_wait_ms
         deadline = started + wait_ms / 1000
         while len(batch) < self.full_batch:
             remaining = deadline - time.monotonic()

@@ -102,7 +102,7 @@ class WeightBroadcaster(Role):
         self.gauge("last_sync_ms", (time.perf_counter() - started) * 1000)
         self.gauge("links", len(self.broadcaster.links))
         if failed:
-            live = set(self.registry.endpoints("rollout_server", "weights_link"))
+            live = self._server_links()
             for link_id in failed:  # a server that is stopping closes its link: no warning
                 log = self.log.warning if link_id in live else self.log.info
                 log(
@@ -129,7 +129,7 @@ class WeightBroadcaster(Role):
         return None
 
     def _sync_links(self) -> None:
-        live = set(self.registry.endpoints("rollout_server", "weights_link"))
+        live = self._server_links()
         for link_id in sorted(live - set(self.broadcaster.links)):
             try:
                 self.broadcaster.add(link_id, self.stop_event.is_set)
@@ -141,6 +141,14 @@ class WeightBroadcaster(Role):
         for link_id in set(self.broadcaster.links) - live:
             self.broadcaster.remove(link_id)
         self.gauge("links", len(self.broadcaster.links))
+
+    def _server_links(self) -> set[str]:
+        """The weight links every live rollout server (evaluation's included) asks for."""
+        return {
+            link
+            for role in ("rollout_server", "eval_rollout_server")
+            for link in self.registry.endpoints(role, "weights_link")
+        }
 
 
 if __name__ == "__main__":

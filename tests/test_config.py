@@ -168,6 +168,37 @@ def test_config_command_prints_every_default_and_loads_back() -> None:
     assert again.run == cfg.run and again.algo == cfg.algo
 
 
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["roles.eval_env_worker.count=1"], "roles.eval_env_worker: periodic evaluation is off"),
+        (["run.stop.target_eval_success_rate=0.9"], "needs periodic evaluation"),
+        (["run.eval.every_versions=5"], "roles.eval_env_worker.count: .* needs exactly one"),
+        (
+            ["run.eval.every_versions=5", "roles.eval_env_worker.count=1"],
+            "roles.eval_rollout_server.count",
+        ),
+        (
+            [
+                "run.eval.every_versions=5",
+                "roles.eval_env_worker.count=2",
+                "roles.eval_rollout_server.count=1",
+            ],
+            r"roles.eval_env_worker.count: .* \(has 2\)",
+        ),
+    ],
+)
+def test_periodic_evaluation_needs_one_of_each_eval_role(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config("launch/cartpole.yaml", sets)
+    ok = [
+        "run.eval.every_versions=5",
+        "roles.eval_env_worker.count=1",
+        "roles.eval_rollout_server.count=1",
+    ]
+    assert load_config("launch/cartpole.yaml", ok).run.eval.every_versions == 5
+
+
 def test_placement_spreads_round_robin() -> None:
     cfg = config_from_dict(
         {

@@ -204,3 +204,39 @@ def test_simulator_blow_ups_cut_episodes_and_lose_nothing(tmp_path, redis_url, m
     assert not c.get("bad_chunks") and not c.get("bad_requests")
     assert_no_chunk_lost(registry, c)
     assert "non-finite observation" in (run_dir / "logs" / "env_worker-0.log").read_text()
+
+
+def test_periodic_evaluation_runs_beside_training_on_held_out_episodes(tmp_path, redis_url) -> None:
+    """``run.eval``: the eval rollout server takes a new version only every ``every_versions``
+    and after the eval env worker finished the round; each round records one point (to Redis,
+    metrics.jsonl and summary.json) from exactly ``episodes`` greedy held-out episodes, none of
+    which count as training episodes or env steps; training loses nothing meanwhile."""
+    name = "tt_eval"
+    cfg = cartpole_config(name, redis_url, "async")
+    cfg["env"] = {
+        "id": "rlvla3/TableTopEasy-v0",
+        "num_envs_per_worker": 2,
+        "chunk_len": 16,
+        "kwargs": {"obs_mode": "state"},
+    }
+    cfg["run"]["stop"] = {"max_env_steps": 6000, "max_wall_s": 150}
+    cfg["run"]["eval"] = {"every_versions": 3, "episodes": 6}
+    cfg["roles"]["eval_env_worker"] = {"count": 1}
+    cfg["roles"]["eval_rollout_server"] = {"count": 1}
+    run_dir = run_to_end(tmp_path, cfg)
+    registry = Registry(redis_url, name)
+    c = registry.counters()
+    evaluations = registry.series("evaluations")
+    assert len(evaluations) >= 2, launcher_output(run_dir)
+    versions = [e["version"] for e in evaluations]
+    assert all(b - a >= 3 for a, b in zip(versions, versions[1:], strict=False)), versions
+    assert all(e["episodes"] == 6 and 0.0 <= e["success_rate"] <= 1.0 for e in evaluations)
+    assert c["eval_episodes"] >= 6 * len(evaluations) and c["eval_env_steps"] > 0
+    # evaluation is apart from training: its episodes are not in the training curve
+    assert len(registry.series("episodes")) == c["episodes"]
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in logged if m.get("kind") == "eval"] == versions
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [e["version"] for e in summary["evaluations"]] == versions
+    assert (run_dir / "learning_curve.png").stat().st_size > 0
+    assert_no_chunk_lost(registry, c)

@@ -7,7 +7,7 @@ import json
 
 from rlvla3.config import config_from_dict
 from rlvla3.registry import Registry
-from rlvla3.run_report import write_report
+from rlvla3.run_report import SOLVED, stop_condition, write_report
 
 
 def _summary(tmp_path, redis_url: str, name: str, stop: dict, successes: list[bool]) -> dict:
@@ -101,3 +101,24 @@ def test_the_stop_rules_verdict_stands_against_episodes_that_finish_while_stoppi
     assert late["solved"] is True and late["final_mean_return"] == 3.0
     other = write_report(registry, cfg, tmp_path, 1.0, "wall time 10s reached run.stop.max_wall_s")
     assert other["solved"] is False
+
+
+def test_the_evaluated_success_rate_stop_rule_reads_the_newest_evaluation(redis_url) -> None:
+    raw = {
+        "run": {
+            "name": "rep_eval",
+            "redis_url": redis_url,
+            "eval": {"every_versions": 2, "episodes": 4},
+            "stop": {"target_eval_success_rate": 0.75},
+        },
+        "roles": {"trainer": {}, "eval_env_worker": {}, "eval_rollout_server": {}},
+    }
+    cfg = config_from_dict(raw)
+    registry = Registry(redis_url, "rep_eval")
+    assert stop_condition(registry, cfg, 1.0) is None
+    point = {"version": 4, "episodes": 4, "mean_return": 1.0, "env_steps": 10}
+    registry.append("evaluations", [{**point, "success_rate": 0.75}])
+    reason = stop_condition(registry, cfg, 1.0)
+    assert reason is not None and reason.startswith(SOLVED) and "v4" in reason
+    registry.append("evaluations", [{**point, "version": 6, "success_rate": 0.5}])
+    assert stop_condition(registry, cfg, 1.0) is None  # the newest evaluation decides
