@@ -49,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-seed", type=int, default=2_000_000)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--log-std",
+        type=float,
+        default=None,
+        help="what-if: set the Gaussian head's log-std to this before RL (default: as loaded)",
+    )
     p.add_argument("--smoke", action="store_true", help="a few seconds of training, for CI")
     return p.parse_args(argv)
 
@@ -139,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         policy.load_state_dict(
             load_checkpoint(cfg.policy.init_checkpoint, torch.device("cpu"))["model"]
         )
+    if args.log_std is not None:
+        with torch.no_grad():
+            policy.log_std.fill_(args.log_std)
     a = cfg.algo
     optimizer = build_optimizer(policy, a)
     reference = None

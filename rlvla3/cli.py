@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from rlvla3.typed_load import ConfigError
@@ -48,6 +49,14 @@ def _monitor(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(first, indent=2))
             return 0
+        if args.prometheus is not None:
+            return _serve_prometheus(registry, args.prometheus)
+        if args.svg:
+            from rlvla3.monitor import save_svg
+
+            save_svg(registry, Path(args.svg))
+            print(f"wrote {args.svg}")
+            return 0
         return watch(registry, args.interval)
     except (redis.ConnectionError, FileNotFoundError, ValueError) as err:
         summary = Path(info.get("run_dir", "")) / "summary.json" if "run_dir" in info else None
@@ -65,6 +74,32 @@ def _monitor(args: argparse.Namespace) -> int:
             f"rlvla3 monitor: cannot reach the run's Redis ({err}); has it ended?", file=sys.stderr
         )
         return 1
+
+
+def _serve_prometheus(registry, port: int) -> int:
+    """Serve the run to Prometheus on loopback until Ctrl-C or the run ends."""
+    import redis
+
+    from rlvla3.prometheus_export import serve
+
+    server, bound = serve(registry, port)
+    print(f"serving run {registry.run_id} at http://127.0.0.1:{bound}/metrics", flush=True)
+    unreachable_since = None
+    try:
+        while True:
+            time.sleep(2.0)  # (only polls whether the run is still there)
+            try:
+                registry.redis.ping()
+                unreachable_since = None
+            except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > 10.0:
+                    print("the run's Redis is gone: the run has ended", flush=True)
+                    return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.shutdown()
 
 
 def _monitor_password(info: dict) -> str | None:
@@ -160,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", default=None, help="Redis URL (then --run is the run id)")
     p.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
     p.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
+    p.add_argument(
+        "--prometheus",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the run's counters and gauges to Prometheus at "
+        "http://127.0.0.1:PORT/metrics (loopback only; 0: a free port) instead of the view",
+    )
+    p.add_argument(
+        "--svg", default=None, metavar="PATH", help="write one 80x24 screen to an SVG file and exit"
+    )
     p.set_defaults(func=_monitor)
 
     p = sub.add_parser("demos", help="write scripted-expert demonstrations (LeRobot layout)")

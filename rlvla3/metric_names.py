@@ -40,6 +40,10 @@ COUNTERS: dict[str, str] = {
     "samples_consumed": "env steps trained on",
     "samples_dropped": "env steps in dropped chunks",
     "updates": "PPO updates",
+    "trained_staleness_0": "env steps trained on that the trainer's current version produced",
+    "trained_staleness_1": "env steps trained on that lagged 1 version behind the trainer",
+    "trained_staleness_2": "env steps trained on that lagged 2 versions behind the trainer",
+    "trained_staleness_3plus": "env steps trained on that lagged 3 or more versions behind",
     "nonfinite_minibatches": "optimizer steps skipped for non-finite gradients",
     "sft_samples": "demonstration samples the SFT trainer trained on",
     "checkpoint_failures": "checkpoints not written (a full disk): the older ones stay",
@@ -58,6 +62,7 @@ COUNTERS: dict[str, str] = {
 GAUGES: dict[str, str] = {
     "steps_per_s": "env worker: env steps per second over the last 5 s",
     "chunks_queued": "env worker: chunks pushed and not yet received by a trainer (run-wide)",
+    "max_chunks_queued": "env worker: its back-pressure limit on chunks_queued (0: off)",
     "requests_per_s": "rollout server: requests per second over the last 5 s",
     "batch_fill": "rollout server: last batch's size / its largest (max_batch, or every env in sync)",
     "queue_wait_ms": "rollout server: how long the last batch waited to fill, in ms",

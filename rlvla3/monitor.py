@@ -8,6 +8,7 @@ every node's run dir has ``run.json`` and the run secret (``secret``, mode 0600)
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import threading
 import time
@@ -17,23 +18,13 @@ from typing import Any
 import redis
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 
 from rlvla3.chunk_ledger import balance
+from rlvla3.monitor_rates import RunHistory
+from rlvla3.monitor_view import render
 from rlvla3.registry import LauncherRecord, Registry, RoleRecord
 
-# Gauges each role publishes that the table shows first, in this order.
-_KEY_GAUGES = (
-    "steps_per_s",
-    "requests_per_s",
-    "batch_fill",
-    "chunks_queued",
-    "queue_wait_ms",
-    "staleness",
-    "policy_version",
-    "updates",
-    "bad_frames",
-)
+_RECENT_EPISODES = 400  # the learning curve's sparkline reaches this far back
 
 
 class RunNotFound(RuntimeError):
@@ -64,7 +55,7 @@ def snapshot(registry: Registry) -> dict[str, Any]:
     counters = registry.counters()
     roles = registry.roles()
     chunks = balance(registry.chunk_ledger(), counters)
-    recent = registry.series("episodes", last=20)
+    recent = registry.series("episodes", last=_RECENT_EPISODES)
     metrics = registry.series("metrics", last=1)
     return {
         "run_id": registry.run_id,
@@ -74,12 +65,19 @@ def snapshot(registry: Registry) -> dict[str, Any]:
         "counters": counters,
         "chunks_in_flight": chunks.produced - chunks.consumed - chunks.dropped - chunks.lost,
         "chunk_accounting": chunks.as_dict(),
-        "mean_return_last_20": sum(e["return"] for e in recent) / len(recent) if recent else None,
+        "mean_return_last_20": _mean_return(recent[-20:]),
+        "recent_episodes": [
+            {k: e[k] for k in ("return", "success", "env_steps") if k in e} for e in recent
+        ],
         "last_metrics": metrics[-1] if metrics else None,
         "evaluations": registry.series("evaluations", last=10),
         "roles": [dataclasses.asdict(r) for r in roles],
         "nodes": node_totals(roles, registry.launchers()),
     }
+
+
+def _mean_return(episodes: list[dict[str, Any]]) -> float | None:
+    return sum(e["return"] for e in episodes) / len(episodes) if episodes else None
 
 
 def node_totals(roles: list[RoleRecord], launchers: list[LauncherRecord]) -> list[dict[str, Any]]:
@@ -104,102 +102,37 @@ def node_totals(roles: list[RoleRecord], launchers: list[LauncherRecord]) -> lis
     return totals
 
 
-def role_status(role: dict[str, Any]) -> str:
-    """What the monitor calls a role (a ``RoleRecord`` as a dict): LOST when its heartbeat
-    expired, STALLED when it is alive but finished no step by its deadline, ``busy: ...``
-    while it says so, else its own status."""
-    if not role["alive"] and role["status"] not in ("done", "error"):
-        return "LOST"
-    if role.get("stalled_for_s", 0) > 0:
-        return "STALLED"
-    if role["status"] == "running" and role.get("busy"):
-        return f"busy: {role['busy']}"
-    return role["status"]
-
-
-def render(snap: dict[str, Any]) -> Group:
-    """A rich renderable of one snapshot: a role table, a node table and a line of run-wide
-    figures."""
-    table = Table(title=f"rlvla3 run {snap['run_id']}", expand=True)
-    for col in ("role", "node", "pid", "status", "heartbeat", "restarts", "gauges"):
-        table.add_column(col, overflow="fold")
-    for r in snap["roles"]:
-        status = role_status(r)
-        style = {"running": "green", "error": "red", "LOST": "red", "STALLED": "red"}.get(
-            status, "yellow"
-        )
-        table.add_row(
-            f"{r['role']}/{r['index']}",
-            r["node"],
-            str(r["pid"]),
-            f"[{style}]{status}[/]",
-            f"{r['heartbeat_age_s']:.1f}s ago",
-            str(r["restarts"]),
-            _gauges(r["stats"]),
-        )
-    nodes = Table(expand=True)
-    for col in ("node", "address", "launcher", "roles alive", "env steps/s", "requests/s"):
-        nodes.add_column(col)
-    for n in snap.get("nodes", []):
-        style = {"running": "green", "LOST": "red", "error": "red"}.get(n["launcher"], "yellow")
-        nodes.add_row(
-            n["node"],
-            n["address"],
-            f"[{style}]{n['launcher']}[/]",
-            f"{n['roles_alive']}/{n['roles']}",
-            f"{n['steps_per_s']:.0f}",
-            f"{n['requests_per_s']:.0f}",
-        )
-    c = snap["counters"]
-    mean = snap["mean_return_last_20"]
-    line = (
-        f"env_steps={c.get('env_steps', 0)}  episodes={c.get('episodes', 0)}  "
-        f"mean_return(20)={'-' if mean is None else f'{mean:.1f}'}  "
-        f"weights v{snap['weight_version']}  chunks produced={c.get('chunks_produced', 0)} "
-        f"consumed={c.get('chunks_consumed', 0)} dropped={c.get('chunks_dropped', 0)} "
-        f"in_flight={snap['chunks_in_flight']}  bad_frames={c.get('bad_frames', 0)}"
-        + (f"  auth_refused={c['auth_refused']}" if c.get("auth_refused") else "")
-    )
-    evaluations = snap.get("evaluations") or []
-    if not evaluations:
-        return Group(table, nodes, line)
-    return Group(table, nodes, line, evaluation_line(evaluations))
-
-
-def evaluation_line(evaluations: list[dict[str, Any]]) -> str:
-    """The newest periodic evaluations, newest first: ``v12 0.62 (ret 2.3)`` each, success
-    rate where the env reports it, on how many held-out episodes."""
-    shown = []
-    for e in reversed(evaluations[-5:]):
-        rate = f"{e['success_rate']:.2f} " if "success_rate" in e else ""
-        shown.append(f"v{e['version']} {rate}(ret {e['mean_return']:.1f})")
-    return f"evaluated (greedy, {evaluations[-1]['episodes']} held-out episodes): " + ", ".join(
-        shown
-    )
-
-
-def _gauges(stats: dict[str, float]) -> str:
-    ordered = [k for k in _KEY_GAUGES if k in stats] + sorted(
-        k for k in stats if k not in _KEY_GAUGES
-    )
-    return " ".join(f"{k}={_fmt(stats[k])}" for k in ordered)
-
-
-def _fmt(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
-
-
 def watch(registry: Registry, interval_s: float = 1.0, stop: threading.Event | None = None) -> int:
     """Redraw the view every ``interval_s`` until Ctrl-C or the run's Redis goes away."""
     stop = stop or threading.Event()
     console = Console()
+    history = RunHistory(window_s=max(5.0, 3 * interval_s))
+
+    def screen() -> Group:
+        history.add(snapshot(registry))
+        width, height = console.size
+        return render(history, width=width, height=height)
+
     try:
-        with Live(render(snapshot(registry)), console=console, refresh_per_second=4) as live:
+        with Live(screen(), console=console, refresh_per_second=4, screen=False) as live:
             while not stop.wait(interval_s):
-                live.update(render(snapshot(registry)))
+                live.update(screen())
     except KeyboardInterrupt:
         return 0
     except (redis.ConnectionError, FileNotFoundError):
         console.print("the run's Redis is gone: the run has ended")
         return 0
     return 0
+
+
+def save_svg(registry: Registry, path: Path, width: int = 80, height: int = 24) -> None:
+    """Write one screen of the view, as an 80x24 terminal would show it, to an SVG file
+    (rates need two snapshots: it takes them ``2 x`` a window apart)."""
+    history = RunHistory(window_s=3.0)
+    for _ in range(3):
+        history.add(snapshot(registry))
+        time.sleep(1.5)  # (the view's rates are differences over time)
+    history.add(snapshot(registry))
+    console = Console(record=True, width=width, height=height, file=io.StringIO())
+    console.print(render(history, width=width, height=height))
+    console.save_svg(str(path), title=f"rlvla3 monitor: {registry.run_id}")

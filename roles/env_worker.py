@@ -68,6 +68,7 @@ class EnvWorker(Role):
         for runner in self.runners:
             runner.thread.start()
         self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
+        self.gauge("max_chunks_queued", self.settings.max_chunks_queued if self.trains else 0)
 
     def step(self) -> None:
         sync = self.barrier is not None

@@ -43,6 +43,14 @@ from transport.messages import TrajectoryChunk
 _DRAIN_S = 5.0  # the longest a stopping trainer takes chunks off its queue
 
 
+_STALENESS_COUNTERS = (
+    "trained_staleness_0",
+    "trained_staleness_1",
+    "trained_staleness_2",
+    "trained_staleness_3plus",
+)
+
+
 class Trainer(TrainingRole):
     """Consumes chunks, updates the policy with PPO or GRPO, publishes weights, checkpoints."""
 
@@ -183,6 +191,17 @@ class Trainer(TrainingRole):
                 self.advantages.extend([advantage] * len(chunks))
                 self.buffered_steps += sum(len(c.rewards) for c in chunks)
 
+    def _count_staleness(self, chunks: list[TrajectoryChunk]) -> None:
+        """How many versions behind the trainer each trained step was (the monitor's staleness
+        distribution; GRPO's steps left out for staleness are not trained, so not counted)."""
+        lags = np.concatenate([self.version - c.policy_versions for c in chunks])
+        if self.groups is not None:
+            lags = lags[lags <= self.cfg.algo.max_staleness]
+        for lag, name in enumerate(_STALENESS_COUNTERS):
+            n = int((lags == lag).sum()) if lag < 3 else int((lags >= 3).sum())
+            if n:
+                self.count(name, n)
+
     def _group_problem(self, chunk: TrajectoryChunk) -> str | None:
         if self.groups is not None and not chunk.group:
             return "group: empty (algo.kind grpo: env workers tag each episode's group)"
@@ -252,6 +271,7 @@ class Trainer(TrainingRole):
             self.count("samples_dropped", left_out)
         self.samples_trained += samples
         self.sample_rate.add(samples)
+        self._count_staleness(chunks)
         self.count("chunks_consumed", len(chunks))
         self.ledger_add(buffered_field(self.me), -len(chunks))
         self.count("samples_consumed", samples)

@@ -208,10 +208,15 @@ class VLAPolicy(ActorCritic):
             if c.action_head == "gaussian"
             else None
         )
-        self.value_head = nn.Linear(d, 1)
-        for module in (self.patch_embed, self.proprio_embed, self.value_head):
+        self.value_head: nn.Module = (
+            nn.Sequential(nn.Linear(d, c.value_hidden), nn.Tanh(), nn.Linear(c.value_hidden, 1))
+            if c.value_hidden
+            else nn.Linear(d, 1)
+        )
+        for module in (self.patch_embed, self.proprio_embed):
             if module is not None:
                 _init_weights(module)
+        self.value_head.apply(_init_weights)
         nn.init.normal_(self.cls_token, std=0.02)
         # Unit-scale image positions: at std 0.02 they were 3-7x smaller than the patch content
         # embedding, so after the pre-norm LayerNorm every patch token said *what* it showed but
@@ -272,7 +277,7 @@ class VLAPolicy(ActorCritic):
         over the last dim) and [B] for the categorical head.
         """
         feat = self.features(obs)
-        value = self.value_head(feat).squeeze(-1)
+        value = self.value_head(feat.detach() if self.config.detach_value else feat).squeeze(-1)
         c = self.config
         out = self.action_head(feat)
         if c.action_head == "discrete_bins":

@@ -71,6 +71,11 @@ class VLAConfig:
     """Spatial-softmax keypoints of the conv stem's one extra token (0: no stem)."""
     stem_channels: int = 16
     """Width of the keypoint conv stem."""
+    value_hidden: int = 0
+    """Hidden units of an MLP value head on the CLS state (0: a linear head)."""
+    detach_value: bool = False
+    """The value head reads the trunk's features without sending gradients into the trunk, so
+    the critic's loss cannot move the features the actor uses (RL from a pretrained trunk)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -87,6 +92,7 @@ class VLAConfig:
             >= 1,
             "proprio_dim, keypoints must be >= 0": min(self.proprio_dim, self.keypoints) >= 0,
             "stem_channels must be >= 1": self.stem_channels >= 1,
+            "value_hidden must be >= 0": self.value_hidden >= 0,
             "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
             "instruction_tokens must be bytes or words": self.instruction_tokens
             in ("bytes", "words"),

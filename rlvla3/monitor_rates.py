@@ -1,0 +1,355 @@
+"""What the monitor derives from successive snapshots: rates per second over a recent window,
+their history for sparklines, and per-role figures in ms and shares instead of raw totals.
+
+``RunHistory`` keeps the snapshots (``rlvla3.monitor.snapshot``) of the last few minutes; every
+figure is a difference between two of them divided by the time between them, so a run that
+stops moving shows 0/s within one window. A role's own counters restart from zero when its
+process restarts; such a drop counts as a restart, never as a negative rate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+# The counter whose rate is each role's headline figure, and its unit.
+ROLE_RATE: dict[str, tuple[str, str]] = {
+    "env_worker": ("env_steps", "steps/s"),
+    "eval_env_worker": ("eval_env_steps", "steps/s"),
+    "rollout_server": ("requests_served", "req/s"),
+    "eval_rollout_server": ("requests_served", "req/s"),
+    "trainer": ("samples_consumed", "samples/s"),
+    "sft_trainer": ("sft_samples", "samples/s"),
+}
+
+STALENESS_BUCKETS = (
+    ("0", "trained_staleness_0"),
+    ("1", "trained_staleness_1"),
+    ("2", "trained_staleness_2"),
+    ("3+", "trained_staleness_3plus"),
+)
+
+BAD_INPUT = ("bad_frames", "bad_requests", "bad_chunks", "weights_rejected", "auth_refused")
+
+
+def sparkline(values: list[float], width: int) -> str:
+    """The last ``width`` values as block characters scaled from 0 to their maximum."""
+    values = values[-width:]
+    top = max(values, default=0.0)
+    if top <= 0:
+        return SPARK[0] * len(values)
+    return "".join(
+        SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values
+    )
+
+
+def role_status(role: dict[str, Any]) -> str:
+    """What the monitor calls a role (a ``RoleRecord`` as a dict): LOST when its heartbeat
+    expired, STALLED when it is alive but finished no step by its deadline, ``busy: ...``
+    while it says so, else its own status."""
+    if not role["alive"] and role["status"] not in ("done", "error"):
+        return "LOST"
+    if role.get("stalled_for_s", 0) > 0:
+        return "STALLED"
+    if role["status"] == "running" and role.get("busy"):
+        return f"busy: {role['busy']}"
+    if role["status"] == "starting" and int(role.get("restarts", 0)) > 0:
+        return "restarting"
+    return role["status"]
+
+
+def role_key(role: dict[str, Any]) -> str:
+    """``role/index`` of a role record."""
+    return f"{role['role']}/{role['index']}"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleFigures:
+    """One role instance's derived figures for the monitor."""
+
+    key: str
+    role: str
+    node: str
+    status: str
+    restarts: int
+    rate: float | None
+    """Its headline rate (``ROLE_RATE``) over the window, None for roles without one."""
+    unit: str
+    spark: str
+    """Its rate over the last minutes."""
+    detail: str
+    """The figures that locate a bottleneck at this role (ms, shares, versions)."""
+
+
+class RunHistory:
+    """Snapshots of one run over the last ``keep_s`` seconds, and the rates they give.
+
+    Args:
+        window_s: rates are averaged over (about) this many recent seconds.
+        keep_s: how far back the sparklines reach.
+    """
+
+    def __init__(self, window_s: float = 5.0, keep_s: float = 300.0) -> None:
+        self.window_s = window_s
+        self.keep_s = keep_s
+        self.snaps: deque[dict[str, Any]] = deque()
+
+    def add(self, snap: dict[str, Any]) -> None:
+        """Record a snapshot (its ``time`` field orders them)."""
+        self.snaps.append(snap)
+        while self.snaps and snap["time"] - self.snaps[0]["time"] > self.keep_s:
+            self.snaps.popleft()
+
+    @property
+    def latest(self) -> dict[str, Any]:
+        return self.snaps[-1]
+
+    def _base(self, now: dict[str, Any], window_s: float) -> dict[str, Any] | None:
+        """The newest snapshot at least ``window_s`` older than ``now`` (else the oldest)."""
+        base = None
+        for snap in self.snaps:
+            if now["time"] - snap["time"] >= window_s or base is None:
+                base = snap
+            if now["time"] - snap["time"] < window_s:
+                break
+        return base if base is not None and base is not now else None
+
+    # --- run-wide -----------------------------------------------------------------------------
+    def rate(self, counter: str, now: dict[str, Any] | None = None) -> float:
+        """A run-wide counter's increase per second over the window ending at ``now``."""
+        now = now or self.latest
+        base = self._base(now, self.window_s)
+        if base is None:
+            return 0.0
+        dt = now["time"] - base["time"]
+        delta = now["counters"].get(counter, 0) - base["counters"].get(counter, 0)
+        return max(0.0, delta / dt) if dt > 0 else 0.0
+
+    def delta(self, counter: str) -> int:
+        """A run-wide counter's increase over the window (0 before there are two snapshots)."""
+        base = self._base(self.latest, self.window_s)
+        if base is None:
+            return 0
+        return max(0, self.latest["counters"].get(counter, 0) - base["counters"].get(counter, 0))
+
+    def rate_history(self, counter: str, points: int) -> list[float]:
+        """``counter``'s rate at ``points`` evenly spaced moments of the kept history."""
+        return self._history(points, lambda now: self.rate(counter, now))
+
+    def _history(self, points: int, value: Any) -> list[float]:
+        snaps = list(self.snaps)
+        if len(snaps) < 2:
+            return []
+        span = snaps[-1]["time"] - snaps[0]["time"]
+        out, j = [], 0
+        for i in range(points):
+            t = snaps[0]["time"] + span * (i + 1) / points
+            while j + 1 < len(snaps) and snaps[j + 1]["time"] <= t:
+                j += 1
+            out.append(value(snaps[j]))
+        return out
+
+    # --- per role -----------------------------------------------------------------------------
+    def _role_stats(self, snap: dict[str, Any], key: str) -> dict[str, float] | None:
+        for role in snap["roles"]:
+            if role_key(role) == key:
+                return role["stats"]
+        return None
+
+    def role_rate(self, key: str, stat: str, now: dict[str, Any] | None = None) -> float:
+        """Per second increase of one of a role's own counters (0 across its restart)."""
+        now = now or self.latest
+        base = self._base(now, self.window_s)
+        if base is None:
+            return 0.0
+        new, old = self._role_stats(now, key), self._role_stats(base, key)
+        if new is None or old is None:
+            return 0.0
+        dt = now["time"] - base["time"]
+        delta = new.get(stat, 0.0) - old.get(stat, 0.0)
+        return delta / dt if dt > 0 and delta >= 0 else 0.0
+
+    def role_ratio(self, key: str, num: str, den: str) -> float | None:
+        """Increase of ``num`` over increase of ``den`` in the window (None if ``den`` stood)."""
+        base = self._base(self.latest, self.window_s)
+        new = self._role_stats(self.latest, key)
+        old = self._role_stats(base, key) if base is not None else None
+        if new is None or old is None:
+            return None
+        d_den = new.get(den, 0.0) - old.get(den, 0.0)
+        d_num = new.get(num, 0.0) - old.get(num, 0.0)
+        return d_num / d_den if d_den > 0 and d_num >= 0 else None
+
+    def roles(self, spark_points: int = 12) -> list[RoleFigures]:
+        """Every role instance of the newest snapshot with its derived figures."""
+        snap = self.latest
+        trainer_version = _trainer_version(snap)
+        out = []
+        for role in snap["roles"]:
+            key = role_key(role)
+            counter, unit = ROLE_RATE.get(role["role"], ("", ""))
+            rate = self.role_rate(key, counter) if counter else None
+            spark = (
+                sparkline(
+                    self._history(
+                        spark_points, lambda s, k=key, c=counter: self.role_rate(k, c, s)
+                    ),
+                    spark_points,
+                )
+                if counter
+                else ""
+            )
+            out.append(
+                RoleFigures(
+                    key=key,
+                    role=role["role"],
+                    node=role["node"],
+                    status=role_status(role),
+                    restarts=int(role["restarts"]),
+                    rate=rate,
+                    unit=unit,
+                    spark=spark,
+                    detail=self._detail(role, trainer_version),
+                )
+            )
+        return out
+
+    def _detail(self, role: dict[str, Any], trainer_version: int | None) -> str:
+        key, stats, kind = role_key(role), role["stats"], role["role"]
+        parts: list[str] = []
+        if kind in ("env_worker", "eval_env_worker"):
+            wait = self.role_ratio(key, "action_wait_us", "action_requests")
+            step = self.role_ratio(key, "env_step_us", "env_steps")
+            if wait is not None:
+                parts.append(f"action {wait / 1000:.1f}ms")
+            if step is not None:
+                parts.append(f"sim {step / 1000:.2f}ms")
+        elif kind in ("rollout_server", "eval_rollout_server"):
+            if "batch_fill" in stats:
+                parts.append(f"fill {stats['batch_fill']:.0%}")
+            if "policy_version" in stats:
+                version = int(stats["policy_version"])
+                lag = "" if trainer_version is None else f" lag {trainer_version - version}"
+                parts.append(f"v{version}{lag}")
+        elif kind == "trainer":
+            updates = self.role_rate(key, "updates")
+            parts.append(f"{updates:.1f} upd/s")
+            if "policy_version" in stats:
+                parts.append(f"v{int(stats['policy_version'])}")
+        elif kind == "sft_trainer":
+            if "steps" in stats:
+                parts.append(f"step {int(stats['steps'])}")
+            if "loss" in stats:
+                parts.append(f"loss {stats['loss']:.3f}")
+        elif kind == "weight_broadcaster":
+            if "policy_version" in stats:
+                parts.append(f"v{int(stats['policy_version'])}")
+            if "links" in stats:
+                parts.append(f"{int(stats['links'])} links")
+            if "last_sync_ms" in stats:
+                parts.append(f"sync {stats['last_sync_ms']:.0f}ms")
+        return " ".join(parts)
+
+    # --- run-wide derived figures ------------------------------------------------------------
+    def staleness_shares(self) -> list[tuple[str, float]]:
+        """Share of the samples trained in the window by how many versions they lagged
+        (over the whole run while the window trained none)."""
+        counts = [(label, self.delta(c)) for label, c in STALENESS_BUCKETS]
+        total = sum(n for _, n in counts)
+        if total == 0:
+            counters = self.latest["counters"]
+            counts = [(label, counters.get(c, 0)) for label, c in STALENESS_BUCKETS]
+            total = sum(n for _, n in counts)
+        return [(label, n / total) for label, n in counts] if total else []
+
+    def drop_shares(self) -> dict[str, float]:
+        """Shares of the chunks produced so far that were dropped as too stale or refused."""
+        c = self.latest["counters"]
+        produced = c.get("chunks_produced", 0)
+        if not produced:
+            return {}
+        refused = c.get("bad_chunks", 0)
+        return {
+            "stale": max(0, c.get("chunks_dropped", 0) - refused) / produced,
+            "refused": refused / produced,
+        }
+
+    def health(self, figures: list[RoleFigures]) -> tuple[bool, str]:
+        """(healthy, what is wrong): a LOST, STALLED or failed role, or a run that stands."""
+        bad = [f"{f.key} {f.status}" for f in figures if f.status in ("LOST", "STALLED", "error")]
+        if bad:
+            return False, ", ".join(bad)
+        moving = self.rate("env_steps") > 0 or self.rate("sft_samples") > 0
+        if len(self.snaps) >= 2 and self.latest["time"] - self.snaps[0]["time"] >= self.window_s:
+            if not moving and not self.latest.get("stop_reason"):
+                return False, "no env steps or SFT samples in the last window"
+        return True, ""
+
+    def bottleneck(self, figures: list[RoleFigures]) -> str:
+        """Where the run waits, in words: the trainer, the rollout servers or the simulators."""
+        c = self.latest["counters"]
+        queued = _max_stat(self.latest, "env_worker", "chunks_queued")
+        limit = _max_stat(self.latest, "env_worker", "max_chunks_queued")
+        stale = self.drop_shares().get("stale", 0.0)
+        if limit and queued is not None and queued >= 0.8 * limit:
+            return f"trainer: {queued:.0f}/{limit:.0f} chunks queued, envs held back"
+        if stale > 0.1:
+            return f"trainer: {stale:.0%} of chunks dropped as too stale"
+        waits = [
+            (
+                self.role_ratio(f.key, "action_wait_us", "action_requests"),
+                self.role_ratio(f.key, "env_step_us", "env_steps"),
+            )
+            for f in figures
+            if f.role == "env_worker"
+        ]
+        waits = [(w, s) for w, s in waits if w is not None and s is not None]
+        if not waits or not c.get("env_steps"):
+            return "-"
+        wait = sum(w for w, _ in waits) / len(waits)
+        sim = sum(s for _, s in waits) / len(waits)
+        fills = [
+            self.latest_stat(f.key, "batch_fill") for f in figures if f.role == "rollout_server"
+        ]
+        fill = max((f for f in fills if f is not None), default=0.0)
+        if wait > sim:
+            busy = "saturated, " if fill >= 0.9 else ""
+            return (
+                f"rollout servers ({busy}envs wait {wait / 1000:.1f}ms per action, "
+                f"step {sim / 1000:.2f}ms)"
+            )
+        return f"simulators (step {sim / 1000:.2f}ms, action {wait / 1000:.1f}ms)"
+
+    def latest_stat(self, key: str, stat: str) -> float | None:
+        stats = self._role_stats(self.latest, key)
+        return None if stats is None else stats.get(stat)
+
+    def learning(self, points: int) -> tuple[list[float], list[float]]:
+        """Mean return and (where reported) success rate of the recent training episodes, in
+        ``points`` buckets, oldest first."""
+        episodes = self.latest.get("recent_episodes") or []
+        if not episodes:
+            return [], []
+        size = max(1, len(episodes) // points)
+        buckets = [episodes[i : i + size] for i in range(0, len(episodes), size)][-points:]
+        returns = [sum(e["return"] for e in b) / len(b) for b in buckets]
+        if not any("success" in e for e in episodes):
+            return returns, []
+        return returns, [sum(bool(e.get("success")) for e in b) / len(b) for b in buckets]
+
+
+def _trainer_version(snap: dict[str, Any]) -> int | None:
+    versions = [
+        int(r["stats"]["policy_version"])
+        for r in snap["roles"]
+        if r["role"] == "trainer" and r["alive"] and "policy_version" in r["stats"]
+    ]
+    return max(versions) if versions else None
+
+
+def _max_stat(snap: dict[str, Any], role: str, stat: str) -> float | None:
+    values = [r["stats"][stat] for r in snap["roles"] if r["role"] == role and stat in r["stats"]]
+    return max(values) if values else None
