@@ -93,10 +93,16 @@ def _queue_line(history: RunHistory) -> Text:
     elif limit:
         style = "red" if q >= 0.8 * limit else "green"
         text.append(f"{q:.0f}/{limit:.0f} ")
-        text.append(_bar(q, limit), style=style)
+        text.append(_bar(q, limit, 12), style=style)
     else:
         text.append(f"{q:.0f} (no limit)")
     text.append(f"  in flight {snap['chunks_in_flight']}")
+    workers = [r["stats"] for r in snap["roles"] if r["role"] == "env_worker" and r["alive"]]
+    envs = sum(w.get("envs", 0) for w in workers)
+    if envs:
+        waiting = sum(w.get("envs_waiting", 0) for w in workers)
+        text.append(f"  envs waiting {waiting:.0f}/{envs:.0f} ")
+        text.append(_bar(waiting, envs, 8), style="yellow")
     return text
 
 
