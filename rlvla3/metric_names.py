@@ -64,7 +64,6 @@ GAUGES: dict[str, str] = {
     "chunks_queued": "env worker: chunks pushed and not yet received by a trainer (run-wide)",
     "max_chunks_queued": "env worker: its back-pressure limit on chunks_queued (0: off)",
     "envs": "env worker: the envs it runs",
-    "envs_waiting": "env worker: its envs waiting for an action right now",
     "requests_per_s": "rollout server: requests per second over the last 5 s",
     "batch_fill": "rollout server: last batch's size / its largest (max_batch, or every env in sync)",
     "queue_wait_ms": "rollout server: how long the last batch waited to fill, in ms",

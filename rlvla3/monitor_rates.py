@@ -323,6 +323,16 @@ class RunHistory:
             )
         return f"simulators (step {sim / 1000:.2f}ms, action {wait / 1000:.1f}ms)"
 
+    def waiting_share(self) -> float | None:
+        """The share of the env workers' env time spent waiting for an action in the window
+        (their action round trips per second over their envs; None without env workers)."""
+        workers = [r for r in self.latest["roles"] if r["role"] == "env_worker" and r["alive"]]
+        envs = sum(r["stats"].get("envs", 0) for r in workers)
+        if not envs:
+            return None
+        waited_s = sum(self.role_rate(role_key(r), "action_wait_us") for r in workers) / 1e6
+        return min(1.0, waited_s / envs)
+
     def latest_stat(self, key: str, stat: str) -> float | None:
         stats = self._role_stats(self.latest, key)
         return None if stats is None else stats.get(stat)

@@ -97,12 +97,10 @@ def _queue_line(history: RunHistory) -> Text:
     else:
         text.append(f"{q:.0f} (no limit)")
     text.append(f"  in flight {snap['chunks_in_flight']}")
-    workers = [r["stats"] for r in snap["roles"] if r["role"] == "env_worker" and r["alive"]]
-    envs = sum(w.get("envs", 0) for w in workers)
-    if envs:
-        waiting = sum(w.get("envs_waiting", 0) for w in workers)
-        text.append(f"  envs waiting {waiting:.0f}/{envs:.0f} ")
-        text.append(_bar(waiting, envs, 8), style="yellow")
+    waiting = history.waiting_share()
+    if waiting is not None:
+        text.append(f"  envs waiting {waiting:.0%} ")
+        text.append(_bar(waiting, 1.0, 8), style="yellow")
     return text
 
 

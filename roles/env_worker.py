@@ -85,7 +85,6 @@ class EnvWorker(Role):
                 self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
             self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
         self.gauge("steps_per_s", self.step_rate.rate())
-        self.gauge("envs_waiting", sum(r.waiting for r in self.runners))
         self._write_episodes()
         for runner in self.runners:
             if runner.error is not None:
@@ -214,7 +213,6 @@ class EnvRunner:
         self.answered = False  # any reply yet: before the first, waiting is expected
         self.chunk_id = 0
         self.sim_since = 0.0  # wall time this env entered its simulator's step or reset; 0: out
-        self.waiting = False  # waiting for an action now (the monitor's "envs waiting")
         self.producer = f"{worker.index}/{env_index}#{worker.incarnation}"
         # GRPO: the envs of a group start each of their episodes from the same seed, and their
         # chunks carry the episode's group (rlvla3/algo/grpo.py).
@@ -366,11 +364,9 @@ class EnvRunner:
         w = self.worker
         timeout = w.settings.request_timeout_s
         asked = time.perf_counter()
-        self.waiting = True
         try:
             return self._request_until_answered(obs, timeout)
         finally:  # the action round trip as the env sees it (monitor / async benchmark)
-            self.waiting = False
             w.count("action_requests")
             w.count("action_wait_us", round((time.perf_counter() - asked) * 1e6))
 

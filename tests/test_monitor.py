@@ -72,6 +72,7 @@ def _workers(steps: float, wait_us: float, requests: float) -> list[dict]:
         "action_requests": requests,
         "chunks_queued": 30,
         "max_chunks_queued": 32,
+        "envs": 4,
     }
     return [
         _role("env_worker", 0, stats),
@@ -88,6 +89,7 @@ def test_rates_come_from_the_window_and_a_restart_is_never_negative() -> None:
     assert history.role_rate("env_worker/0", "env_steps") == pytest.approx(1000.0)
     # 2 ms per action against a 0.05 ms simulator step: the envs wait on the servers
     assert history.role_ratio("env_worker/0", "action_wait_us", "action_requests") == 2000
+    assert history.waiting_share() == pytest.approx(0.5)  # 10 s waited in 5 s by 4 envs
     figures = {f.key: f for f in history.roles()}
     assert figures["rollout_server/0"].detail == "v5 lag 2"  # the trainer is at v7
     assert "action 2.0ms" in figures["env_worker/0"].detail
