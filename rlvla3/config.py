@@ -172,7 +172,11 @@ class EnvConfig:
     id: str = "CartPole-v1"
     """A gymnasium id, ``rlvla3/TableTop-v0``, ``maniskill/<Task>`` or ``libero/<suite>/<task>``."""
     num_envs_per_worker: int = bounded(4, ge=1)
-    """Simulators per env worker (one thread each)."""
+    """Simulators per env worker."""
+    envs_per_request: int = bounded(1, ge=1)
+    """Env group size: a worker steps its envs in groups of this many, one thread, one action request and one reply per group and step; groups never wait for each other (1: every env on its own; must divide ``num_envs_per_worker``). Not GRPO's ``algo.group_size``."""
+    vectorized: bool = False
+    """Run each env group as one gymnasium vector env (``gymnasium.make_vec``, natively vectorized where the env has it, e.g. CartPole) instead of one env object per env (gymnasium ids only)."""
     chunk_len: int = bounded(32, ge=1)
     """Steps per trajectory chunk sent to the trainer (shorter at an episode's end)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -435,10 +439,27 @@ def _validate(cfg: Config) -> None:
     if cfg.algo.kind == "grpo":
         _validate_grpo(cfg)
     _validate_eval(cfg)
+    _validate_env_groups(cfg)
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
+
+
+def _validate_env_groups(cfg: Config) -> None:
+    env = cfg.env
+    if env.num_envs_per_worker % env.envs_per_request:
+        raise ConfigError(
+            f"env.envs_per_request: {env.envs_per_request} does not divide "
+            f"env.num_envs_per_worker ({env.num_envs_per_worker})"
+        )
+    if env.vectorized and (env.id.startswith(("rlvla3/", "maniskill/", "libero/"))):
+        raise ConfigError(
+            f"env.vectorized: {env.id} is not a gymnasium env; vector envs are made with "
+            "gymnasium.make_vec"
+        )
+    if env.vectorized and env.straggler.distribution != "none":
+        raise ConfigError("env.vectorized: the straggler wrapper steps single envs only")
 
 
 EVAL_ROLES = ("eval_env_worker", "eval_rollout_server")

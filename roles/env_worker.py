@@ -18,17 +18,24 @@ import math
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rlvla3.chunk_ledger import pushed_field
 from rlvla3.role import RateMeter, Role, main
-from sim.adapter import SimAdapter
+from sim.env_group import EnvGroup, SeparateEnvs, Stepped, VectorEnvs
 from sim.envs import make_env
 from sim.straggler import StragglerConfig
 from transport import sockets
-from transport.messages import ActionReply, ObsRequest, TrajectoryChunk
+from transport.messages import (
+    ActionBatchReply,
+    ActionReply,
+    ObsBatchRequest,
+    ObsRequest,
+    TrajectoryChunk,
+)
 
 _PEER_SCAN_PERIOD_S = 1.0
 
@@ -55,7 +62,8 @@ class EnvWorker(Role):
         self.step_rate = RateMeter()
         num_envs = self.cfg.env.num_envs_per_worker
         sync = self.cfg.run.mode == "sync" and self.serves_training
-        self.barrier = threading.Barrier(num_envs) if sync else None
+        groups = -(-num_envs // self.cfg.env.envs_per_request)
+        self.barrier = threading.Barrier(groups) if sync else None
         self.version_seen = threading.Condition()
         self.latest_version = self.registry.weight_version()
         self.may_produce = threading.Event()  # cleared while too many chunks are in flight
@@ -64,7 +72,11 @@ class EnvWorker(Role):
         # an env thread never waits on Redis between two steps.
         self.episode_lock = threading.Lock()
         self.finished_episodes: list[dict[str, Any]] = []
-        self.runners = [self.runner(i) for i in range(num_envs)]
+        per = self.cfg.env.envs_per_request if self.serves_training else 1
+        self.runners = [
+            self.runner(list(range(first, min(first + per, num_envs))))
+            for first in range(0, num_envs, per)
+        ]
         for runner in self.runners:
             runner.thread.start()
         self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
@@ -90,9 +102,9 @@ class EnvWorker(Role):
             if runner.error is not None:
                 raise RuntimeError(f"env {runner.env_index} failed") from runner.error
 
-    def runner(self, env_index: int) -> EnvRunner:
-        """The thread that runs env ``env_index``."""
-        return EnvRunner(self, env_index)
+    def runner(self, env_indices: list[int]) -> EnvRunner:
+        """The thread that runs the envs ``env_indices`` (one group)."""
+        return EnvRunner(self, env_indices)
 
     def _watch_version(self) -> None:
         version = self.registry.weight_version()
@@ -200,79 +212,117 @@ def _finite(obs: dict[str, np.ndarray], reward: float) -> bool:
     return all(np.isfinite(v).all() for v in obs.values() if v.dtype.kind == "f")
 
 
-class EnvRunner:
-    """One env and its thread: request, step, record, push — independent of the other envs."""
+@dataclass(frozen=True, slots=True)
+class Act:
+    """One env's answer from a rollout server (from an ``ActionReply`` or a row of an
+    ``ActionBatchReply``)."""
 
-    def __init__(self, worker: EnvWorker, env_index: int) -> None:
-        self.worker = worker
-        self.env_index = env_index
-        self.cfg = worker.cfg
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"env-{env_index}", daemon=True)
-        self.request_id = 0
-        self.answered = False  # any reply yet: before the first, waiting is expected
+    action: np.ndarray
+    env_action: np.ndarray
+    log_prob: float
+    value: float
+    version: int
+
+
+def _acts(reply: ActionReply | ActionBatchReply) -> list[Act]:
+    if isinstance(reply, ActionReply):
+        return [
+            Act(
+                reply.action,
+                reply.env_step_action,
+                reply.log_prob,
+                reply.value,
+                reply.policy_version,
+            )
+        ]
+    env_actions = reply.env_step_actions
+    log_probs, values = reply.log_probs.tolist(), reply.values.tolist()
+    return [
+        Act(reply.actions[i], env_actions[i], log_probs[i], values[i], reply.policy_version)
+        for i in range(len(log_probs))
+    ]
+
+
+class EnvSlot:
+    """One env of a runner: its current chunk and episode, its chunk numbering and (GRPO) its
+    episode's group."""
+
+    def __init__(self, runner: EnvRunner, position: int, env_index: int) -> None:
+        worker = runner.worker
+        self.position = position  # its index in the runner's env group
+        self.env_index = env_index  # its index in the worker
         self.chunk_id = 0
-        self.sim_since = 0.0  # wall time this env entered its simulator's step or reset; 0: out
         self.producer = f"{worker.index}/{env_index}#{worker.incarnation}"
         # GRPO: the envs of a group start each of their episodes from the same seed, and their
         # chunks carry the episode's group (rlvla3/algo/grpo.py).
-        self.grouped = self.cfg.algo.kind == "grpo" and worker.trains
-        self.group_index = env_index // self.cfg.algo.group_size
+        self.grouped = worker.cfg.algo.kind == "grpo" and worker.trains
+        self.group_index = env_index // worker.cfg.algo.group_size
         self.episode = -1
         self.group = ""
         self.steps: list[dict[str, Any]] = []
+        self.obs: dict[str, np.ndarray] = {}
+        self.episode_return, self.episode_len = 0.0, 0
+        self.versions = (0, 0)  # oldest and newest weight version of its current episode
+
+    def next_group_seed(self, worker: EnvWorker) -> int:
+        """Enter this env's next episode's group; return its reset seed, the same for every env
+        of the group."""
+        self.episode += 1
+        self.group = f"{worker.index}/{self.group_index}#{worker.incarnation}:{self.episode}"
+        key = [worker.cfg.run.seed, worker.index, self.group_index, self.episode]
+        return int(np.random.SeedSequence(key).generate_state(1)[0])
+
+
+class EnvRunner:
+    """One thread stepping a group of ``env.envs_per_request`` envs (one, by default): request,
+    step, record, push, independent of the worker's other groups."""
+
+    def __init__(self, worker: EnvWorker, env_indices: list[int]) -> None:
+        self.worker = worker
+        self.cfg = worker.cfg
+        self.env_index = env_indices[0]
+        self.slots = [EnvSlot(self, pos, i) for pos, i in enumerate(env_indices)]
+        self.error: BaseException | None = None
+        name = f"env-{env_indices[0]}" if len(env_indices) == 1 else f"envs-{env_indices[0]}+"
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.request_id = 0
+        self.answered = False  # any reply yet: before the first, waiting is expected
+        self.sim_since = 0.0  # wall time its envs entered their simulators' step or reset; 0: out
+        self.key = (
+            f"{worker.index}/{env_indices[0]}"
+            if len(env_indices) == 1
+            else f"{worker.index}/{env_indices[0]}+{len(env_indices)}"
+        )
 
     def _run(self) -> None:
         w = self.worker
-        seed = self.cfg.run.seed + 10_000 * w.index + self.env_index
-        straggler = self._straggler(seed)
-        env = make_env(self.cfg.env.id, seed=seed, straggler=straggler, **self.cfg.env.kwargs)
+        self.group = self._make_group()
         self.dealer = sockets.dealer(hwm=100, on_bad_frame=w.count_bad_frame)
         self.chunks = sockets.push(hwm=w.settings.chunk_queue_hwm)
         self.chunks.raw.setsockopt(sockets.zmq.LINGER, 10_000)  # deliver pushed chunks at exit
         self.chunks.connect(w.trainers)
         try:
-            self._loop(env)
+            self._loop()
         except (InterruptedError, threading.BrokenBarrierError):
             pass
         except BaseException as err:  # reported by the worker's main loop, which fails the role
             w.log.exception("env %d failed", self.env_index)
             self.error = err
         finally:
-            env.close()
+            self.group.close()
             self.dealer.close()
             self.chunks.raw.close()
 
-    def _reset(self, env: SimAdapter, seed: int | None = None) -> dict[str, np.ndarray]:
-        """``env.reset(seed=seed)``, again (unseeded) while it returns a non-finite observation
-        (a broken state); an env that keeps doing so fails its worker, naming it."""
-        for _ in range(_RESET_TRIES):
-            # (a group's envs meet the same broken start state and all move on to the next)
-            if self.grouped:
-                seed = self._next_group_seed()
-            self.sim_since = time.time()
-            obs, _ = env.reset(seed=seed)
-            self.sim_since = 0.0
-            if _finite(obs, 0.0):
-                return obs
-            seed = None
-            self.worker.drop(
-                "sim_faults",
-                f"env {self.env_index}: reset returned a non-finite observation; resetting again",
-            )
-        raise RuntimeError(
-            f"env {self.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
-            "row returned non-finite observations"
-        )
-
-    def _next_group_seed(self) -> int:
-        """Enter this env's next episode's group; return its reset seed, the same for every env
-        of the group."""
-        self.episode += 1
-        w = self.worker
-        self.group = f"{w.index}/{self.group_index}#{w.incarnation}:{self.episode}"
-        key = [self.cfg.run.seed, w.index, self.group_index, self.episode]
-        return int(np.random.SeedSequence(key).generate_state(1)[0])
+    def _make_group(self) -> EnvGroup:
+        w, env = self.worker, self.cfg.env
+        base = self.cfg.run.seed + 10_000 * w.index
+        if env.vectorized and w.serves_training:
+            return VectorEnvs(env.id, len(self.slots), seed=base + self.env_index, **env.kwargs)
+        sims = []
+        for slot in self.slots:
+            seed = base + slot.env_index
+            sims.append(make_env(env.id, seed=seed, straggler=self._straggler(seed), **env.kwargs))
+        return SeparateEnvs(sims)
 
     def _straggler(self, seed: int) -> StragglerConfig | None:
         s = self.cfg.env.straggler
@@ -282,109 +332,189 @@ class EnvRunner:
             distribution=s.distribution, mean_ms=s.mean_ms, sigma=s.sigma, seed=seed
         )
 
-    def _loop(self, env: SimAdapter) -> None:
+    def _reset(self, slot: EnvSlot, seed: int | None = None) -> dict[str, np.ndarray]:
+        """Reset ``slot``'s env (``seed``: its next episode's), again (unseeded) while it returns a
+        non-finite observation (a broken state); an env that keeps doing so fails its worker."""
+        for _ in range(_RESET_TRIES):
+            # (a group's envs meet the same broken start state and all move on to the next)
+            if slot.grouped:
+                seed = slot.next_group_seed(self.worker)
+            self.sim_since = time.time()
+            obs = self.group.reset(slot.position, seed=seed)
+            self.sim_since = 0.0
+            if _finite(obs, 0.0):
+                return obs
+            self.worker.drop(
+                "sim_faults",
+                f"env {slot.env_index}: reset returned a non-finite observation; resetting again",
+            )
+            seed = None
+        raise RuntimeError(
+            f"env {slot.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
+            "row returned non-finite observations"
+        )
+
+    def _loop(self) -> None:
         w = self.worker
         chunk_len = self.cfg.env.chunk_len
-        obs = self._reset(env)
-        reply = self._request(obs)
-        round_steps, episode_return, episode_len = 0, 0.0, 0
-        versions = (reply.policy_version, reply.policy_version)
+        slots = self.slots
+        for slot in slots:
+            slot.obs = self._reset(slot)
+        acts = self._request([slot.obs for slot in slots])
+        for slot, act in zip(slots, acts, strict=True):
+            slot.versions = (act.version, act.version)
+        round_steps = 0
         while not w.stop_event.is_set():
-            stepped = time.perf_counter()
+            stepped_at = time.perf_counter()
             self.sim_since = time.time()
-            next_obs, reward, terminated, truncated, info = env.step(reply.env_step_action)
+            results = self.group.step([act.env_action for act in acts])
             self.sim_since = 0.0
-            w.count("env_step_us", round((time.perf_counter() - stepped) * 1e6))
-            fault = not _finite(next_obs, reward)
-            if fault:  # a simulator blow-up (NaN/inf): cut the episode here, as a truncation
-                w.drop(
-                    "sim_faults",
-                    f"env {self.env_index}: the simulator returned a "
-                    "non-finite observation or reward; episode cut there, env reset",
-                )
-                reward = reward if math.isfinite(reward) else 0.0
-                terminated, truncated = False, True
-            self.steps.append(
-                {
-                    "obs": obs,
-                    "action": reply.action,
-                    "reward": reward,
-                    "terminated": terminated,
-                    "truncated": truncated,
-                    "log_prob": reply.log_prob,
-                    "value": reply.value,
-                    "version": reply.policy_version,
-                }
-            )
-            w.count("env_steps")
-            w.step_rate.add()
+            w.count("env_step_us", round((time.perf_counter() - stepped_at) * 1e6))
+            w.count("env_steps", len(slots))
+            w.step_rate.add(len(slots))
             round_steps += 1
-            episode_return += reward
-            episode_len += 1
-            versions = (
-                min(versions[0], reply.policy_version),
-                max(versions[1], reply.policy_version),
-            )
+            ended = [
+                self._record(slot, act, res)
+                for slot, act, res in zip(slots, acts, results, strict=True)
+            ]
             if w.barrier is not None:
                 w.barrier.wait()  # lock-step: every env of the worker finished this step
-            if terminated or truncated:
-                if terminated:
-                    bootstrap = 0.0
-                else:  # after a fault, the last finite observation's value stands in
-                    bootstrap = reply.value if fault else self._request(next_obs).value
-                self._push(bootstrap)
-                w.record_episode(episode_return, episode_len, info.get("success"), versions)
-                episode_return, episode_len = 0.0, 0
-                obs = self._reset(env)
-            else:
-                obs = next_obs
-            reply = self._request(obs)
-            if episode_len == 0:
-                versions = (reply.policy_version, reply.policy_version)
-            if len(self.steps) >= chunk_len or (w.barrier is not None and round_steps >= chunk_len):
-                self._push(reply.value)
+            self._end_episodes(slots, acts, results, ended)
+            acts = self._request([slot.obs for slot in slots])
+            for slot, act in zip(slots, acts, strict=True):
+                if slot.episode_len == 0:
+                    slot.versions = (act.version, act.version)
+                round_over = w.barrier is not None and round_steps >= chunk_len
+                if len(slot.steps) >= chunk_len or round_over:
+                    self._push(slot, act.value)
             if w.barrier is not None and round_steps >= chunk_len:
                 round_steps = 0
-                reply = self._next_round(obs, reply.policy_version)
+                acts = self._next_round([slot.obs for slot in slots], acts[0].version)
 
-    def _next_round(self, obs: dict[str, np.ndarray], version: int) -> ActionReply:
+    def _record(self, slot: EnvSlot, act: Act, res: Stepped) -> tuple[bool, bool]:
+        """Record one env's step; returns (episode ended, by a simulator fault)."""
+        w = self.worker
+        reward, terminated, truncated = res.reward, res.terminated, res.truncated
+        fault = not _finite(res.obs, reward)
+        if fault:  # a simulator blow-up (NaN/inf): cut the episode here, as a truncation
+            w.drop(
+                "sim_faults",
+                f"env {slot.env_index}: the simulator returned a "
+                "non-finite observation or reward; episode cut there, env reset",
+            )
+            reward = reward if math.isfinite(reward) else 0.0
+            terminated, truncated = False, True
+        slot.steps.append(
+            {
+                "obs": slot.obs,
+                "action": act.action,
+                "reward": reward,
+                "terminated": terminated,
+                "truncated": truncated,
+                "log_prob": act.log_prob,
+                "value": act.value,
+                "version": act.version,
+            }
+        )
+        slot.episode_return += reward
+        slot.episode_len += 1
+        slot.versions = (min(slot.versions[0], act.version), max(slot.versions[1], act.version))
+        return terminated or truncated, fault
+
+    def _end_episodes(
+        self,
+        slots: list[EnvSlot],
+        acts: list[Act],
+        results: list[Stepped],
+        ended: list[tuple[bool, bool]],
+    ) -> None:
+        """Push and record the episodes that ended this step and start the next ones; the rest
+        move on to their next observation. Truncated episodes bootstrap from the value of their
+        last observation, asked for in one request."""
+        w = self.worker
+        truncated = [
+            i
+            for i, (done, fault) in enumerate(ended)
+            if done and not fault and not slots[i].steps[-1]["terminated"]
+        ]
+        values = {}
+        if truncated:
+            asked = self._request([results[i].obs for i in truncated])
+            values = {i: a.value for i, a in zip(truncated, asked, strict=True)}
+        for i, (slot, act, res) in enumerate(zip(slots, acts, results, strict=True)):
+            done, fault = ended[i]
+            if not done:
+                slot.obs = res.obs
+                continue
+            if slot.steps[-1]["terminated"]:
+                bootstrap = 0.0
+            else:  # after a fault, the last finite observation's value stands in
+                bootstrap = act.value if fault else values[i]
+            self._push(slot, bootstrap)
+            w.record_episode(
+                slot.episode_return, slot.episode_len, res.info.get("success"), slot.versions
+            )
+            slot.episode_return, slot.episode_len = 0.0, 0
+            if res.reset_obs is not None and not slot.grouped and _finite(res.reset_obs, 0.0):
+                slot.obs = res.reset_obs  # a vector env reset it already
+            else:
+                slot.obs = self._reset(slot)
+
+    def _next_round(self, obs: list[dict[str, np.ndarray]], version: int) -> list[Act]:
         """Sync mode: wait for the next weight version, then act on ``obs`` with it."""
         w = self.worker
         if not w.wait_for_version_after(version):
             raise InterruptedError
-        reply = self._request(obs)
-        while reply.policy_version < w.latest_version:  # the server swaps in between batches
+        acts = self._request(obs)
+        while acts[0].version < w.latest_version:  # the server swaps in between batches
             if w.stop_event.wait(0.002):
                 raise InterruptedError
-            reply = self._request(obs)
-        return reply
+            acts = self._request(obs)
+        return acts
 
-    def _request(self, obs: dict[str, np.ndarray]) -> ActionReply:
-        """Ask any live server for an action; re-send on timeout until answered or stopped."""
+    def _request(self, obs: list[dict[str, np.ndarray]]) -> list[Act]:
+        """Ask any live server for actions for ``obs`` (one message for the lot); re-send on
+        timeout until answered or stopped."""
         w = self.worker
         timeout = w.settings.request_timeout_s
         asked = time.perf_counter()
         try:
             return self._request_until_answered(obs, timeout)
-        finally:  # the action round trip as the env sees it (monitor / async benchmark)
-            w.count("action_requests")
-            w.count("action_wait_us", round((time.perf_counter() - asked) * 1e6))
+        finally:  # the action round trip as the envs see it (monitor / async benchmark)
+            w.count("action_requests", len(obs))
+            w.count("action_wait_us", round((time.perf_counter() - asked) * 1e6) * len(obs))
 
-    def _request_until_answered(self, obs: dict[str, np.ndarray], timeout: float) -> ActionReply:
+    def _request_until_answered(
+        self, obs: list[dict[str, np.ndarray]], timeout: float
+    ) -> list[Act]:
         w = self.worker
         while True:
             self.dealer.sync_peers(w.servers)
             self.request_id += 1
-            key = f"{w.index}/{self.env_index}"
-            self.dealer.send(ObsRequest(env_key=key, request_id=self.request_id, obs=obs))
+            if len(obs) == 1:
+                request: ObsRequest | ObsBatchRequest = ObsRequest(
+                    env_key=self.key, request_id=self.request_id, obs=obs[0]
+                )
+            else:
+                request = ObsBatchRequest(
+                    env_key=self.key,
+                    request_id=self.request_id,
+                    obs={key: np.stack([o[key] for o in obs]) for key in obs[0]},
+                )
+            self.dealer.send(request)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if w.stop_event.is_set():
                     raise InterruptedError
                 reply = self.dealer.recv(timeout_s=0.2)
-                if isinstance(reply, ActionReply) and reply.request_id == self.request_id:
-                    self.answered = True
-                    return reply
+                if (
+                    isinstance(reply, (ActionReply, ActionBatchReply))
+                    and reply.request_id == self.request_id
+                ):
+                    acts = _acts(reply)
+                    if len(acts) == len(obs):
+                        self.answered = True
+                        return acts
             w.count("request_timeouts")
             if self.answered:
                 w.log.warning("env %d: no reply in %.1fs; re-sending", self.env_index, timeout)
@@ -394,18 +524,18 @@ class EnvRunner:
                     self.env_index,
                 )
 
-    def _push(self, bootstrap_value: float) -> None:
+    def _push(self, slot: EnvSlot, bootstrap_value: float) -> None:
         if not self.worker.trains:
-            self.steps = []
+            slot.steps = []
             return
-        if not self.steps:
+        if not slot.steps:
             return
-        steps, self.steps = self.steps, []
+        steps, slot.steps = slot.steps, []
         keys = steps[0]["obs"].keys()
         chunk = TrajectoryChunk(
             worker_index=self.worker.index,
-            env_index=self.env_index,
-            chunk_id=self.chunk_id,
+            env_index=slot.env_index,
+            chunk_id=slot.chunk_id,
             obs={k: np.stack([s["obs"][k] for s in steps]) for k in keys},
             actions=np.stack([s["action"] for s in steps]),
             rewards=np.array([s["reward"] for s in steps], np.float32),
@@ -415,8 +545,8 @@ class EnvRunner:
             values=np.array([s["value"] for s in steps], np.float32),
             policy_versions=np.array([s["version"] for s in steps], np.int64),
             bootstrap_value=float(bootstrap_value),
-            producer=self.producer,
-            group=self.group,
+            producer=slot.producer,
+            group=slot.group,
         )
         self.chunks.sync_peers(self.worker.trainers)
         while not self.chunks.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
@@ -424,8 +554,8 @@ class EnvRunner:
                 return  # never sent: not counted as produced, its number not used
             self.chunks.sync_peers(self.worker.trainers)
         self.worker.count("chunks_produced")
-        self.worker.ledger_high(pushed_field(self.producer), self.chunk_id)
-        self.chunk_id += 1
+        self.worker.ledger_high(pushed_field(slot.producer), slot.chunk_id)
+        slot.chunk_id += 1
         self.worker.wait_for_credit()
 
 

@@ -22,7 +22,6 @@ import numpy as np
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.role import main
 from roles.env_worker import EnvRunner, EnvWorker, _finite
-from sim.adapter import SimAdapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +49,8 @@ class EvalEnvWorker(EnvWorker):
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "eval", "evaluations"))
         super().setup()
 
-    def runner(self, env_index: int) -> EnvRunner:
-        return EvalRunner(self, env_index)
+    def runner(self, env_indices: list[int]) -> EnvRunner:
+        return EvalRunner(self, env_indices)
 
     def step(self) -> None:
         super().step()
@@ -123,38 +122,39 @@ class EvalRunner(EnvRunner):
 
     worker: EvalEnvWorker
 
-    def _loop(self, env: SimAdapter) -> None:
+    def _loop(self) -> None:
         w = self.worker
         while not w.stop_event.is_set():
             episode = w.take_episode()
             if episode is None:
                 w.stop_event.wait(0.05)
                 continue
-            result = self._play(env, episode)
+            result = self._play(episode)
             if result is not None:
                 w.episode_done(episode, result)
 
-    def _play(self, env: SimAdapter, episode: EvalEpisode) -> dict[str, Any] | None:
+    def _play(self, episode: EvalEpisode) -> dict[str, Any] | None:
         """Play one held-out episode; None if its round ended or its weights changed."""
-        w = self.worker
-        obs = self._reset(env, seed=w.cfg.run.eval.seed + episode.index)
+        w, slot = self.worker, self.slots[0]
+        obs = self._reset(slot, seed=w.cfg.run.eval.seed + episode.index)
         total, length = 0.0, 0
         while True:
-            reply = self._request(obs)
-            if reply.policy_version != episode.version or not w.still_current(episode):
+            act = self._request([obs])[0]
+            if act.version != episode.version or not w.still_current(episode):
                 return None
             self.sim_since = time.time()
-            obs, reward, terminated, truncated, info = env.step(reply.env_step_action)
+            res = self.group.step([act.env_action])[0]
             self.sim_since = 0.0
             w.count("eval_env_steps")
-            total += reward
+            obs = res.obs
+            total += res.reward
             length += 1
-            if not _finite(obs, reward):  # a simulator blow-up ends the episode, unsuccessful
+            if not _finite(obs, res.reward):  # a simulator blow-up ends the episode, unsuccessful
                 return {"return": total, "length": length, "success": False}
-            if terminated or truncated:
+            if res.terminated or res.truncated:
                 result: dict[str, Any] = {"return": total, "length": length}
-                if info.get("success") is not None:
-                    result["success"] = bool(info["success"])
+                if res.info.get("success") is not None:
+                    result["success"] = bool(res.info["success"])
                 return result
 
 

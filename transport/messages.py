@@ -4,7 +4,8 @@ Messages are frozen, slotted, keyword-only structs (``Message``). Array fields a
 (CPU torch tensors are accepted when encoding); ``transport/codec.py`` carries small ones inline
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
 field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
-3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``, ``TrajectoryChunk.producer``).
+3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``, ``TrajectoryChunk.producer``;
+5: ``TrajectoryChunk.group``; 6: ``ObsBatchRequest``, ``ActionBatchReply``).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -16,7 +17,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 Obs = dict[str, np.ndarray]
 
@@ -79,6 +80,45 @@ class ActionReply(Message):
     def env_step_action(self) -> np.ndarray:
         """What the env steps with: ``env_action``, or ``action`` when that is None."""
         return self.action if self.env_action is None else self.env_action
+
+
+class ObsBatchRequest(Message):
+    """A group of envs (``env.envs_per_request``) asks for its next actions in one message.
+
+    Attributes:
+        env_key: which group, ``"{worker_index}/{first env index}+{count}"``; used for stats.
+        request_id: unique per env worker, echoed in the reply to match it.
+        obs: the group's observations, each key stacked to [count, ...].
+    """
+
+    env_key: str
+    request_id: int
+    obs: Obs
+
+
+class ActionBatchReply(Message):
+    """A rollout server's answer to one ``ObsBatchRequest``: one row per observation, in order.
+
+    Attributes:
+        request_id: the request's id.
+        actions: [count, ...] actions (dtype as in ``ActionReply.action``).
+        log_probs: float32[count], of ``actions`` under the behaviour policy.
+        values: float32[count], the critic's estimates.
+        policy_version: version of the weights that produced every row.
+        env_actions: [count, ...] what the envs step with, when it differs from ``actions``.
+    """
+
+    request_id: int
+    actions: np.ndarray
+    log_probs: np.ndarray
+    values: np.ndarray
+    policy_version: int
+    env_actions: np.ndarray | None = None
+
+    @property
+    def env_step_actions(self) -> np.ndarray:
+        """What the envs step with: ``env_actions``, or ``actions`` when that is None."""
+        return self.actions if self.env_actions is None else self.env_actions
 
 
 class TrajectoryChunk(Message):
@@ -148,5 +188,13 @@ class WeightsRequest(Message):
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (ObsRequest, ActionReply, TrajectoryChunk, WeightsUpdate, WeightsRequest)
+    for cls in (
+        ObsRequest,
+        ActionReply,
+        ObsBatchRequest,
+        ActionBatchReply,
+        TrajectoryChunk,
+        WeightsUpdate,
+        WeightsRequest,
+    )
 }
