@@ -458,6 +458,11 @@ def _validate_env_groups(cfg: Config) -> None:
             f"env.vectorized: {env.id} is not a gymnasium env; vector envs are made with "
             "gymnasium.make_vec"
         )
+    if env.vectorized and cfg.algo.kind == "grpo":
+        raise ConfigError(
+            "env.vectorized: a vector env resets its envs itself, so GRPO cannot start a "
+            "group's envs from one seed (algo.kind: grpo)"
+        )
     if env.vectorized and env.straggler.distribution != "none":
         raise ConfigError("env.vectorized: the straggler wrapper steps single envs only")
 

@@ -370,11 +370,12 @@ class EnvRunner:
             results = self.group.step([act.env_action for act in acts])
             self.sim_since = 0.0
             w.count("env_step_us", round((time.perf_counter() - stepped_at) * 1e6))
-            w.count("env_steps", len(slots))
-            w.step_rate.add(len(slots))
+            steps = sum(not res.restarted for res in results)
+            w.count("env_steps", steps)
+            w.step_rate.add(steps)
             round_steps += 1
             ended = [
-                self._record(slot, act, res)
+                (False, False) if res.restarted else self._record(slot, act, res)
                 for slot, act, res in zip(slots, acts, results, strict=True)
             ]
             if w.barrier is not None:

@@ -5,9 +5,11 @@ implementations:
 
 - ``SeparateEnvs``: one ``SimAdapter`` per env (any backend), stepped one after the other.
 - ``VectorEnvs``: one gymnasium vector env (``gymnasium.make_vec``; CartPole and other classic
-  control envs step natively as numpy arrays). It resets finished envs itself in the same step
-  (``AutoresetMode.SAME_STEP``): the step reports the episode's last observation for the
-  bootstrap value and the next episode's first one.
+  control envs step natively as numpy arrays). It resets finished envs itself: in the same step
+  (``AutoresetMode.SAME_STEP``, gymnasium's own vector wrappers), where the step reports the
+  episode's last observation for the bootstrap value and the next episode's first one, or at
+  their next step (``NEXT_STEP``, native vector envs such as CartPole's), which is then reported
+  as ``restarted`` instead of a transition.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ class Stepped:
         obs: the observation after the step (the episode's last one when it ended).
         reward, terminated, truncated, info: as ``SimAdapter.step`` returns them.
         reset_obs: the next episode's first observation when the group reset the env itself
-            (vector envs), else None: the caller resets it.
+            in the same step (vector envs), else None: the caller resets it.
+        restarted: this was no step but the env's reset (a vector env that resets its finished
+            envs at their next step, ignoring their action): ``obs`` is the new episode's first
+            observation, and there is no transition to record.
     """
 
     obs: Obs
@@ -40,6 +45,7 @@ class Stepped:
     truncated: bool
     info: dict[str, Any]
     reset_obs: Obs | None = None
+    restarted: bool = False
 
 
 class EnvGroup(abc.ABC):
@@ -91,16 +97,27 @@ class VectorEnvs(EnvGroup):
         **kwargs: passed to ``gymnasium.make_vec``'s env.
     """
 
-    def __init__(self, env_id: str, size: int, *, seed: int, **kwargs: Any) -> None:
+    def __init__(
+        self, env_id: str, size: int, *, seed: int, mode: str | None = None, **kwargs: Any
+    ) -> None:
+        """``mode``: gymnasium's ``vectorization_mode`` (None: the env's native vector env if it
+        has one, else ``sync``)."""
         self.size = size
-        mode = "vector_entry_point" if _has_vector_entry_point(env_id) else "sync"
+        if mode is None:
+            mode = "vector_entry_point" if _has_vector_entry_point(env_id) else "sync"
+        same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         self.vec = gym.make_vec(
             env_id,
             num_envs=size,
             vectorization_mode=mode,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            vector_kwargs=same_step if mode != "vector_entry_point" else None,
             **kwargs,
         )
+        self.next_step_reset = (
+            self.vec.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+            == gym.vector.AutoresetMode.NEXT_STEP
+        )
+        self._pending = np.zeros(size, bool)  # NEXT_STEP: envs their next step resets
         self._single_space = self.vec.single_observation_space
         flat = spaces.flatten_space(self._single_space)
         self.observation_space = spaces.Dict(
@@ -127,10 +144,13 @@ class VectorEnvs(EnvGroup):
 
     def reset(self, i: int, seed: int | None = None) -> Obs:
         """The first call resets every env (seeds ``seed + j``); later calls return the env's
-        current observation: a vector env resets its envs itself when they finish."""
+        current observation: a vector env resets its envs itself when they finish (for one that
+        resets at the next step, this is its last observation, acted on in vain)."""
         if self._obs is None:
             first = self._seed if seed is None else seed
-            self._obs, _ = self.vec.reset(seed=[first + j for j in range(self.size)])
+            # gymnasium's vector wrappers take a seed per env; a native vector env one seed
+            seeds = first if self.next_step_reset else [first + j for j in range(self.size)]
+            self._obs, _ = self.vec.reset(seed=seeds)
         return self._row(self._obs, i)
 
     def _actions(self, actions: list[Any]) -> np.ndarray:
@@ -144,11 +164,14 @@ class VectorEnvs(EnvGroup):
         obs, rewards, terms, truncs, infos = self.vec.step(self._actions(actions))
         self._obs = obs
         done = np.logical_or(terms, truncs)
-        final = infos.get("final_obs") if done.any() else None
+        final = infos.get("final_obs") if done.any() and not self.next_step_reset else None
+        restarted, self._pending = self._pending, done & self.next_step_reset
         out = []
         for i in range(self.size):
             info = {k: v[i] for k, v in infos.items() if not k.startswith(("_", "final_"))}
-            if done[i] and final is not None:
+            if restarted[i]:
+                out.append(Stepped(self._row(obs, i), 0.0, False, False, {}, restarted=True))
+            elif done[i] and final is not None:
                 last = {
                     "state": np.asarray(spaces.flatten(self._single_space, final[i]), np.float32)
                 }

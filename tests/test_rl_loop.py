@@ -240,3 +240,29 @@ def test_periodic_evaluation_runs_beside_training_on_held_out_episodes(tmp_path,
     assert [e["version"] for e in summary["evaluations"]] == versions
     assert (run_dir / "learning_curve.png").stat().st_size > 0
     assert_no_chunk_lost(registry, c)
+
+
+@pytest.mark.parametrize(
+    ("mode", "per_request", "vectorized"),
+    [("async", 4, False), ("async", 4, True), ("sync", 2, False)],
+)
+def test_env_groups_keep_episodes_returns_and_accounting_exact(
+    tmp_path, redis_url, mode: str, per_request: int, vectorized: bool
+) -> None:
+    """``env.envs_per_request`` (and ``env.vectorized``): one request per group and step, yet
+    every episode is whole (CartPole pays 1 per step, so each return equals its length) and
+    every chunk is accounted for."""
+    name = f"cp_groups_{mode}_{per_request}_{int(vectorized)}"
+    cfg = cartpole_config(name, redis_url, mode)
+    cfg["env"].update(num_envs_per_worker=4, envs_per_request=per_request, vectorized=vectorized)
+    cfg["run"]["stop"] = {"max_env_steps": 6000, "max_wall_s": 150}
+    run_to_end(tmp_path, cfg)
+    registry = Registry(redis_url, name)
+    c = registry.counters()
+    episodes = registry.series("episodes")
+    assert len(episodes) == c["episodes"] >= 20
+    assert all(e["return"] == e["length"] for e in episodes), episodes[:5]
+    assert c.get("bad_chunks", 0) == 0 and c["updates"] >= 2
+    # one request per group and step (plus bootstrap values at time limits)
+    assert c["action_requests"] >= c["env_steps"]
+    assert_no_chunk_lost(registry, c)
