@@ -71,7 +71,6 @@ GAUGES: dict[str, str] = {
     "staleness": "trainer: versions the last accepted chunk lagged behind the trainer",
     "samples_per_s": "trainer: samples trained per second over the last 20 s",
     "policy_loss": "trainer: the last update's policy loss",
-    "updates": "trainer: updates so far",
     "steps": "SFT trainer: steps so far",
     "loss": "SFT trainer: the last step's loss",
     "tokens_per_s": "SFT trainer: packed tokens per second over the last 20 s",

@@ -159,26 +159,53 @@ class RunHistory:
                 return role["stats"]
         return None
 
-    def role_rate(self, key: str, stat: str, now: dict[str, Any] | None = None) -> float:
-        """Per second increase of one of a role's own counters (0 across its restart)."""
-        now = now or self.latest
+    def _role(self, snap: dict[str, Any], key: str) -> dict[str, Any] | None:
+        for role in snap["roles"]:
+            if role_key(role) == key:
+                return role
+        return None
+
+    def _role_window(
+        self, key: str, now: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], float] | None:
+        """(stats now, stats at the window's start, seconds between) for one role instance. A
+        role restarted within the window counts from the first snapshot of its new process
+        (its own counters start again from zero); a LOST role has none."""
         base = self._base(now, self.window_s)
-        if base is None:
+        role = self._role(now, key)
+        if base is None or role is None or not role["alive"]:
+            return None
+        start = None
+        for snap in self.snaps:
+            if snap["time"] < base["time"] or snap is now:
+                continue
+            earlier = self._role(snap, key)
+            if earlier is not None and earlier["pid"] == role["pid"]:
+                start = snap if start is None else start
+            else:
+                start = None  # another process: the window restarts after it
+        if start is None or start is now:
+            return None
+        first = self._role(start, key)
+        assert first is not None
+        return role["stats"], first["stats"], now["time"] - start["time"]
+
+    def role_rate(self, key: str, stat: str, now: dict[str, Any] | None = None) -> float:
+        """Per second increase of one of a role's own counters over the window (since its
+        restart when it restarted within it); 0 for a LOST role."""
+        window = self._role_window(key, now or self.latest)
+        if window is None:
             return 0.0
-        new, old = self._role_stats(now, key), self._role_stats(base, key)
-        if new is None or old is None:
-            return 0.0
-        dt = now["time"] - base["time"]
+        new, old, dt = window
         delta = new.get(stat, 0.0) - old.get(stat, 0.0)
         return delta / dt if dt > 0 and delta >= 0 else 0.0
 
     def role_ratio(self, key: str, num: str, den: str) -> float | None:
         """Increase of ``num`` over increase of ``den`` in the window (None if ``den`` stood)."""
-        base = self._base(self.latest, self.window_s)
-        new = self._role_stats(self.latest, key)
-        old = self._role_stats(base, key) if base is not None else None
-        if new is None or old is None:
+        window = self._role_window(key, self.latest)
+        if window is None:
             return None
+        new, old, _ = window
         d_den = new.get(den, 0.0) - old.get(den, 0.0)
         d_num = new.get(num, 0.0) - old.get(num, 0.0)
         return d_num / d_den if d_den > 0 and d_num >= 0 else None
@@ -191,7 +218,7 @@ class RunHistory:
         for role in snap["roles"]:
             key = role_key(role)
             counter, unit = ROLE_RATE.get(role["role"], ("", ""))
-            rate = self.role_rate(key, counter) if counter else None
+            rate = self.role_rate(key, counter) if counter and role["alive"] else None
             spark = (
                 sparkline(
                     self._history(
@@ -230,9 +257,11 @@ class RunHistory:
         elif kind in ("rollout_server", "eval_rollout_server"):
             if "batch_fill" in stats:
                 parts.append(f"fill {stats['batch_fill']:.0%}")
+            if "queue_wait_ms" in stats:
+                parts.append(f"wait {stats['queue_wait_ms']:.1f}ms")
             if "policy_version" in stats:
                 version = int(stats["policy_version"])
-                lag = "" if trainer_version is None else f" lag {trainer_version - version}"
+                lag = "" if trainer_version is None else f" lag {max(0, trainer_version - version)}"
                 parts.append(f"v{version}{lag}")
         elif kind == "trainer":
             updates = self.role_rate(key, "updates")
@@ -256,32 +285,40 @@ class RunHistory:
     # --- run-wide derived figures ------------------------------------------------------------
     def staleness_shares(self) -> list[tuple[str, float]]:
         """Share of the samples trained in the window by how many versions they lagged
-        (over the whole run while the window trained none)."""
+        (empty when the window trained none)."""
         counts = [(label, self.delta(c)) for label, c in STALENESS_BUCKETS]
         total = sum(n for _, n in counts)
-        if total == 0:
-            counters = self.latest["counters"]
-            counts = [(label, counters.get(c, 0)) for label, c in STALENESS_BUCKETS]
-            total = sum(n for _, n in counts)
         return [(label, n / total) for label, n in counts] if total else []
 
-    def drop_shares(self) -> dict[str, float]:
-        """Shares of the chunks produced so far that were dropped as too stale or refused."""
-        c = self.latest["counters"]
-        produced = c.get("chunks_produced", 0)
-        if not produced:
-            return {}
-        refused = c.get("bad_chunks", 0)
+    def drop_shares(self) -> dict[str, float] | None:
+        """Of the samples the trainers took in the window (trained or dropped), the share
+        dropped, and the chunks dropped as too stale (or for their group) and refused by the
+        chunk checks. None when the window saw none."""
+        consumed, dropped = self.delta("samples_consumed"), self.delta("samples_dropped")
+        if consumed + dropped == 0:
+            return None
+        refused = self.delta("bad_chunks")
         return {
-            "stale": max(0, c.get("chunks_dropped", 0) - refused) / produced,
-            "refused": refused / produced,
+            "samples": dropped / (consumed + dropped),
+            "stale_chunks": max(0, self.delta("chunks_dropped") - refused),
+            "refused_chunks": refused,
         }
+
+    def stopping(self) -> bool:
+        """Whether the run is ending: a stop was asked for, or its roles are stopping."""
+        snap = self.latest
+        return bool(snap.get("stop_reason")) or any(
+            r["status"] in ("stopping", "done") for r in snap["roles"]
+        )
 
     def health(self, figures: list[RoleFigures]) -> tuple[bool, str]:
         """(healthy, what is wrong): a LOST, STALLED or failed role, or a run that stands."""
         bad = [f"{f.key} {f.status}" for f in figures if f.status in ("LOST", "STALLED", "error")]
         if bad:
-            return False, ", ".join(bad)
+            more = f" +{len(bad) - 2}" if len(bad) > 2 else ""
+            return False, ", ".join(bad[:2]) + more
+        if self.stopping():
+            return True, ""
         moving = self.rate("env_steps") > 0 or self.rate("sft_samples") > 0
         if len(self.snaps) >= 2 and self.latest["time"] - self.snaps[0]["time"] >= self.window_s:
             if not moving and not self.latest.get("stop_reason"):
@@ -293,11 +330,11 @@ class RunHistory:
         c = self.latest["counters"]
         queued = _max_stat(self.latest, "env_worker", "chunks_queued")
         limit = _max_stat(self.latest, "env_worker", "max_chunks_queued")
-        stale = self.drop_shares().get("stale", 0.0)
+        drops = self.drop_shares()
         if limit and queued is not None and queued >= 0.8 * limit:
             return f"trainer: {queued:.0f}/{limit:.0f} chunks queued, envs held back"
-        if stale > 0.1:
-            return f"trainer: {stale:.0%} of chunks dropped as too stale"
+        if drops is not None and drops["samples"] > 0.1:
+            return f"trainer: {drops['samples']:.0%} of samples dropped (too stale)"
         waits = [
             (
                 self.role_ratio(f.key, "action_wait_us", "action_requests"),
@@ -352,12 +389,16 @@ class RunHistory:
 
 
 def _trainer_version(snap: dict[str, Any]) -> int | None:
+    """The newest version the run has: the trainers' (their gauges lag by a heartbeat) or the
+    broadcast one, whichever is newer."""
     versions = [
         int(r["stats"]["policy_version"])
         for r in snap["roles"]
         if r["role"] == "trainer" and r["alive"] and "policy_version" in r["stats"]
     ]
-    return max(versions) if versions else None
+    if not versions:
+        return None
+    return max(*versions, int(snap["weight_version"]))
 
 
 def _max_stat(snap: dict[str, Any], role: str, stat: str) -> float | None:

@@ -29,7 +29,7 @@ def render(history: RunHistory, width: int = 80, height: int = 24) -> Group:
     snap = history.latest
     figures = history.roles(spark_points=8)
     healthy, problem = history.health(figures)
-    lines: list[Text] = [_header(snap, healthy, problem)]
+    lines: list[Text] = [_header(snap, healthy, problem, history.stopping())]
     lines.append(
         _rate_line("env steps", history, "env_steps", "/s")
         + _rate_line("  trained", history, "samples_consumed", "/s")
@@ -48,6 +48,9 @@ def render(history: RunHistory, width: int = 80, height: int = 24) -> Group:
     lines.append(_learning_line(history))
     lines.append(_evaluation_line(snap.get("evaluations") or []))
     lines.append(Text(f"bottleneck: {history.bottleneck(figures)}", style="cyan"))
+    for line in lines:  # one line each, whatever the figures: the role table keeps its room
+        line.no_wrap, line.overflow = True, "ellipsis"
+        line.truncate(width, overflow="ellipsis")
     room = max(3, height - _HEADER_LINES - 1)
     parts: list[Text | Table] = [*lines, _role_table(figures, room, width)]
     nodes = snap.get("nodes") or []
@@ -56,10 +59,10 @@ def render(history: RunHistory, width: int = 80, height: int = 24) -> Group:
     return Group(*parts)
 
 
-def _header(snap: dict, healthy: bool, problem: str) -> Text:
+def _header(snap: dict, healthy: bool, problem: str, history_stopping: bool) -> Text:
     text = Text(f"rlvla3 {snap['run_id']}  weights v{snap['weight_version']}  ", style="bold")
-    if snap.get("stop_reason"):
-        text.append(f"stopping: {snap['stop_reason']}", style="yellow")
+    if history_stopping:
+        text.append(f"stopping: {snap.get('stop_reason') or 'the run is ending'}", style="yellow")
     elif healthy:
         text.append("healthy", style="bold green")
     else:
@@ -109,10 +112,12 @@ def _staleness_line(history: RunHistory) -> Text:
     text = Text("staleness ")
     text.append(" ".join(f"{label}:{share:.0%}" for label, share in shares) or "-")
     drops = history.drop_shares()
-    if drops:
-        style = "red" if drops["stale"] + drops["refused"] > 0.02 else ""
+    if drops is not None:
+        style = "red" if drops["samples"] > 0.02 else ""
         text.append(
-            f"  dropped: stale {drops['stale']:.1%} refused {drops['refused']:.1%}", style=style
+            f"  dropped {drops['samples']:.1%}: {drops['stale_chunks']} stale, "
+            f"{drops['refused_chunks']} refused",
+            style=style,
         )
     return text
 

@@ -10,7 +10,10 @@ format of the standard client library (``prometheus_client``):
 - ``rlvla3_role_up``, ``rlvla3_role_stalled``, ``rlvla3_role_process_restarts_total`` per
   role instance;
 - ``rlvla3_weight_version``, ``rlvla3_chunks_in_flight`` and ``rlvla3_run_up{run}`` (0 once the
-  run's Redis is gone).
+  run's Redis is gone);
+- whether it learns: ``rlvla3_mean_return`` and ``rlvla3_success_rate`` of the last 20 training
+  episodes, ``rlvla3_eval_success_rate``, ``rlvla3_eval_mean_return`` and
+  ``rlvla3_eval_version`` of the newest periodic evaluation.
 
 It binds loopback unless told otherwise: the figures are the run's, not the world's.
 """
@@ -82,6 +85,7 @@ class RunCollector:
         )
         in_flight.add_metric([run], snap["chunks_in_flight"])
         yield in_flight
+        yield from _learning(run, snap)
 
     def _role_metrics(self, run: str, roles: list[dict[str, Any]]) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -126,6 +130,44 @@ class RunCollector:
         yield restarts
         yield from (g for g in gauges.values() if g.samples)
         yield from (c for c in counters.values() if c.samples)
+
+
+def _learning(run: str, snap: dict[str, Any]) -> Iterator[Metric]:
+    """Whether the run learns: the recent training episodes and the newest evaluation."""
+    recent = snap.get("recent_episodes") or []
+    figures: list[tuple[str, str, float | None]] = [
+        (
+            "mean_return",
+            "mean return of the last 20 training episodes",
+            snap["mean_return_last_20"],
+        ),
+    ]
+    last = recent[-20:]
+    if last and all("success" in e for e in last):
+        rate = sum(bool(e["success"]) for e in last) / len(last)
+        figures.append(("success_rate", "success rate of the last 20 training episodes", rate))
+    evaluations = snap.get("evaluations") or []
+    if evaluations:
+        e = evaluations[-1]
+        figures.append(
+            ("eval_version", "the weight version last evaluated (run.eval)", e["version"])
+        )
+        figures.append(
+            ("eval_mean_return", "its mean return on the held-out episodes", e["mean_return"])
+        )
+        if "success_rate" in e:
+            figures.append(
+                (
+                    "eval_success_rate",
+                    "its greedy success rate on the held-out episodes",
+                    e["success_rate"],
+                )
+            )
+    for name, doc, value in figures:
+        if value is not None:
+            family = GaugeMetricFamily(f"rlvla3_{name}", doc, labels=["run"])
+            family.add_metric([run], float(value))
+            yield family
 
 
 def serve(registry: Registry, port: int, host: str = "127.0.0.1") -> tuple[Any, int]:

@@ -80,7 +80,8 @@ class EnvWorker(Role):
         for runner in self.runners:
             runner.thread.start()
         self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
-        self.gauge("max_chunks_queued", self.settings.max_chunks_queued if self.trains else 0)
+        limit = self.trains and not sync and self.settings.max_chunks_queued
+        self.gauge("max_chunks_queued", self.settings.max_chunks_queued if limit else 0)
         self.gauge("envs", num_envs)
 
     def step(self) -> None:
@@ -89,8 +90,8 @@ class EnvWorker(Role):
             return
         if sync:
             self._watch_version()
-        if self.settings.max_chunks_queued and self.trains and not sync:
-            self._watch_trainer_backlog()
+        if self.trains:
+            self._watch_trainer_backlog(limit=not sync and self.settings.max_chunks_queued > 0)
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
             self.servers = self.registry.endpoints(self.server_role, "requests") or self.servers
             if self.trains:
@@ -113,16 +114,19 @@ class EnvWorker(Role):
                 self.latest_version = version
                 self.version_seen.notify_all()
 
-    def _watch_trainer_backlog(self) -> None:
-        """Back-pressure: let envs produce only while few chunks wait for the trainer."""
+    def _watch_trainer_backlog(self, limit: bool) -> None:
+        """Publish how many chunks wait for the trainers; with ``limit`` (back-pressure), let
+        envs produce only while few do."""
         queued = self.registry.chunk_backlog()
+        self.gauge("chunks_queued", queued)
+        if not limit:
+            return
         if queued > self.settings.max_chunks_queued:
             if self.may_produce.is_set():
                 self.may_produce.clear()
                 self.count("backpressure_pauses")
         else:
             self.may_produce.set()
-        self.gauge("chunks_queued", queued)
 
     def wait_for_credit(self) -> None:
         """Block while too many chunks wait for the trainer (see ``max_chunks_queued``)."""

@@ -305,7 +305,6 @@ class Trainer(TrainingRole):
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         self.metrics.log(self.updates, metrics)
-        self.gauge("updates", self.updates)
         self.gauge("samples_per_s", self.sample_rate.rate())
         self.gauge("policy_loss", metrics.get("policy_loss", 0.0))
 

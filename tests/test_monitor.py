@@ -93,11 +93,18 @@ def test_rates_come_from_the_window_and_a_restart_is_never_negative() -> None:
     figures = {f.key: f for f in history.roles()}
     assert figures["rollout_server/0"].detail == "v5 lag 2"  # the trainer is at v7
     assert "action 2.0ms" in figures["env_worker/0"].detail
-    # the worker restarted: its own counters start again from zero
-    history.add(_snap(10.0, 6000, _workers(1000, 0, 1000)))
-    assert history.role_rate("env_worker/0", "env_steps") == 0.0
+    # the worker restarted (a new pid): its own counters start again from zero, and its rate
+    # counts from its new process's first snapshot, never across the restart
+    restarted = _workers(1000, 0, 1000)
+    restarted[0]["pid"] = 999
+    history.add(_snap(10.0, 6000, restarted))
+    assert history.role_rate("env_worker/0", "env_steps") == 0.0  # one snapshot of it so far
     assert history.rate("env_steps") == pytest.approx(200.0)
-    history.add(_snap(15.0, 6000, _workers(1000, 0, 1000)))
+    later = _workers(4000, 0, 4000)
+    later[0]["pid"] = 999
+    history.add(_snap(12.0, 9000, later))
+    assert history.role_rate("env_worker/0", "env_steps") == pytest.approx(1500.0)
+    history.add(_snap(17.0, 9000, later))
     assert history.rate("env_steps") == 0.0  # a run that stopped moving shows 0/s at once
     healthy, problem = history.health(history.roles())
     assert not healthy and "no env steps" in problem
@@ -111,21 +118,38 @@ def test_health_staleness_drops_and_the_bottleneck() -> None:
         "bad_chunks": 2,
         "trained_staleness_0": 0,
         "trained_staleness_1": 0,
+        "samples_consumed": 0,
+        "samples_dropped": 0,
     }
     history.add(_snap(0.0, 0, _workers(0, 0, 0), **counters))
-    counters.update(trained_staleness_0=300, trained_staleness_1=100)
+    counters.update(
+        trained_staleness_0=300,
+        trained_staleness_1=100,
+        samples_consumed=400,
+        samples_dropped=100,
+        chunks_dropped=17,
+        bad_chunks=3,
+    )
     roles = _workers(100, 100, 100)
     roles[1] = _role("rollout_server", 0, {"requests_served": 100}, alive=False)
     history.add(_snap(1.0, 100, roles, **counters))
     assert history.staleness_shares() == [("0", 0.75), ("1", 0.25), ("2", 0.0), ("3+", 0.0)]
-    assert history.drop_shares() == {"stale": 0.10, "refused": 0.02}
+    # in the window: 100 of 500 samples dropped, 4 chunks too stale and 1 refused
+    assert history.drop_shares() == {"samples": 0.2, "stale_chunks": 4, "refused_chunks": 1}
     healthy, problem = history.health(history.roles())
     assert not healthy and problem == "rollout_server/0 LOST"
+    lost = {f.key: f for f in history.roles()}["rollout_server/0"]
+    assert lost.rate is None  # a LOST role shows no rate, not its last one
     assert history.bottleneck(history.roles()).startswith("trainer: 30/32 chunks queued")
+    stopping = [dict(r, status="stopping", alive=True) for r in roles]
+    history.add(_snap(5.0, 100, stopping, **counters))
+    assert history.health(history.roles()) == (True, "")  # no alarm while the run ends
 
 
 def test_the_screen_fits_80x24_even_with_many_roles() -> None:
-    roles = _workers(0, 0, 0) + [_role("env_worker", i, {"env_steps": 0.0}) for i in range(1, 40)]
+    roles = _workers(0, 0, 0) + [
+        _role("env_worker", i, {"env_steps": 0.0}, alive=i > 11) for i in range(1, 40)
+    ]  # 11 LOST roles: the header says so in one line
     history = RunHistory(window_s=1.0)
     history.add(_snap(0.0, 0, roles))
     history.add(_snap(1.0, 100, roles))
@@ -135,6 +159,7 @@ def test_the_screen_fits_80x24_even_with_many_roles() -> None:
     assert len(lines) <= 24 and max(len(line) for line in lines) <= 80, "\n".join(lines)
     text = "\n".join(lines)
     assert "more" in text and "env steps 100/s" in text and "v5 50%" in text
+    assert "UNHEALTHY: env_worker/1 LOST, env_worker/2 LOST +9\n" in text
     assert "µs" not in text and "_us" not in text  # derived figures only
     assert sparkline([0, 1, 2, 4], 4) == "▁▃▅█"
 
@@ -172,9 +197,22 @@ def test_prometheus_exporter_serves_every_counter_and_role_gauge(redis_url) -> N
     registry.clear_run()
 
 
+def test_the_exporter_says_the_run_is_down_once_its_redis_is_gone(tmp_path) -> None:
+    registry = Registry(f"unix://{tmp_path}/no-such.sock", "gone")
+    server, port = serve(registry, 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+            families = list(text_string_to_metric_families(reply.read().decode()))
+    finally:
+        server.shutdown()
+    assert [(f.name, f.samples[0].value) for f in families] == [("rlvla3_run_up", 0.0)]
+
+
 def test_the_grafana_dashboard_asks_only_for_served_metrics() -> None:
     dashboard = json.loads(Path("docs/grafana/rlvla3.json").read_text())
     served = {"rlvla3_run_up", "rlvla3_weight_version", "rlvla3_chunks_in_flight"}
+    served |= {f"rlvla3_{n}" for n in ("mean_return", "success_rate", "eval_version")}
+    served |= {"rlvla3_eval_mean_return", "rlvla3_eval_success_rate"}
     served |= {f"rlvla3_{metric_name(n)[0]}_total" for n in COUNTERS}
     served |= {f"rlvla3_role_{metric_name(n)[0]}" for n in GAUGES}
     served |= {f"rlvla3_role_{metric_name(n)[0]}_total" for n in COUNTERS}
@@ -237,17 +275,18 @@ def test_the_tui_in_a_terminal_shows_a_frozen_server_and_rates_falling_to_zero(
             return None
 
         wait_until(lambda: "healthy" in screen() and (rate_shown() or 0) > 0, 30, "a live rate")
-        assert all(len(line) <= 80 for line in screen().splitlines())
+        assert "weight_broadcaster/0" in screen()  # the whole role table fits in 24 lines
         frozen = next(r.pid for r in registry.roles() if r.role == "rollout_server")
         os.kill(frozen, signal.SIGSTOP)
+
+        def server_row() -> str:
+            rows = [line for line in screen().splitlines() if line.startswith("rollout_server/0")]
+            return rows[0] if rows else ""
+
         wait_until(
-            lambda: (
-                "rollout_server/0" in screen()
-                and ("LOST" in screen() or "STALLED" in screen())
-                and rate_shown() == 0
-            ),
+            lambda: ("LOST" in server_row() or "STALLED" in server_row()) and rate_shown() == 0,
             30,
-            f"LOST/STALLED and 0 env steps/s on screen:\n{screen()}",
+            "the frozen server's row to say LOST or STALLED, and 0 env steps/s",
         )
         assert "UNHEALTHY" in screen()
     finally:
