@@ -440,9 +440,22 @@ def _validate(cfg: Config) -> None:
         _validate_grpo(cfg)
     _validate_eval(cfg)
     _validate_env_groups(cfg)
+    _validate_weight_path(cfg)
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
+        )
+
+
+def _validate_weight_path(cfg: Config) -> None:
+    def count(role: str) -> int:
+        return cfg.roles[role].count if role in cfg.roles else 0
+
+    trainers = count("trainer") + count("sft_trainer")
+    if trainers and count("rollout_server") and not count("weight_broadcaster"):
+        raise ConfigError(
+            "roles.weight_broadcaster: a trainer's weights reach the rollout servers through "
+            "a weight broadcaster (a run without trainers serves policy.init_checkpoint)"
         )
 
 

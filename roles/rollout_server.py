@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rlvla3.algo.chunk_check import obs_problem
+from rlvla3.checkpoints import load_checkpoint
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, Role, main
@@ -67,10 +68,29 @@ class RolloutServer(Role):
         self.rng = np.random.default_rng([self.cfg.run.seed, self.index])  # act_numpy's sampling
         self.greedy, self.next_eval_check = False, 0.0
         self.link_generation = 0
+        broadcaster = self.cfg.roles.get("weight_broadcaster")
+        if broadcaster is None or broadcaster.count == 0:
+            self._serve_initial_weights()
+            return
         threading.Thread(target=self._receive_weights, name="weights", daemon=True).start()
         while not self.weights_ready.wait(0.1):  # serve nothing before the trainer's weights
             if self.stop_event.is_set():
                 raise InterruptedError
+
+    def _serve_initial_weights(self) -> None:
+        """A run without a weight broadcaster (inference only: evaluating a checkpoint, or
+        measuring throughput) serves ``policy.init_checkpoint``'s weights, else the policy as
+        initialised, as version 0."""
+        path = self.cfg.policy.init_checkpoint
+        if path:
+            state = load_checkpoint(path, self.device)["model"]
+            self.active.load_state_dict(state)
+            self.log.info("inference only: serving the weights of %s", path)
+        else:
+            self.log.info("inference only: serving the initial (untrained) policy")
+        self.version = 0
+        self.gauge("policy_version", 0)
+        self.weights_ready.set()
 
     def _requests_per_round(self) -> int:
         """Requests of one sync-mode step: one per env group (``env.envs_per_request``)."""

@@ -59,6 +59,16 @@ MESSAGES = {
         value=floats,
         policy_version=ints,
     ),
+    m.ObsBatchRequest: st.builds(m.ObsBatchRequest, env_key=st.text(), request_id=ints, obs=obs),
+    m.ActionBatchReply: st.builds(
+        m.ActionBatchReply,
+        request_id=ints,
+        actions=arrays,
+        env_actions=st.none() | arrays,
+        log_probs=arrays,
+        values=arrays,
+        policy_version=ints,
+    ),
     m.TrajectoryChunk: st.builds(
         m.TrajectoryChunk,
         worker_index=ints,
