@@ -248,6 +248,8 @@ class AlgoConfig:
     """Checkpoint after this many updates (and at exit)."""
     value_warmup_updates: int = bounded(0, ge=0)
     """First updates that train the critic only (after a warm start)."""
+    init_log_std: float | None = bounded(None, ge=-10, le=2)
+    """A Gaussian policy starts RL with this log-std instead of its warm start's (behaviour cloning fits the std to the demos' spread, too wide to exploit; null: as loaded)."""
     ref_kl_coef: float = bounded(0.0, ge=0)
     """Weight of KL(policy || the ``init_checkpoint`` policy) in the loss (0: off)."""
 

@@ -128,11 +128,15 @@ class EnvWorker(Role):
         else:
             self.may_produce.set()
 
-    def wait_for_credit(self) -> None:
-        """Block while too many chunks wait for the trainer (see ``max_chunks_queued``)."""
+    def wait_for_credit(self) -> bool:
+        """Block while too many chunks wait for the trainer (see ``max_chunks_queued``); return
+        whether it did."""
+        if self.may_produce.is_set():
+            return False
         while not self.may_produce.wait(0.1):
             if self.stop_event.is_set():
                 raise InterruptedError
+        return True
 
     def wait_for_version_after(self, version: int) -> bool:
         """Sync mode: block until a weight version newer than ``version`` is published."""
@@ -392,6 +396,13 @@ class EnvRunner:
                 round_over = w.barrier is not None and round_steps >= chunk_len
                 if len(slot.steps) >= chunk_len or round_over:
                     self._push(slot, act.value)
+            if w.wait_for_credit():
+                # Paused by back-pressure: the actions asked for before the pause came from
+                # weights that have aged since; act on fresh ones, or the next chunks start stale.
+                acts = self._request([slot.obs for slot in slots])
+                for slot, act in zip(slots, acts, strict=True):
+                    if slot.episode_len == 0:
+                        slot.versions = (act.version, act.version)
             if w.barrier is not None and round_steps >= chunk_len:
                 round_steps = 0
                 acts = self._next_round([slot.obs for slot in slots], acts[0].version)
@@ -561,7 +572,6 @@ class EnvRunner:
         self.worker.count("chunks_produced")
         self.worker.ledger_high(pushed_field(slot.producer), slot.chunk_id)
         slot.chunk_id += 1
-        self.worker.wait_for_credit()
 
 
 if __name__ == "__main__":

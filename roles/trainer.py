@@ -37,6 +37,7 @@ from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.role import RateMeter, main
 from rlvla3.training_role import TrainingRole
+from rlvla3.typed_load import ConfigError
 from transport import sockets
 from transport.messages import TrajectoryChunk
 
@@ -171,7 +172,12 @@ class Trainer(TrainingRole):
                     int(chunk.policy_versions.max()),
                     self.version,
                 )
-            self.count("chunks_dropped")
+            self.drop(
+                "chunks_dropped",
+                f"dropped chunk {chunk.chunk_id} of {chunk.producer}: {staleness} versions behind "
+                f"the trainer's v{self.version} (algo.max_staleness {self.cfg.algo.max_staleness}"
+                f"{', and this mode trains the current version only' if on_policy_only else ''})",
+            )
             self.count("samples_dropped", len(chunk.rewards))
             return
         self.ledger_add(buffered_field(self.me), 1)
@@ -336,6 +342,7 @@ class Trainer(TrainingRole):
             if init is not None:  # e.g. RL continuing from an SFT run
                 self.policy.load_state_dict(init)
                 self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
+            self._set_initial_log_std()
             return
         self.updates = resumed.updates
         self.samples_trained = int(resumed.extra.get("samples_trained", 0))
@@ -343,6 +350,19 @@ class Trainer(TrainingRole):
         self.log.info(
             "resumed from %s (update %d, version %d)", resumed.path.name, self.updates, self.version
         )
+
+    def _set_initial_log_std(self) -> None:
+        """``algo.init_log_std``: RL explores with this Gaussian log-std, not the warm start's
+        (behaviour cloning fits the std to the demos' spread, too wide to exploit)."""
+        value = self.cfg.algo.init_log_std
+        log_std = getattr(self.policy, "log_std", None)
+        if value is None:
+            return
+        if not isinstance(log_std, torch.nn.Parameter):
+            raise ConfigError("algo.init_log_std: the policy has no Gaussian head (log_std)")
+        with torch.no_grad():
+            log_std.fill_(value)
+        self.log.info("exploring with log-std %.2f (algo.init_log_std)", value)
 
     def shutdown(self) -> None:
         self._drain()
