@@ -16,7 +16,7 @@ import redis
 
 from rlvla3 import keys
 
-_MAX_LIST_POINTS = 10_000
+_MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -391,7 +391,7 @@ class Registry:
 
     def append(self, series: str, points: Iterable[dict[str, Any]]) -> None:
         """Append JSON points to ``metrics``, ``episodes`` or ``evaluations`` (kept to the newest
-        10,000)."""
+        200,000)."""
         key = _SERIES[series](self.run_id)
         encoded = [json.dumps(p) for p in points]
         if encoded:

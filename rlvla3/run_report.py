@@ -280,6 +280,7 @@ def plot_learning_curve(
     import matplotlib.pyplot as plt
 
     evaluations = evaluations or []
+    window = max(window, len(episodes) // 200)  # a long run's curve stays readable
     xs = [e.get("env_steps", i) for i, e in enumerate(episodes)]
     ys = [e["return"] for e in episodes]
     has_success = any("success" in e for e in episodes)
