@@ -136,7 +136,11 @@ def server_config(name: str, redis_url: str, count: int, hidden: tuple, settings
     """The run config the rollout servers load (CartPole spaces, an MLP of ``hidden`` sizes)."""
     return {
         "run": {"name": name, "mode": "async", "redis_url": redis_url},
-        "roles": {"rollout_server": {"count": count, "settings": settings}},
+        # (this process plays the weight broadcaster: the servers link to it for their weights)
+        "roles": {
+            "rollout_server": {"count": count, "settings": settings},
+            "weight_broadcaster": {"count": 1},
+        },
         "env": {"id": "CartPole-v1"},
         "policy": {"kind": "mlp", "hidden_sizes": list(hidden)},
     }
