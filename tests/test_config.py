@@ -98,6 +98,7 @@ def test_yaml_anchors_merge_keys_and_aliases_are_copies(tmp_path) -> None:
         "  env_worker: &worker {count: 2, restart: {max_restarts: 5}}\n"
         "  trainer:\n    <<: *worker\n    count: 1\n"
         "  rollout_server: *worker\n"
+        "  weight_broadcaster: {count: 1}\n"
     )
     cfg = load_config(path, ["roles.env_worker.restart.max_restarts=9"])
     assert cfg.roles["trainer"].count == 1 and cfg.roles["rollout_server"].count == 2
@@ -236,3 +237,19 @@ def test_launch_refuses_a_run_without_roles_or_with_a_missing_checkpoint(tmp_pat
             out=str(tmp_path / "run"),
         )
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["roles.weight_broadcaster.count=0"], "roles.weight_broadcaster: a trainer's weights"),
+        (["env.envs_per_request=3"], "env.envs_per_request: 3 does not divide"),
+        (["env.vectorized=true", "algo.kind=grpo"], "env.vectorized: a vector env resets"),
+        (["env.id=rlvla3/TableTop-v0", "env.vectorized=true"], "is not a gymnasium env"),
+    ],
+)
+def test_env_groups_and_the_weight_path_are_checked_at_load(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config("launch/cartpole.yaml", sets)
+    inference_only = ["roles.trainer.count=0", "roles.weight_broadcaster.count=0"]
+    assert load_config("launch/cartpole.yaml", inference_only).roles["trainer"].count == 0

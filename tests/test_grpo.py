@@ -12,7 +12,7 @@ import torch
 from rlvla3.algo.batch import build_grpo_batch
 from rlvla3.algo.grpo import GroupAssembler, group_advantages
 from rlvla3.config import AlgoConfig, ConfigError, config_from_dict
-from roles.env_worker import EnvRunner
+from roles.env_worker import EnvRunner, EnvSlot
 from transport.messages import TrajectoryChunk
 
 
@@ -108,22 +108,25 @@ def test_the_staleness_bound_applies_per_sample() -> None:
     assert stale is None and left_out == 3
 
 
-def _runner(cfg, env_index: int, worker_index: int = 0) -> EnvRunner:
+def _slot(cfg, env_index: int, worker_index: int = 0) -> tuple[EnvSlot, SimpleNamespace]:
     worker = SimpleNamespace(cfg=cfg, index=worker_index, incarnation="inc", trains=True)
-    return EnvRunner(worker, env_index)  # (its thread is never started)
+    runner = EnvRunner(worker, [env_index])  # (its thread is never started)
+    return runner.slots[0], worker
 
 
 def test_the_envs_of_a_group_start_each_episode_from_the_same_seed() -> None:
     cfg = config_from_dict(
         {"env": {"num_envs_per_worker": 4}, "algo": {"kind": "grpo", "group_size": 2}}
     )
-    first, second, other = _runner(cfg, 0), _runner(cfg, 1), _runner(cfg, 2)
-    seeds = [[r._next_group_seed() for _ in range(3)] for r in (first, second, other)]
+    slots = [_slot(cfg, i) for i in (0, 1, 2)]
+    seeds = [[slot.next_group_seed(worker) for _ in range(3)] for slot, worker in slots]
     assert seeds[0] == seeds[1]  # env 0 and 1: group 0, episode by episode
     assert len(set(seeds[0])) == 3  # each episode starts elsewhere
     assert not set(seeds[2]) & set(seeds[0])  # group 1 is another
+    first, second, other = (slot for slot, _ in slots)
     assert first.group == second.group == "0/0#inc:2" and other.group == "0/1#inc:2"
-    assert _runner(cfg, 0, worker_index=1)._next_group_seed() != seeds[0][0]
+    slot, worker = _slot(cfg, 0, worker_index=1)
+    assert slot.next_group_seed(worker) != seeds[0][0]
 
 
 @pytest.mark.parametrize(
