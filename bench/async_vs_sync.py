@@ -66,6 +66,7 @@ def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
         "env": {
             "id": args.env,
             "num_envs_per_worker": per_worker,
+            "envs_per_request": args.envs_per_request,
             "chunk_len": args.chunk_len,
             "kwargs": json.loads(args.env_kwargs),
             "straggler": {
@@ -164,6 +165,13 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--chunk-len", type=int, default=32)
+    parser.add_argument(
+        "--envs-per-request",
+        type=int,
+        default=1,
+        help="env.envs_per_request: a group's envs step one after another, so the no-wait "
+        "bound is num_envs / (envs_per_request x mean latency)",
+    )
     parser.add_argument("--env", default="CartPole-v1", help="any env id make_env accepts")
     parser.add_argument("--env-kwargs", default="{}", help='JSON, e.g. \'{"obs_mode": "state"}\'')
     parser.add_argument("--transport", default="tcp", choices=("tcp", "ipc"))
@@ -183,7 +191,7 @@ def main() -> None:
         args.duration_s, args.warmup_s, args.num_envs = 3.0, 2.0, 4
     if args.num_envs % args.num_workers:
         parser.error("--num-envs must be a multiple of --num-workers")
-    bound = args.num_envs / (args.latency_mean_ms / 1000)
+    bound = args.num_envs / (args.envs_per_request * args.latency_mean_ms / 1000)
     results: dict[str, dict] = {}
     with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-bench-") as tmp:
         for mode in args.modes:
@@ -191,7 +199,7 @@ def main() -> None:
             print(f"{mode:14s} {results[mode]['env_steps_per_s']:8.1f} env steps/s", flush=True)
     rates = {m: r["env_steps_per_s"] for m, r in results.items()}
     measured_bound = (
-        args.num_envs / (results["async"]["per_step_ms"]["env_step"] / 1000)
+        args.num_envs / (args.envs_per_request * results["async"]["per_step_ms"]["env_step"] / 1000)
         if "async" in results
         else None
     )
@@ -200,6 +208,7 @@ def main() -> None:
             "env": args.env,
             "num_envs": args.num_envs,
             "num_workers": args.num_workers,
+            "envs_per_request": args.envs_per_request,
             "latency_mean_ms": args.latency_mean_ms,
             "latency_sigma": args.latency_sigma,
             "duration_s": args.duration_s,
