@@ -30,7 +30,9 @@ class EvalRolloutServer(RolloutServer):
         self.rounds_started = 0
 
     def _maybe_swap(self) -> None:
-        if self.pending_version is None:
+        # (read once: the weights thread clears it while it receives a newer version)
+        pending = self.pending_version
+        if pending is None:
             return
         if self.rounds_started:  # a (re)started server takes its first weights at once
             now = time.monotonic()
@@ -38,10 +40,11 @@ class EvalRolloutServer(RolloutServer):
                 return
             self.next_round_check = now + _ROUND_CHECK_S
             round_, version, done = self.registry.eval_round()
-            if done < round_ or self.pending_version < version + self.cfg.run.eval.every_versions:
+            if done < round_ or pending < version + self.cfg.run.eval.every_versions:
                 return
+        before = self.version
         super()._maybe_swap()
-        if self.pending_version is None:  # swapped
+        if self.version != before:  # swapped
             round_ = self.registry.begin_eval_round(self.version)
             self.rounds_started += 1
             self.log.info("evaluation round %d: weights v%d", round_, self.version)

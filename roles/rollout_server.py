@@ -153,6 +153,8 @@ class RolloutServer(Role):
         if self.pending_version is None or not self.swap_lock.acquire(blocking=False):
             return
         try:
+            if self.pending_version is None:  # a receive failed in between: nothing complete
+                return
             self.active, self.standby = self.standby, self.active
             self.active_flat, self.standby_flat = self.standby_flat, self.active_flat
             self.version, self.pending_version = self.pending_version, None
