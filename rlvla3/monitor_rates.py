@@ -153,17 +153,15 @@ class RunHistory:
         return out
 
     # --- per role -----------------------------------------------------------------------------
-    def _role_stats(self, snap: dict[str, Any], key: str) -> dict[str, float] | None:
-        for role in snap["roles"]:
-            if role_key(role) == key:
-                return role["stats"]
-        return None
-
     def _role(self, snap: dict[str, Any], key: str) -> dict[str, Any] | None:
         for role in snap["roles"]:
             if role_key(role) == key:
                 return role
         return None
+
+    def _role_stats(self, snap: dict[str, Any], key: str) -> dict[str, float] | None:
+        role = self._role(snap, key)
+        return None if role is None else role["stats"]
 
     def _role_window(
         self, key: str, now: dict[str, Any]

@@ -288,34 +288,29 @@ def plot_learning_curve(
     ax = axes[0] if has_success else axes
     ax.plot(xs, ys, ".", alpha=0.3, label="episode return")
     ax.plot(xs, _moving_mean(ys, window), "-", label=f"mean of last {window}")
-    if evaluations:
-        ax.plot(
-            [e["env_steps"] for e in evaluations],
-            [e["mean_return"] for e in evaluations],
-            "o-",
-            label="evaluation (greedy, held-out)",
-        )
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    _finish_panel(ax, "return", evaluations, "mean_return")
     if has_success:
         ax = axes[1]
         wins = [float(bool(e.get("success"))) for e in episodes]
         ax.plot(xs, _moving_mean(wins, window), "-", label=f"training episodes, last {window}")
-        rated = [e for e in evaluations if "success_rate" in e]
-        if rated:
-            ax.plot(
-                [e["env_steps"] for e in rated],
-                [e["success_rate"] for e in rated],
-                "o-",
-                label="evaluation (greedy, held-out)",
-            )
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("success rate")
         ax.set_ylim(-0.02, 1.02)
-        ax.legend()
-        ax.grid(alpha=0.3)
+        _finish_panel(ax, "success rate", evaluations, "success_rate")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _finish_panel(ax: Any, ylabel: str, evaluations: list[dict[str, Any]], key: str) -> None:
+    """Add the periodic evaluations' ``key`` (where they have it), labels, legend and grid."""
+    rated = [e for e in evaluations if key in e]
+    if rated:
+        ax.plot(
+            [e["env_steps"] for e in rated],
+            [e[key] for e in rated],
+            "o-",
+            label="evaluation (greedy, held-out)",
+        )
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
