@@ -91,6 +91,10 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
         ctx.address,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # numpy's OpenBLAS starts a thread per core, and its threads spin between the small matrix
+    # products a role does (a rollout server's numpy policy path): on a 2-core machine that
+    # took a third of a core from the env workers. Roles size torch's threads themselves.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env.pop(run_secret.SECRET_ENV, None)  # a one-host run's roles must not switch CURVE on
     if ctx.secret is not None:

@@ -21,7 +21,8 @@ import numpy as np
 
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.role import main
-from roles.env_worker import EnvRunner, EnvWorker, _finite
+from roles.env_runner import EnvRunner, _finite
+from roles.env_worker import EnvWorker
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,32 @@ class Stepped:
     restarted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class VectorStep:
+    """A vector env's step as arrays, one row per env (``VectorEnvs.step_arrays``).
+
+    Attributes:
+        next_obs: ``[size, obs_dim]``: what each env acts on next (a finished env's next
+            episode's first observation when the vector env reset it in the same step; its last
+            one when it resets at the next step).
+        last_obs: ``[size, obs_dim]``: the observation each transition ended in (differs from
+            ``next_obs`` only in the rows of episodes that ended and were reset in this step).
+        rewards, terminated, truncated: ``[size]``; 0 and False in ``restarted`` rows.
+        restarted: ``[size]``: rows that were no step but their env's reset (``Stepped``).
+        success: ``[size]`` bool when the env reports ``info["success"]``, else None.
+        infos: the vector env's info dict, as it returned it.
+    """
+
+    next_obs: np.ndarray
+    last_obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    restarted: np.ndarray
+    success: np.ndarray | None
+    infos: dict[str, Any]
+
+
 class EnvGroup(abc.ABC):
     """``size`` envs stepped together."""
 
@@ -133,65 +159,94 @@ class VectorEnvs(EnvGroup):
         self._seed = seed
         self._obs: np.ndarray | None = None
 
-    def _row(self, batch: Any, i: int) -> Obs:
+    def _flat(self, batch: Any) -> np.ndarray:
+        """A batch of observations as float32 ``[size, obs_dim]`` rows, flattened as the single
+        adapter flattens one."""
         if isinstance(self._single_space, spaces.Box):
-            row = np.asarray(batch[i], np.float32).reshape(-1)
-        else:  # a structured space: unbatch it, then flatten as the single adapter does
-            row = spaces.flatten(
-                self._single_space, list(spaces.iterate(self.vec.observation_space, batch))[i]
-            )
-        return {"state": np.asarray(row, np.float32)}
+            return np.asarray(batch, np.float32).reshape(self.size, -1)
+        # a structured space: unbatch it, then flatten each env's part
+        parts = spaces.iterate(self.vec.observation_space, batch)
+        return np.stack([spaces.flatten(self._single_space, part) for part in parts]).astype(
+            np.float32
+        )
+
+    def reset_all(self, seed: int | None = None) -> np.ndarray:
+        """Reset every env (seeds ``seed + j``; default the constructor's) and return their first
+        observations, ``[size, obs_dim]``."""
+        first = self._seed if seed is None else seed
+        # gymnasium's vector wrappers take a seed per env; a native vector env one seed
+        seeds = first if self.next_step_reset else [first + j for j in range(self.size)]
+        obs, _ = self.vec.reset(seed=seeds)
+        self._obs = self._flat(obs)
+        self._pending[:] = False
+        return self._obs
 
     def reset(self, i: int, seed: int | None = None) -> Obs:
         """The first call resets every env (seeds ``seed + j``); later calls return the env's
         current observation: a vector env resets its envs itself when they finish (for one that
         resets at the next step, this is its last observation, acted on in vain)."""
         if self._obs is None:
-            first = self._seed if seed is None else seed
-            # gymnasium's vector wrappers take a seed per env; a native vector env one seed
-            seeds = first if self.next_step_reset else [first + j for j in range(self.size)]
-            self._obs, _ = self.vec.reset(seed=seeds)
-        return self._row(self._obs, i)
+            self.reset_all(seed)
+        return {"state": self._obs[i]}
 
-    def _actions(self, actions: list[Any]) -> np.ndarray:
+    def _actions(self, actions: Any) -> np.ndarray:
         space = self.action_space
         if isinstance(space, spaces.Discrete):
-            return np.array([int(np.asarray(a).reshape(-1)[0]) for a in actions], np.int64)
+            return np.asarray(actions).reshape(self.size, -1)[:, 0].astype(np.int64)
         arr = np.asarray(actions, dtype=space.dtype).reshape(self.size, *space.shape)
         return np.clip(arr, space.low, space.high)
 
-    def step(self, actions: list[Any]) -> list[Stepped]:
+    def step_arrays(self, actions: Any) -> VectorStep:
+        """Step every env with its row of ``actions``; the whole group as arrays."""
         obs, rewards, terms, truncs, infos = self.vec.step(self._actions(actions))
-        self._obs = obs
-        done = np.logical_or(terms, truncs)
-        final = infos.get("final_obs") if done.any() and not self.next_step_reset else None
+        next_obs = self._flat(obs)
+        self._obs = next_obs
+        terminated = np.asarray(terms, bool)
+        truncated = np.asarray(truncs, bool)
+        done = terminated | truncated
         restarted, self._pending = self._pending, done & self.next_step_reset
-        out = []
+        last_obs = next_obs
+        if done.any() and not self.next_step_reset and "final_obs" in infos:
+            # SAME_STEP: ``obs`` already holds the next episodes' first observations; the
+            # finished episodes' last ones are in ``final_obs``
+            last_obs = next_obs.copy()
+            for i in np.flatnonzero(done):
+                last_obs[i] = spaces.flatten(self._single_space, infos["final_obs"][i])
+        success = infos.get("success")
+        return VectorStep(
+            next_obs=next_obs,
+            last_obs=last_obs,
+            rewards=np.where(restarted, 0.0, np.asarray(rewards, np.float64)),
+            terminated=terminated & ~restarted,
+            truncated=truncated & ~restarted,
+            restarted=restarted,
+            success=None if success is None else np.asarray(success, bool),
+            infos=infos,
+        )
+
+    def step(self, actions: list[Any]) -> list[Stepped]:
+        out = self.step_arrays(actions)
+        reset_here = not self.next_step_reset
+        stepped = []
         for i in range(self.size):
-            info = {k: v[i] for k, v in infos.items() if not k.startswith(("_", "final_"))}
-            if restarted[i]:
-                out.append(Stepped(self._row(obs, i), 0.0, False, False, {}, restarted=True))
-            elif done[i] and final is not None:
-                last = {
-                    "state": np.asarray(spaces.flatten(self._single_space, final[i]), np.float32)
-                }
-                out.append(
-                    Stepped(
-                        last,
-                        float(rewards[i]),
-                        bool(terms[i]),
-                        bool(truncs[i]),
-                        info,
-                        reset_obs=self._row(obs, i),
-                    )
+            if out.restarted[i]:
+                stepped.append(
+                    Stepped({"state": out.next_obs[i]}, 0.0, False, False, {}, restarted=True)
                 )
-            else:
-                out.append(
-                    Stepped(
-                        self._row(obs, i), float(rewards[i]), bool(terms[i]), bool(truncs[i]), info
-                    )
+                continue
+            info = {k: v[i] for k, v in out.infos.items() if not k.startswith(("_", "final_"))}
+            done = out.terminated[i] or out.truncated[i]
+            stepped.append(
+                Stepped(
+                    {"state": out.last_obs[i]},
+                    float(out.rewards[i]),
+                    bool(out.terminated[i]),
+                    bool(out.truncated[i]),
+                    info,
+                    reset_obs={"state": out.next_obs[i]} if done and reset_here else None,
                 )
-        return out
+            )
+        return stepped
 
     def close(self) -> None:
         self.vec.close()

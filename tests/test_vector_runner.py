@@ -1,0 +1,153 @@
+"""The array runner of vector env groups (``roles/vector_runner.py``) records exactly what the
+per-env runner records for the same vector env, actions and replies: the same chunks (every
+field, numbering and bootstrap value), the same episodes, the same requests."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlvla3.config import config_from_dict
+from rlvla3.role import RateMeter
+from roles.env_runner import EnvRunner
+from roles.vector_runner import VectorRunner
+from transport.messages import ActionBatchReply, ActionReply, TrajectoryChunk
+
+
+class _Host(SimpleNamespace):
+    """A stand-in env worker: records what its runner reports."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(
+            cfg=cfg,
+            settings=SimpleNamespace(request_timeout_s=5.0),
+            index=0,
+            incarnation="test",
+            log=logging.getLogger("test"),
+            stop_event=threading.Event(),
+            serves_training=True,
+            trains=True,
+            servers=[],
+            trainers=[],
+            barrier=None,
+            latest_version=0,
+            step_rate=RateMeter(),
+            counters={},
+            episodes=[],
+        )
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount
+
+    def drop(self, counter: str, reason: str) -> None:
+        self.count(counter)
+
+    def record_episode(self, ret: float, length: int, success: Any, versions: Any) -> None:
+        self.episodes.append((ret, length, success, versions))
+
+    def wait_for_credit(self) -> bool:
+        return False
+
+
+def _run(runner_class: type, steps: int, envs: int, episode_limit: int) -> _Host:
+    cfg = config_from_dict(
+        {
+            "env": {
+                "id": "CartPole-v1",
+                "num_envs_per_worker": envs,
+                "envs_per_request": envs,
+                "vectorized": True,
+                "chunk_len": 8,
+                "kwargs": {"max_episode_steps": episode_limit},
+            },
+            "roles": {"env_worker": {"count": 1}},
+        }
+    )
+    host = _Host(cfg)
+    runner = runner_class(host, list(range(envs)))
+    host.requests, host.chunks = [], []
+
+    def ask(obs: dict[str, np.ndarray], rows: int | None) -> Any:
+        """A deterministic policy that looks random (so episodes are short); log-prob, value and
+        the weight version follow from the observation and the request count."""
+        state = np.asarray(obs["state"]).reshape(-1, 4)
+        host.requests.append(len(state))
+        if len(host.requests) >= steps:
+            host.stop_event.set()
+        actions = (np.abs(state[:, 2]) * 1e4 % 2 > 1).astype(np.int64)
+        log_probs = (-np.abs(state[:, 0]) - 0.1).astype(np.float32)
+        values = state[:, 1].astype(np.float32)
+        version = len(host.requests) // 5
+        if rows is None:
+            return ActionReply(
+                request_id=1,
+                action=actions[0],
+                log_prob=float(log_probs[0]),
+                value=float(values[0]),
+                policy_version=version,
+            )
+        return ActionBatchReply(
+            request_id=1,
+            actions=actions,
+            log_probs=log_probs,
+            values=values,
+            policy_version=version,
+        )
+
+    def send_chunk(slot: Any, chunk: TrajectoryChunk) -> None:
+        host.chunks.append(chunk)
+        slot.chunk_id += 1
+
+    runner._ask, runner.send_chunk = ask, send_chunk
+    runner.group = runner._make_group()
+    runner._loop()
+    return host
+
+
+@pytest.mark.parametrize("episode_limit", [500, 12])  # 12: most episodes end truncated
+def test_the_vector_runner_records_what_the_per_env_runner_records(episode_limit: int) -> None:
+    old = _run(EnvRunner, steps=400, envs=5, episode_limit=episode_limit)
+    new = _run(VectorRunner, steps=400, envs=5, episode_limit=episode_limit)
+    assert new.requests == old.requests  # the same requests, bootstrap ones included
+    assert new.episodes == old.episodes and len(new.episodes) >= 10
+    assert len(new.chunks) == len(old.chunks) >= 40
+    for a, b in zip(new.chunks, old.chunks, strict=True):
+        assert (a.env_index, a.chunk_id, a.producer) == (b.env_index, b.chunk_id, b.producer)
+        assert a.bootstrap_value == pytest.approx(b.bootstrap_value)
+        for field in (
+            "actions",
+            "rewards",
+            "terminated",
+            "truncated",
+            "log_probs",
+            "values",
+            "policy_versions",
+        ):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+            assert getattr(a, field).dtype == getattr(b, field).dtype, field
+        np.testing.assert_array_equal(a.obs["state"], b.obs["state"])
+    truncated = sum(c.truncated.any() for c in new.chunks)
+    assert truncated > 0 if episode_limit == 12 else True
+    assert new.counters["env_steps"] == old.counters["env_steps"]
+
+
+def test_a_vector_group_that_starts_from_a_non_finite_observation_fails_its_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sim.env_group import VectorEnvs
+
+    real_reset = VectorEnvs.reset_all
+
+    def broken(self: VectorEnvs, seed: int | None = None) -> np.ndarray:
+        obs = real_reset(self, seed).copy()
+        obs[1, 2] = np.nan
+        return obs
+
+    monkeypatch.setattr(VectorEnvs, "reset_all", broken)
+    with pytest.raises(RuntimeError, match=r"envs \[1\].*non-finite"):
+        _run(VectorRunner, steps=10, envs=3, episode_limit=500)
