@@ -410,19 +410,19 @@ def measure_batch1(duration_s: float, repeats: int) -> dict[str, float]:
     return result
 
 
-@torch.inference_mode()
 def measure_policy_act(seconds: float = 1.0) -> float:
-    """Mean ms of the model part of one batch-1 ``_serve``, in this process: stack the obs,
-    ``act``, ``to_env_action``, back to numpy (what a raw echo does not do)."""
+    """Mean ms of the model part of one batch-1 ``_serve``, in this process: stack the obs and
+    run the policy's numpy path (``act_numpy``, what a CPU server runs), values to floats (what
+    a raw echo does not do)."""
     from rlvla3.policy.factory import build_policy
 
     policy = build_policy(config_from_dict({"policy": {"hidden_sizes": list(CARTPOLE_HIDDEN)}}))
     obs = [obs_request(0).obs]
+    rng = np.random.default_rng(0)
     count, started = 0, time.monotonic()
     while time.monotonic() - started < seconds:
-        out = policy.act({"state": torch.from_numpy(np.stack([o["state"] for o in obs]))})
-        policy.to_env_action(out.action).numpy()
-        out.action.numpy(), float(out.log_prob[0]), float(out.value[0])
+        out = policy.act_numpy({"state": np.array([o["state"] for o in obs])}, False, rng)
+        out.log_prob.tolist(), out.value.tolist()
         count += 1
     return (time.monotonic() - started) / count * 1000
 
@@ -485,7 +485,7 @@ def print_table(r: dict[str, Any], inflight: int) -> None:
     print(
         f"{'case':34} {'ours':>9} {'raw':>9} {'ratio':>6}  server mean per batch: serve / between"
     )
-    for label, key in ((f"max_wait_ms {wait_ms:g}", ""), ("max_wait_ms 0", "_nowait")):
+    for label, key in ((f"default: max_wait_ms {wait_ms:g}", ""), ("max_wait_ms 0", "_nowait")):
         print(
             f"{f'batch 1, req/s ({label})':34} {r[f'batch1_ours{key}_req_per_s']:9.0f} "
             f"{r['batch1_raw_req_per_s']:9.0f} {r[f'batch1{key}_ratio']:6.2f}  "

@@ -225,13 +225,13 @@ class RolloutServer(Role):
     ) -> tuple[list[tuple[bytes, Any]], dict[str, np.ndarray], list[int]]:
         """The batch without requests any of whose float observations hold NaN or inf (their
         actions would be NaN too). One check per batch; rows are only looked at when it fails."""
+        floats = [arr for arr in obs.values() if arr.dtype.kind == "f"]
+        if all(np.isfinite(arr).all() for arr in floats):
+            return batch, obs, rows
         total = sum(rows)
         bad = np.zeros(total, bool)
-        for arr in obs.values():
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                bad |= ~np.isfinite(arr.reshape(total, -1)).all(axis=1)
-        if not bad.any():
-            return batch, obs, rows
+        for arr in floats:
+            bad |= ~np.isfinite(arr.reshape(total, -1)).all(axis=1)
         starts = np.cumsum([0, *rows])
         keep_requests, keep_rows = [], np.ones(total, bool)
         for i, (start, n) in enumerate(zip(starts[:-1], rows, strict=True)):

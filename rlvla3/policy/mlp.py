@@ -187,9 +187,8 @@ class MLPPolicy(ActorCritic):
             log_norm = np.log(np.add.reduce(np.exp(shifted), axis=-1))
             if deterministic:
                 action = shifted.argmax(-1)
-            else:  # Gumbel-max, as in ``act``: -log(Exp(1)) is Gumbel noise
-                noise = rng.standard_exponential(shifted.shape, dtype=np.float32)
-                action = (shifted - np.log(noise)).argmax(-1)
+            else:  # Gumbel-max, as in ``act``
+                action = (shifted + rng.gumbel(size=shifted.shape)).argmax(-1)
             # (indexing, not take_along_axis: 3x faster at these sizes)
             log_prob = shifted[np.arange(len(action)), action] - log_norm
             return NumpyActOutput(action=action, env_action=action, log_prob=log_prob, value=value)
@@ -264,4 +263,4 @@ class _NumpyActorCritic:
 
     def current(self) -> bool:
         """False once a parameter's storage moved (e.g. bound to a flat buffer): rebuild."""
-        return all(p.data_ptr() == ptr for p, ptr in zip(self.params, self.pointers, strict=True))
+        return [p.data_ptr() for p in self.params] == self.pointers
