@@ -22,23 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
-
-import numpy as np
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rlvla3.provenance import write_result  # noqa: E402
 from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
-from rlvla3.registry import Registry  # noqa: E402
+from rlvla3.run_sampler import sample_run  # noqa: E402
 
 MODES = ("sync", "async_rollout", "async")
 
@@ -97,38 +90,10 @@ def role_cpus(text: str) -> tuple[str, list[int]]:
 
 def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: Path) -> dict:
     """Launch one mode, wait for steady state, measure env steps/s over the window, stop it."""
-    cfg_path = workdir / f"{mode}.yaml"
-    cfg_path.write_text(yaml.safe_dump(run_config(args, mode, redis_url)))
-    log = open(workdir / f"{mode}-launcher.log", "wb")
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "rlvla3.cli", "launch", str(cfg_path), "--out", str(workdir / mode)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-    )
-    registry = Registry(redis_url, f"bench_{mode}")
-    tick = threading.Event()
-    try:
-        deadline = time.monotonic() + 300
-        while registry.counters().get("env_steps", 0) == 0:  # roles start, weights arrive
-            if launcher.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{mode}: run did not start; see {log.name}")
-            tick.wait(0.2)
-        tick.wait(args.warmup_s)
-        # Roles add to the Redis counters in batches every 0.5 s, so the difference of two reads
-        # is off by up to half a second of steps (±2.5% over 20 s). Sample every 0.1 s instead
-        # and fit the rates by least squares: every flush inside the window then counts.
-        samples, times = [], []
-        started = time.monotonic()
-        while (now := time.monotonic()) - started < args.duration_s:
-            times.append(now - started)
-            samples.append(_counts(registry))
-            tick.wait(0.1)
-    finally:
-        launcher.send_signal(signal.SIGINT)
-        launcher.wait(timeout=120)
-    d = {k: samples[-1][k] - samples[0][k] for k in _COUNTERS}
-    rate = {k: float(np.polyfit(times, [s[k] for s in samples], 1)[0]) for k in _COUNTERS}
+    cfg = run_config(args, mode, redis_url)
+    got = sample_run(cfg, workdir, _COUNTERS, args.warmup_s, args.duration_s)
+    d = {k: got.delta(k) for k in _COUNTERS}
+    rate = {k: got.rate(k) for k in _COUNTERS}
     steps = max(d["env_steps"], 1)
     # Where one env's time goes per step: the simulator (incl. the injected latency), waiting for
     # its action, and the rest (chunk building, barriers in sync mode, being descheduled).
@@ -147,11 +112,6 @@ def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: P
 
 
 _COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "action_requests")
-
-
-def _counts(registry: Registry) -> dict[str, int]:
-    c = registry.counters()
-    return {k: c.get(k, 0) for k in _COUNTERS}
 
 
 def main() -> None:

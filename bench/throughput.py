@@ -25,8 +25,6 @@ The limits, measured in this process:
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 import zmq
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from rlvla3.provenance import write_result  # noqa: E402
 from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
-from rlvla3.registry import Registry  # noqa: E402
+from rlvla3.run_sampler import sample_run  # noqa: E402
 from sim.env_group import VectorEnvs  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 from transport.codec import encode  # noqa: E402
@@ -94,46 +91,15 @@ def case_config(
 
 
 def measure_case(
-    cfg: dict[str, Any], redis_url: str, workdir: Path, warmup_s: float, duration_s: float
+    cfg: dict[str, Any], workdir: Path, warmup_s: float, duration_s: float
 ) -> dict[str, float]:
     """Launch one case, wait for steady state, fit the counters' rates, stop it."""
-    name = cfg["run"]["name"]
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    log = open(workdir / f"{name}.log", "wb")
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "rlvla3", "launch", str(path), "--out", str(workdir / name)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-    )
-    registry = Registry(redis_url, name)
-    tick = threading.Event()
-    try:
-        deadline = time.monotonic() + 300
-        while registry.counters().get("env_steps", 0) == 0:
-            if launcher.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: the run did not start; see {log.name}")
-            tick.wait(0.2)
-        tick.wait(warmup_s)
-        times, samples = [], []
-        started = time.monotonic()
-        while (now := time.monotonic()) - started < duration_s:
-            counters = registry.counters()
-            times.append(now - started)
-            samples.append([counters.get(k, 0) for k in _COUNTERS])
-            tick.wait(0.1)
-    finally:
-        launcher.send_signal(signal.SIGINT)
-        launcher.wait(timeout=120)
-    arr = np.array(samples, dtype=np.float64)
-    rate = {k: float(np.polyfit(times, arr[:, i], 1)[0]) for i, k in enumerate(_COUNTERS)}
-    delta = {k: float(arr[-1, i] - arr[0, i]) for i, k in enumerate(_COUNTERS)}
-    taken = delta["samples_consumed"] + delta["samples_dropped"]
+    got = sample_run(cfg, workdir, _COUNTERS, warmup_s, duration_s)
+    taken = got.delta("samples_consumed") + got.delta("samples_dropped")
     return {
-        "env_steps_per_s": rate["env_steps"],
-        "trained_samples_per_s": rate["samples_consumed"],
-        "dropped_share": delta["samples_dropped"] / taken if taken else 0.0,
+        "env_steps_per_s": got.rate("env_steps"),
+        "trained_samples_per_s": got.rate("samples_consumed"),
+        "dropped_share": got.delta("samples_dropped") / taken if taken else 0.0,
     }
 
 
@@ -256,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     per_request=per,
                     vectorized=vec,
                 )
-                got = measure_case(cfg, redis.url, Path(tmp), args.warmup_s, args.duration_s)
+                got = measure_case(cfg, Path(tmp), args.warmup_s, args.duration_s)
                 group_limit = limits["zmq_round_trip_64"] if per >= 64 else None
                 if group_limit and not train:
                     got["of_zmq_round_trip_64"] = got["env_steps_per_s"] / group_limit
