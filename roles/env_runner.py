@@ -259,6 +259,9 @@ class EnvRunner:
             if w.barrier is not None and round_steps >= chunk_len:
                 round_steps = 0
                 acts = self._next_round([slot.obs for slot in slots], acts[0].version)
+                for slot, act in zip(slots, acts, strict=True):
+                    if slot.episode_len == 0:  # its episode starts with the new round's version
+                        slot.versions = (act.version, act.version)
 
     def _record(self, slot: EnvSlot, act: Act, res: Stepped) -> tuple[bool, bool]:
         """Record one env's step; returns (episode ended, by a simulator fault)."""

@@ -86,7 +86,7 @@ class VectorRunner(EnvRunner):
         self.sim_since = time.time()
         obs = group.reset_all()
         self.sim_since = 0.0
-        _check_finite(obs, self.slots, "reset")
+        _check_finite(obs, np.ones(n, bool), self.slots)
         reply = self._ask_group(obs)
         self.returns = np.zeros(n)
         self.lengths = np.zeros(n, np.int64)
@@ -111,7 +111,14 @@ class VectorRunner(EnvRunner):
             self.returns += rewards
             self.lengths += recorded
             self.chunk_steps += recorded
-            self.last_version[recorded] = reply.policy_version
+            # (the oldest and newest version of an episode: replies from several servers can
+            # come back at older versions)
+            self.first_version[recorded] = np.minimum(
+                self.first_version[recorded], reply.policy_version
+            )
+            self.last_version[recorded] = np.maximum(
+                self.last_version[recorded], reply.policy_version
+            )
             t += 1
             round_steps += 1
             if w.barrier is not None:
@@ -120,7 +127,7 @@ class VectorRunner(EnvRunner):
             if done.any():
                 self._end_episodes(t, step, reply, done, terminated, faults)
             obs = step.next_obs
-            _check_finite(obs[done], [self.slots[i] for i in np.flatnonzero(done)], "reset")
+            _check_finite(obs, done | step.restarted, self.slots)
             reply = self._ask_group(obs)
             self._start_episodes(reply)
             round_over = w.barrier is not None and round_steps >= chunk_len
@@ -239,10 +246,13 @@ class VectorRunner(EnvRunner):
         return reply
 
 
-def _check_finite(obs: np.ndarray, slots: list[EnvSlot], when: str) -> None:
+def _check_finite(obs: np.ndarray, starting: np.ndarray, slots: list[EnvSlot]) -> None:
     """A vector env resets its envs itself and cannot reset one again: an episode that starts
-    from a non-finite observation fails the worker (which its supervisor restarts)."""
-    bad = ~np.isfinite(obs).all(axis=1)
+    (rows ``starting``) from a non-finite observation fails the worker, which its supervisor
+    restarts. (A row that a fault ended is among them: it goes on from there, unless reset.)"""
+    bad = starting & ~np.isfinite(obs).all(axis=1)
     if bad.any():
         envs = [slots[i].env_index for i in np.flatnonzero(bad)]
-        raise RuntimeError(f"envs {envs}: the vector env's {when} gave non-finite observations")
+        raise RuntimeError(
+            f"envs {envs}: the vector env gave non-finite observations to start an episode from"
+        )

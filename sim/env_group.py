@@ -213,6 +213,13 @@ class VectorEnvs(EnvGroup):
             for i in np.flatnonzero(done):
                 last_obs[i] = spaces.flatten(self._single_space, infos["final_obs"][i])
         success = infos.get("success")
+        if success is not None:
+            success = np.asarray(success, bool)
+            final = infos.get("final_info", {})
+            if "success" in final and not self.next_step_reset:
+                # SAME_STEP: a finished env's own step info is under final_info; its row of
+                # ``success`` already belongs to the next episode's reset
+                success = np.where(done, np.asarray(final["success"], bool), success)
         return VectorStep(
             next_obs=next_obs,
             last_obs=last_obs,
@@ -220,7 +227,7 @@ class VectorEnvs(EnvGroup):
             terminated=terminated & ~restarted,
             truncated=truncated & ~restarted,
             restarted=restarted,
-            success=None if success is None else np.asarray(success, bool),
+            success=success,
             infos=infos,
         )
 

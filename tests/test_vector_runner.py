@@ -54,11 +54,18 @@ class _Host(SimpleNamespace):
         return False
 
 
-def _run(runner_class: type, steps: int, envs: int, episode_limit: int) -> _Host:
+def _run(
+    runner_class: type,
+    steps: int,
+    envs: int,
+    episode_limit: int,
+    env_id: str = "CartPole-v1",
+    lock_step: bool = False,
+) -> _Host:
     cfg = config_from_dict(
         {
             "env": {
-                "id": "CartPole-v1",
+                "id": env_id,
                 "num_envs_per_worker": envs,
                 "envs_per_request": envs,
                 "vectorized": True,
@@ -69,17 +76,21 @@ def _run(runner_class: type, steps: int, envs: int, episode_limit: int) -> _Host
         }
     )
     host = _Host(cfg)
+    if lock_step:  # sync mode: a barrier (of this one group) and a new version every round
+        host.barrier = threading.Barrier(1)
+        host.wait_for_version_after = lambda version: True
     runner = runner_class(host, list(range(envs)))
     host.requests, host.chunks = [], []
 
     def ask(obs: dict[str, np.ndarray], rows: int | None) -> Any:
         """A deterministic policy that looks random (so episodes are short); log-prob, value and
         the weight version follow from the observation and the request count."""
-        state = np.asarray(obs["state"]).reshape(-1, 4)
+        state = np.asarray(obs["state"])
+        state = state.reshape(len(state) if rows else 1, -1)
         host.requests.append(len(state))
         if len(host.requests) >= steps:
             host.stop_event.set()
-        actions = (np.abs(state[:, 2]) * 1e4 % 2 > 1).astype(np.int64)
+        actions = (np.abs(state[:, 2]) * 1e4 % 2 > 1).astype(np.int64)  # (Acrobot: 0 or 1 of 3)
         log_probs = (-np.abs(state[:, 0]) - 0.1).astype(np.float32)
         values = state[:, 1].astype(np.float32)
         version = len(host.requests) // 5
@@ -109,10 +120,23 @@ def _run(runner_class: type, steps: int, envs: int, episode_limit: int) -> _Host
     return host
 
 
-@pytest.mark.parametrize("episode_limit", [500, 12])  # 12: most episodes end truncated
-def test_the_vector_runner_records_what_the_per_env_runner_records(episode_limit: int) -> None:
-    old = _run(EnvRunner, steps=400, envs=5, episode_limit=episode_limit)
-    new = _run(VectorRunner, steps=400, envs=5, episode_limit=episode_limit)
+@pytest.mark.parametrize(
+    ("env_id", "episode_limit"),
+    [
+        ("CartPole-v1", 500),  # its own vector env: finished envs reset at their next step
+        ("CartPole-v1", 12),  # most episodes end truncated: bootstrap values asked for
+        ("Acrobot-v1", 15),  # gymnasium's sync vector env: finished envs reset in the same step
+        ("sync", 12),  # sync mode's rounds: every env's chunk cut after chunk_len steps
+    ],
+)
+def test_the_vector_runner_records_what_the_per_env_runner_records(
+    env_id: str, episode_limit: int
+) -> None:
+    lock_step = env_id == "sync"
+    env_id = "CartPole-v1" if lock_step else env_id
+    kwargs = {"episode_limit": episode_limit, "env_id": env_id, "lock_step": lock_step}
+    old = _run(EnvRunner, steps=400, envs=5, **kwargs)
+    new = _run(VectorRunner, steps=400, envs=5, **kwargs)
     assert new.requests == old.requests  # the same requests, bootstrap ones included
     assert new.episodes == old.episodes and len(new.episodes) >= 10
     assert len(new.chunks) == len(old.chunks) >= 40
@@ -132,7 +156,7 @@ def test_the_vector_runner_records_what_the_per_env_runner_records(episode_limit
             assert getattr(a, field).dtype == getattr(b, field).dtype, field
         np.testing.assert_array_equal(a.obs["state"], b.obs["state"])
     truncated = sum(c.truncated.any() for c in new.chunks)
-    assert truncated > 0 if episode_limit == 12 else True
+    assert truncated > 0 if episode_limit < 500 else True
     assert new.counters["env_steps"] == old.counters["env_steps"]
 
 
