@@ -94,11 +94,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"dropped, {got['chunks_lost']} lost",
                 flush=True,
             )
-    print(f"\n{'launch YAML':36s} {'RL s':>6s} {'env steps':>10s} {'dropped':>8s} {'lost':>5s}")
+    print(
+        f"\n{'launch YAML':36s} {'RL s':>6s} {'env steps':>10s} {'dropped':>8s} {'lost':>5s} "
+        f"{'solved':>6s}"
+    )
     for config, got in results.items():
         print(
             f"{config:36s} {got['wall_s']:6.0f} {got['env_steps']:10,} "
-            f"{got['dropped_share']:8.2%} {got['chunks_lost']:5d}"
+            f"{got['dropped_share']:8.2%} {got['chunks_lost']:5d} {str(got['solved']):>6s}"
         )
     worst = max(r["dropped_share"] for r in results.values())
     print(f"\nworst: {worst:.2%} of produced samples dropped as stale")
