@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from roles.env_runner import EnvHost, EnvRunner, EnvSlot
+from roles.env_runner import EnvRunner, EnvSlot
 from sim.env_group import VectorEnvs, VectorStep
 from transport.messages import ActionBatchReply, TrajectoryChunk
 
@@ -72,14 +72,10 @@ class _Ring:
 class VectorRunner(EnvRunner):
     """One thread stepping a ``VectorEnvs`` group, its bookkeeping in arrays."""
 
-    def __init__(self, worker: EnvHost, env_indices: list[int]) -> None:
-        super().__init__(worker, env_indices)
-        self.size = len(env_indices)
-
     def _loop(self) -> None:
         w, group = self.worker, self.group
         assert isinstance(group, VectorEnvs)
-        n, chunk_len = self.size, self.cfg.env.chunk_len
+        n, chunk_len = len(self.slots), self.cfg.env.chunk_len
         # (a chunk spans at most chunk_len steps plus the reset step a native vector env adds)
         ring = _Ring(2 * chunk_len + 2, n, group.observation_space["state"].shape[0])
         self.ring = ring
@@ -125,7 +121,7 @@ class VectorRunner(EnvRunner):
                 w.barrier.wait()  # lock-step: every group of the worker finished this step
             done = terminated | truncated
             if done.any():
-                self._end_episodes(t, step, reply, done, terminated, faults)
+                self._end_group_episodes(t, step, reply, done, terminated, faults)
             obs = step.next_obs
             _check_finite(obs, done | step.restarted, self.slots)
             reply = self._ask_group(obs)
@@ -163,7 +159,7 @@ class VectorRunner(EnvRunner):
         rewards = np.where(finite_rewards, rewards, 0.0)
         return rewards, terminated & ~faults, truncated | faults, faults
 
-    def _end_episodes(
+    def _end_group_episodes(
         self,
         t: int,
         step: VectorStep,
