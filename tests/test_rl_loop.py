@@ -102,10 +102,13 @@ def test_grpo_trains_on_complete_groups_and_loses_nothing(tmp_path, redis_url) -
 
 def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) -> None:
     # A slow trainer (many epochs) and a tiny allowed backlog: envs must pause, the run must
-    # still reach its step budget (no deadlock), and nothing may be lost.
+    # still reach its step budget (no deadlock), and nothing may be lost. The budget is many
+    # times what the envs make unpaused in one back-pressure cycle (counters flush every 0.5 s,
+    # workers read them every 0.2 s; CartPole's envs make thousands of steps/s), so the run
+    # cannot end before the first pause could happen.
     cfg = cartpole_config("cp_backpressure", redis_url, "async", epochs=30, minibatch_size=32)
     cfg["roles"]["env_worker"]["settings"] = {"max_chunks_queued": 2}
-    cfg["run"]["stop"] = {"max_env_steps": 2500, "max_wall_s": 150}
+    cfg["run"]["stop"] = {"max_env_steps": 12000, "max_wall_s": 150}
     run_dir = run_to_end(tmp_path, cfg)
     registry = Registry(redis_url, "cp_backpressure")
     c = registry.counters()
