@@ -24,9 +24,8 @@ cases run side by side (idle servers cost nothing) and their windows are interle
 of load on the host hits all three alike. The server's own records split each batch-1 request into
 ``serve`` (``_serve``: stack, policy forward, replies) and ``between`` (the rest of the loop:
 bookkeeping, ``_collect`` with its ``max_wait_ms``, and the client's round trip). Both are means,
-so 1 / (serve + between) is about the request rate. The part of ``between`` spent computing the
-requests/s gauge (``RateMeter.rate()``, called every step) is timed too, and the model part of
-``serve`` is timed separately in this process (``batch1_policy_act_ms``).
+so 1 / (serve + between) is about the request rate. The model part of ``serve`` is timed
+separately in this process (``batch1_policy_act_ms``).
 
     python bench/rollout_server.py [--duration-s 3] [--repeats 3] [--json PATH]
 """
@@ -90,9 +89,8 @@ def _timed(fn: Any, calls: list[tuple[float, float]]) -> Any:
 def _instrument(role: Any) -> dict[str, list[tuple]]:
     """Record, in the server: ``batches`` ``(start, end, batch size, version)`` per ``_serve``,
     ``loads`` ``(start, end)`` per weights receive into the standby copy (start: the version's
-    header arrived; end: every weight is in place), and ``rate_gauge``
-    ``(start, end)`` per ``request_rate.rate()`` (the requests/s gauge ``step()`` updates)."""
-    records: dict[str, list[tuple]] = {"batches": [], "loads": [], "rate_gauge": []}
+    header arrived; end: every weight is in place)."""
+    records: dict[str, list[tuple]] = {"batches": [], "loads": []}
     serve, setup = role._serve, role.setup
 
     def timed_serve(batch: list) -> int:
@@ -104,7 +102,6 @@ def _instrument(role: Any) -> dict[str, list[tuple]]:
     def timed_setup() -> None:
         setup()  # returns once the first weights are in; later receives are timed
         role._receive_into_standby = _timed(role._receive_into_standby, records["loads"])
-        role.request_rate.rate = _timed(role.request_rate.rate, records["rate_gauge"])
 
     role._serve, role.setup = timed_serve, timed_setup
     return records
@@ -128,7 +125,7 @@ def _server_main(raw_cfg: dict, index: int, run_dir: str, results: Any, skip_ini
     role = RolloutServer(config_from_dict(raw_cfg), index, node="local", run_dir=Path(run_dir))
     records = _instrument(role)
     code = role.run()
-    width = {"batches": 4, "loads": 2, "rate_gauge": 2}
+    width = {"batches": 4, "loads": 2}
     results.put(
         (index, code, {k: np.array(v, float).reshape(-1, width[k]) for k, v in records.items()})
     )
@@ -401,8 +398,6 @@ def measure_batch1(duration_s: float, repeats: int) -> dict[str, float]:
     for key, harness in (("ours", ours), ("nowait", nowait)):
         windows = [(s, e) for _, s, e in runs[key]]
         b = _in_windows(harness.records[0]["batches"], windows)
-        gauge = _in_windows(harness.records[0]["rate_gauge"], windows)
-        result[f"{key}_rate_gauge_ms"] = float(np.mean(gauge[:, 1] - gauge[:, 0]) * 1000)
         gaps = b[1:, 0] - b[:-1, 1]
         gaps = gaps[gaps < 0.5]  # not across the windows of the other cases
         result[f"{key}_serve_ms"] = float(np.mean(b[:, 1] - b[:, 0]) * 1000)
@@ -464,7 +459,6 @@ def run(duration_s: float, repeats: int, inflight: int) -> dict[str, float]:
         "batch1_nowait_ratio": round(b1["nowait"] / b1["raw"], 3),
         "batch1_server_serve_ms": round(b1["ours_serve_ms"], 3),
         "batch1_server_between_batches_ms": round(b1["ours_between_ms"], 3),
-        "batch1_server_rate_gauge_ms": round(b1["ours_rate_gauge_ms"], 3),
         "batch1_policy_act_ms": round(act_ms, 3),
         "batch1_nowait_server_serve_ms": round(b1["nowait_serve_ms"], 3),
         "batch1_nowait_server_between_batches_ms": round(b1["nowait_between_ms"], 3),
@@ -495,10 +489,6 @@ def print_table(r: dict[str, Any], inflight: int) -> None:
     print(
         f"{'':34} serve includes the policy (stack, act, to numpy): "
         f"{r['batch1_policy_act_ms']:.3f} ms in-process"
-    )
-    print(
-        f"{'':34} between includes the requests/s gauge (RateMeter.rate): "
-        f"{r['batch1_server_rate_gauge_ms']:.3f} ms"
     )
     for label, key in (("", ""), (", codec client", "_codec_client")):
         case = f"{inflight} in flight{label}, obs/s"

@@ -45,6 +45,10 @@ class RolloutServer(Role):
     name = "rollout_server"
     serves_training = True
     """False for evaluation's server: it never takes part in ``sync`` mode's lock-step."""
+    request_rate: RateMeter | None = None
+    """Requests per second (set up in ``setup``; ``stats`` may run before it)."""
+    last_batch: tuple[int, float] | None = None
+    """The last batch's size and how long it waited to fill, in seconds."""
 
     def setup(self) -> None:
         torch.set_num_threads(self.settings.num_threads)
@@ -173,9 +177,19 @@ class RolloutServer(Role):
         served = self._serve(valid) if valid else 0
         self.request_rate.add(len(batch))
         self.count("requests_served", served)
-        self.gauge("requests_per_s", self.request_rate.rate())
-        self.gauge("batch_fill", len(batch) / self.full_batch)
-        self.gauge("queue_wait_ms", waited_s * 1000)
+        self.last_batch = (len(batch), waited_s)
+
+    def stats(self) -> dict[str, float]:
+        """The base gauges, and the serving ones, computed here (at heartbeat time) rather
+        than per batch: at batch 1 every microsecond of a step is on an env's round trip."""
+        stats = super().stats()
+        if self.request_rate is not None:
+            stats["requests_per_s"] = self.request_rate.rate()
+        if self.last_batch is not None:
+            size, waited_s = self.last_batch
+            stats["batch_fill"] = size / self.full_batch
+            stats["queue_wait_ms"] = waited_s * 1000
+        return stats
 
     def _refresh_greedy(self) -> None:
         """Serve greedy actions once the launcher starts the end-of-run evaluation (checked at
@@ -225,9 +239,12 @@ class RolloutServer(Role):
     ) -> tuple[list[tuple[bytes, Any]], dict[str, np.ndarray], list[int]]:
         """The batch without requests any of whose float observations hold NaN or inf (their
         actions would be NaN too). One check per batch; rows are only looked at when it fails."""
-        floats = [arr for arr in obs.values() if arr.dtype.kind == "f"]
-        if all(np.isfinite(arr).all() for arr in floats):
+        for arr in obs.values():
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                break
+        else:
             return batch, obs, rows
+        floats = [arr for arr in obs.values() if arr.dtype.kind == "f"]
         total = sum(rows)
         bad = np.zeros(total, bool)
         for arr in floats:

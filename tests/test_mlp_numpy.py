@@ -70,18 +70,31 @@ def test_gaussian_log_prob_matches_evaluate_and_env_action_is_clipped():
         np.testing.assert_allclose(mean, policy.actor(torch.from_numpy(states)).numpy(), atol=ATOL)
 
 
-def test_follows_weights_written_in_place_and_rebinding():
-    policy = MLPPolicy(4, gym.spaces.Discrete(2))
-    states = _states(8, 4)
-    rng = np.random.default_rng(0)
-    policy.act_numpy({"state": states}, True, rng)  # views of the original storage
-    layout = FlatLayout.of(policy)
-    flat = layout.bind(policy)  # parameters move into one flat buffer
-    flat.copy_(torch.randn(flat.numel()))  # a weight sync writes the buffer in place
-    out = policy.act_numpy({"state": states}, True, rng)
+def _assert_matches_torch(policy: MLPPolicy, states: np.ndarray) -> None:
+    out = policy.act_numpy({"state": states}, True, np.random.default_rng(0))
     ref = _evaluate(policy, states, out.action)
     np.testing.assert_allclose(out.value, ref.value.numpy(), atol=ATOL)
     np.testing.assert_allclose(out.log_prob, ref.log_prob.numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("batch", [1, 256], ids=["fused", "views"])
+def test_follows_weights_written_in_place_and_rebinding(batch: int) -> None:
+    # Small batches run on copies of the weights (fused actor and critic), large ones on
+    # views: both must see every way a rollout server's weights change.
+    policy = MLPPolicy(4, gym.spaces.Discrete(2))
+    states = _states(batch, 4)
+    _assert_matches_torch(policy, states)  # built on the original storage
+    with torch.no_grad():
+        policy.critic[0].weight.add_(1.0)  # an in-place update of one parameter
+    _assert_matches_torch(policy, states)
+    layout = FlatLayout.of(policy)
+    flat = layout.bind(policy)  # parameters move into one flat buffer
+    _assert_matches_torch(policy, states)
+    flat.copy_(torch.randn(flat.numel()))  # a write into the buffer, as torch sees it
+    _assert_matches_torch(policy, states)
+    flat.numpy()[:] = np.random.default_rng(3).standard_normal(flat.numel())  # behind torch
+    torch.autograd.graph.increment_version(flat)  # what recv_body does after a collective
+    _assert_matches_torch(policy, states)
 
 
 def test_no_numpy_path_for_gelu():

@@ -20,7 +20,10 @@ def receiver(port: int, link_id: str, versions: int, results: mp.Queue) -> None:
     link = WeightLink(store, link_id, 1, "cpu", timeout_s=60)
     out = torch.empty(NUMEL)
     for _ in range(versions):
+        counter = out._version
         version = link.recv(out)
+        # counted as an in-place write, so caches of the weights (act_numpy's) see it
+        assert out._version > counter
         results.put((link_id, version, digest(out)))
 
 

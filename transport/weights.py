@@ -77,7 +77,9 @@ class FlatLayout:
 
         Returns the buffer (float32, on the module's device, holding the current values): a
         receive into it updates the module in place, with no second copy. Call it after the
-        module has reached its device (``.to()`` would make new, unbound tensors).
+        module has reached its device (``.to()`` would make new, unbound tensors), and before
+        anything (an optimizer) holds its parameters: they are replaced by new ``Parameter``
+        objects, which share the buffer's version counter.
 
         Raises:
             ValueError: the module's tensors are not float32, or share storage (tied weights
@@ -99,7 +101,11 @@ class FlatLayout:
                 owner_name, _, attr = name.rpartition(".")
                 owner = owners[owner_name]
                 if attr in owner._parameters:
-                    owner._parameters[attr].data = view
+                    # A new Parameter over the view, not ``.data = view``: it shares the
+                    # buffer's version counter, so a write into the buffer counts as an
+                    # in-place update of the parameter (caches keyed on it see the change).
+                    requires_grad = owner._parameters[attr].requires_grad
+                    owner._parameters[attr] = nn.Parameter(view, requires_grad=requires_grad)
                 else:
                     owner._buffers[attr] = view
         return flat
@@ -317,6 +323,10 @@ class WeightLink:
             )
         for bucket in _buckets(out):
             self._broadcast(bucket)
+        # The collective wrote ``out`` behind autograd's back: count it as the in-place write
+        # it is, so whatever caches values of ``out`` or of its views (the numpy serving path's
+        # fused weights, ``rlvla3/policy/mlp_numpy.py``) sees the new version.
+        torch.autograd.graph.increment_version(out)
 
 
 def _same_gpu(store: dist.Store, rank: int, device: torch.device) -> bool:
