@@ -10,8 +10,11 @@ record when each batch ran, how big it was and which weight version served it.
 (a) batch 1: one client doing strict request-reply (``ObsRequest`` -> ``ActionReply`` through our
     codec and DEALER/ROUTER; CartPole-sized MLP policy, 64x64) against the raw limit: a plain
     pyzmq ROUTER echoing pre-built reply bytes of the same sizes to a DEALER sending pre-built
-    request bytes (no codec, no model). "ours" runs twice: with the default ``max_wait_ms`` (a
-    lone request waits that long for company before it is served) and with ``max_wait_ms: 0``.
+    request bytes (no codec, no model). Between the two, to show where the gap is, two echo
+    servers of our own in the same client's hands: ``codec echo`` (our socket and codec both
+    ways, a constant action) and ``codec + policy echo`` (the same, acting with the policy's
+    numpy path as ``_serve`` does). For each server, its process's CPU time per request (all
+    threads, ZeroMQ's I/O thread included; from /proc).
 (b) batched: one client process keeps 64 requests in flight on one DEALER (64 concurrent envs);
     obs/s, the mean batch the server actually formed and the fraction of the time it spent in
     ``_serve`` (from its own records; well below 1 means the client, not the server, limits).
@@ -19,9 +22,9 @@ record when each batch ran, how big it was and which weight version served it.
     is what limits; a second client encodes and decodes every message (``batched_codec_*``),
     i.e. all 64 envs' codec work in one Python process. Their windows are interleaved.
 
-Each figure is the median of ``--repeats`` windows of ``--duration-s`` seconds; the three batch-1
+Each figure is the median of ``--repeats`` windows of ``--duration-s`` seconds; the batch-1
 cases run side by side (idle servers cost nothing) and their windows are interleaved, so a change
-of load on the host hits all three alike. The server's own records split each batch-1 request into
+of load on the host hits them all alike. The server's own records split each batch-1 request into
 ``serve`` (``_serve``: stack, policy forward, replies) and ``between`` (the rest of the loop:
 bookkeeping, ``_collect`` with its ``max_wait_ms``, and the client's round trip). Both are means,
 so 1 / (serve + between) is about the request rate. The model part of ``serve`` is timed
@@ -339,6 +342,40 @@ def _raw_echo_server(addresses: Any) -> None:
         sock.send_multipart([identity, *reply])
 
 
+def _codec_echo_server(addresses: Any, with_policy: bool) -> None:
+    """Process entry: our ROUTER socket and codec answering every ``ObsRequest``; with
+    ``with_policy``, acting as ``_serve`` does (stack, the policy's numpy path, floats)."""
+    torch.set_num_threads(1)
+    sock = sockets.RouterSocket()
+    addresses.put(sock.bind(HOST))
+    policy = _cartpole_policy() if with_policy else None
+    rng = np.random.default_rng(0)
+    action, log_prob, value = np.array(1, np.int64), -0.69, 0.5
+    while True:
+        got = sock.recv_from(timeout_s=0.1)
+        if got is None:
+            continue
+        identity, req = got
+        if policy is not None:
+            out = policy.act_numpy({"state": np.array([req.obs["state"]])}, False, rng)
+            action, log_prob, value = out.action[0], out.log_prob.tolist()[0], out.value.tolist()[0]
+        reply = ActionReply(
+            request_id=req.request_id,
+            action=np.asarray(action),
+            env_action=None,
+            log_prob=log_prob,
+            value=value,
+            policy_version=0,
+        )
+        sock.send_to(identity, reply)
+
+
+def _cartpole_policy() -> Any:
+    from rlvla3.policy.factory import build_policy
+
+    return build_policy(config_from_dict({"policy": {"hidden_sizes": list(CARTPOLE_HIDDEN)}}))
+
+
 def raw_client(address: str, duration_s: float) -> float:
     """Requests/s of a plain DEALER doing strict request-reply with pre-built request bytes."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -361,16 +398,30 @@ def raw_client(address: str, duration_s: float) -> float:
 
 # --- measurements ---------------------------------------------------------------------------------
 @contextlib.contextmanager
-def raw_echo_server() -> Iterator[str]:
-    """A raw ROUTER echo server in its own process; yields its address."""
+def echo_server(target: Any, *args: Any) -> Iterator[tuple[str, int]]:
+    """An echo server (``target(addresses, *args)``) in its own process; yields its address
+    and pid."""
     addresses = _CTX.Queue()
-    server = _CTX.Process(target=_raw_echo_server, args=(addresses,), daemon=True)
+    server = _CTX.Process(target=target, args=(addresses, *args), daemon=True)
     server.start()
     try:
-        yield addresses.get(timeout=60)
+        yield addresses.get(timeout=60), server.pid
     finally:
         server.terminate()
         server.join(timeout=10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid``, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _with_cpu(pid: int, window: Any) -> tuple[float, float, float, float]:
+    """``window()``'s ``(rate, start, end)`` and server ``pid``'s CPU µs per request in it."""
+    before = cpu_seconds(pid)
+    rate, start, end = window()
+    return rate, start, end, (cpu_seconds(pid) - before) / (rate * (end - start)) * 1e6
 
 
 def _in_windows(records: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
@@ -381,27 +432,43 @@ def _in_windows(records: np.ndarray, windows: list[tuple[float, float]]) -> np.n
     return records[inside]
 
 
+BATCH1_CASES = ("ours", "codec_policy_echo", "codec_echo", "raw")
+"""The batch-1 servers, from the real role to the raw limit."""
+
+
 def measure_batch1(duration_s: float, repeats: int) -> dict[str, float]:
-    """Median req/s at batch 1: real server (default wait, no wait) and raw echo, interleaved."""
-    wait0 = {"max_wait_ms": 0.0}
+    """Median req/s and server CPU µs per request at batch 1 for each of ``BATCH1_CASES``,
+    windows interleaved; and how the real server's time splits (``_serve`` / the rest)."""
     with (
         ServerHarness("bench_rs_b1", 1, CARTPOLE_HIDDEN) as ours,
-        ServerHarness("bench_rs_b1_nowait", 1, CARTPOLE_HIDDEN, wait0) as nowait,
-        raw_echo_server() as raw_address,
+        echo_server(_codec_echo_server, True) as (policy_address, policy_pid),
+        echo_server(_codec_echo_server, False) as (codec_address, codec_pid),
+        echo_server(_raw_echo_server) as (raw_address, raw_pid),
     ):
-        runs: dict[str, list] = {"ours": [], "nowait": [], "raw": []}
-        for _ in range(repeats):  # interleaved, so load changes on the host hit all three
-            runs["ours"].append(strict_client(ours.addresses[0], duration_s))
-            runs["nowait"].append(strict_client(nowait.addresses[0], duration_s))
-            runs["raw"].append((raw_client(raw_address, duration_s), 0.0, 0.0))
-    result = {k: statistics.median(r for r, _, _ in v) for k, v in runs.items()}
-    for key, harness in (("ours", ours), ("nowait", nowait)):
-        windows = [(s, e) for _, s, e in runs[key]]
-        b = _in_windows(harness.records[0]["batches"], windows)
-        gaps = b[1:, 0] - b[:-1, 1]
-        gaps = gaps[gaps < 0.5]  # not across the windows of the other cases
-        result[f"{key}_serve_ms"] = float(np.mean(b[:, 1] - b[:, 0]) * 1000)
-        result[f"{key}_between_ms"] = float(np.mean(gaps) * 1000)
+
+        def raw_window() -> tuple[float, float, float]:
+            start = time.monotonic()
+            return raw_client(raw_address, duration_s), start, time.monotonic()
+
+        cases = {
+            "ours": (ours.procs[0].pid, lambda: strict_client(ours.addresses[0], duration_s)),
+            "codec_policy_echo": (policy_pid, lambda: strict_client(policy_address, duration_s)),
+            "codec_echo": (codec_pid, lambda: strict_client(codec_address, duration_s)),
+            "raw": (raw_pid, raw_window),
+        }
+        runs: dict[str, list] = {key: [] for key in BATCH1_CASES}
+        for _ in range(repeats):  # interleaved, so load changes on the host hit all alike
+            for key in BATCH1_CASES:
+                runs[key].append(_with_cpu(*cases[key]))
+    result = {}
+    for key, found in runs.items():
+        result[key] = statistics.median(rate for rate, *_ in found)
+        result[f"{key}_cpu_us"] = statistics.median(cpu for *_, cpu in found)
+    b = _in_windows(ours.records[0]["batches"], [(s, e) for _, s, e, _ in runs["ours"]])
+    gaps = b[1:, 0] - b[:-1, 1]
+    gaps = gaps[gaps < 0.5]  # not across the windows of the other cases
+    result["ours_serve_ms"] = float(np.mean(b[:, 1] - b[:, 0]) * 1000)
+    result["ours_between_ms"] = float(np.mean(gaps) * 1000)
     return result
 
 
@@ -409,9 +476,7 @@ def measure_policy_act(seconds: float = 1.0) -> float:
     """Mean ms of the model part of one batch-1 ``_serve``, in this process: stack the obs and
     run the policy's numpy path (``act_numpy``, what a CPU server runs), values to floats (what
     a raw echo does not do)."""
-    from rlvla3.policy.factory import build_policy
-
-    policy = build_policy(config_from_dict({"policy": {"hidden_sizes": list(CARTPOLE_HIDDEN)}}))
+    policy = _cartpole_policy()
     obs = [obs_request(0).obs]
     rng = np.random.default_rng(0)
     count, started = 0, time.monotonic()
@@ -452,16 +517,14 @@ def run(duration_s: float, repeats: int, inflight: int) -> dict[str, float]:
     act_ms = measure_policy_act()
     batched = measure_batched(inflight, duration_s, repeats)
     return {
-        "batch1_ours_req_per_s": round(b1["ours"], 1),
-        "batch1_raw_req_per_s": round(b1["raw"], 1),
+        **{f"batch1_{key}_req_per_s": round(b1[key], 1) for key in BATCH1_CASES},
+        **{f"batch1_{key}_server_cpu_us": round(b1[f"{key}_cpu_us"], 1) for key in BATCH1_CASES},
         "batch1_ratio": round(b1["ours"] / b1["raw"], 3),
-        "batch1_ours_nowait_req_per_s": round(b1["nowait"], 1),
-        "batch1_nowait_ratio": round(b1["nowait"] / b1["raw"], 3),
+        "batch1_codec_policy_echo_ratio": round(b1["codec_policy_echo"] / b1["raw"], 3),
+        "batch1_codec_echo_ratio": round(b1["codec_echo"] / b1["raw"], 3),
         "batch1_server_serve_ms": round(b1["ours_serve_ms"], 3),
         "batch1_server_between_batches_ms": round(b1["ours_between_ms"], 3),
         "batch1_policy_act_ms": round(act_ms, 3),
-        "batch1_nowait_server_serve_ms": round(b1["nowait_serve_ms"], 3),
-        "batch1_nowait_server_between_batches_ms": round(b1["nowait_between_ms"], 3),
         "batched_inflight": inflight,
         "batched_obs_per_s": round(batched["raw"]["obs_per_s"], 1),
         "batched_mean_batch": round(batched["raw"]["mean_batch"], 2),
@@ -476,24 +539,29 @@ def run(duration_s: float, repeats: int, inflight: int) -> dict[str, float]:
 def print_table(r: dict[str, Any], inflight: int) -> None:
     """The figures, one line per case."""
     wait_ms = config_from_dict({}).role_settings("rollout_server").max_wait_ms
-    print(
-        f"{'case':34} {'ours':>9} {'raw':>9} {'ratio':>6}  server mean per batch: serve / between"
-    )
-    for label, key in ((f"default: max_wait_ms {wait_ms:g}", ""), ("max_wait_ms 0", "_nowait")):
+    labels = {
+        "ours": f"RolloutServer (max_wait_ms {wait_ms:g})",
+        "codec_policy_echo": "codec + policy echo",
+        "codec_echo": "codec echo",
+        "raw": "raw ZeroMQ echo",
+    }
+    print(f"{'batch 1 (one strict client)':34} {'req/s':>9} {'/ raw':>6} {'server CPU/req':>15}")
+    for key in BATCH1_CASES:
         print(
-            f"{f'batch 1, req/s ({label})':34} {r[f'batch1_ours{key}_req_per_s']:9.0f} "
-            f"{r['batch1_raw_req_per_s']:9.0f} {r[f'batch1{key}_ratio']:6.2f}  "
-            f"{r[f'batch1{key}_server_serve_ms']:.3f} / "
-            f"{r[f'batch1{key}_server_between_batches_ms']:.3f} ms"
+            f"{labels[key]:34} {r[f'batch1_{key}_req_per_s']:9.0f} "
+            f"{r[f'batch1_{key}_req_per_s'] / r['batch1_raw_req_per_s']:6.2f} "
+            f"{r[f'batch1_{key}_server_cpu_us']:12.1f} us"
         )
     print(
-        f"{'':34} serve includes the policy (stack, act, to numpy): "
-        f"{r['batch1_policy_act_ms']:.3f} ms in-process"
+        f"{'':34} RolloutServer per request: _serve {r['batch1_server_serve_ms']:.3f} ms "
+        f"(the policy alone, in-process: {r['batch1_policy_act_ms']:.3f}), the rest of the "
+        f"loop {r['batch1_server_between_batches_ms']:.3f} ms"
     )
+    print(f"{'':34} {'obs/s':>9}")
     for label, key in (("", ""), (", codec client", "_codec_client")):
         case = f"{inflight} in flight{label}, obs/s"
         print(
-            f"{case:34} {r[f'batched{key}_obs_per_s']:9.0f} {'-':>9} {'-':>6}  "
+            f"{case:34} {r[f'batched{key}_obs_per_s']:9.0f}  "
             f"mean batch {r[f'batched{key}_mean_batch']:.1f}, "
             f"server busy {r[f'batched{key}_server_busy_fraction']:.0%}"
         )
