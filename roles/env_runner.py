@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rlvla3.algo.grpo import GroupRounds
 from rlvla3.chunk_ledger import pushed_field
 from rlvla3.config import Config
 from rlvla3.role import RateMeter
@@ -51,6 +52,7 @@ class EnvHost(Protocol):
     barrier: threading.Barrier | None
     latest_version: int
     step_rate: RateMeter
+    group_rounds: GroupRounds | None  # GRPO: which group each new episode joins
 
     def count(self, name: str, amount: int = 1) -> None: ...
     def drop(self, counter: str, reason: str) -> None: ...
@@ -114,11 +116,9 @@ class EnvSlot:
         self.env_index = env_index  # its index in the worker
         self.chunk_id = 0
         self.producer = f"{worker.index}/{env_index}#{worker.incarnation}"
-        # GRPO: the envs of a group start each of their episodes from the same seed, and their
-        # chunks carry the episode's group (rlvla3/algo/grpo.py).
+        # GRPO: each episode starts as a place in a group (its seed is the group's), and its
+        # chunks carry the group (rlvla3/algo/grpo.py).
         self.grouped = worker.cfg.algo.kind == "grpo" and worker.trains
-        self.group_index = env_index // worker.cfg.algo.group_size
-        self.episode = -1
         self.group = ""
         self.steps: list[dict[str, Any]] = []
         self.obs: dict[str, np.ndarray] = {}
@@ -126,12 +126,10 @@ class EnvSlot:
         self.versions = (0, 0)  # oldest and newest weight version of its current episode
 
     def next_group_seed(self, worker: EnvHost) -> int:
-        """Enter this env's next episode's group; return its reset seed, the same for every env
-        of the group."""
-        self.episode += 1
-        self.group = f"{worker.index}/{self.group_index}#{worker.incarnation}:{self.episode}"
-        key = [worker.cfg.run.seed, worker.index, self.group_index, self.episode]
-        return int(np.random.SeedSequence(key).generate_state(1)[0])
+        """Enter this env's next episode's group; return its reset seed, the same for every
+        episode of the group."""
+        self.group, seed = worker.group_rounds.start_episode(self.env_index)
+        return seed
 
 
 class EnvRunner:

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Any
 
+from rlvla3.algo.grpo import GroupRounds
 from rlvla3.role import RateMeter, Role, main
 from roles.env_runner import EnvRunner
 from roles.vector_runner import VectorRunner
@@ -47,6 +48,12 @@ class EnvWorker(Role):
         )
         self.trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
         self.step_rate = RateMeter()
+        grpo = self.trains and self.cfg.algo.kind == "grpo"
+        self.group_rounds = (
+            GroupRounds(self.cfg.algo.group_size, self.cfg.run.seed, self.index, self.incarnation)
+            if grpo
+            else None
+        )
         num_envs = self.cfg.env.num_envs_per_worker
         sync = self.cfg.run.mode == "sync" and self.serves_training
         groups = -(-num_envs // self.cfg.env.envs_per_request)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvla3.algo.batch import build_grpo_batch
-from rlvla3.algo.grpo import GroupAssembler, group_advantages
+from rlvla3.algo.grpo import GroupAssembler, GroupRounds, group_advantages
 from rlvla3.config import AlgoConfig, ConfigError, config_from_dict
 from roles.env_runner import EnvRunner, EnvSlot
 from transport.messages import TrajectoryChunk
@@ -108,25 +108,59 @@ def test_the_staleness_bound_applies_per_sample() -> None:
     assert stale is None and left_out == 3
 
 
+def test_one_env_may_run_several_episodes_of_a_group() -> None:
+    groups = GroupAssembler(group_size=3)
+    first = chunk("0/0#x", "g", [1.0], ends=True)  # return 1
+    slow = chunk("0/1#x", "g", [0.0, 0.0], ends=False)
+    second = chunk("0/0#x", "g", [1.0, 1.0, 1.0], ends=True)  # the same env again: return 3
+    assert groups.add(first) is None and groups.add(slow) is None
+    assert groups.add(second) is None  # 2 of 3 episodes ended
+    slow_end = chunk("0/1#x", "g", [2.0], ends=True)  # the slow one: return 2
+    done = groups.add(slow_end)
+    assert done is not None and groups.held == 0
+    episodes = [[id(c) for c in chunks] for chunks, _ in done.episodes]
+    assert episodes == [[id(first)], [id(slow), id(slow_end)], [id(second)]]
+    # returns 1, 2, 3: mean 2, std sqrt(2/3)
+    np.testing.assert_allclose([a for _, a in done.episodes], [-1.2247449, 0, 1.2247449], atol=1e-5)
+
+
 def _slot(cfg, env_index: int, worker_index: int = 0) -> tuple[EnvSlot, SimpleNamespace]:
-    worker = SimpleNamespace(cfg=cfg, index=worker_index, incarnation="inc", trains=True)
+    rounds = GroupRounds(cfg.algo.group_size, cfg.run.seed, worker_index, "inc")
+    worker = SimpleNamespace(
+        cfg=cfg, index=worker_index, incarnation="inc", trains=True, group_rounds=rounds
+    )
     runner = EnvRunner(worker, [env_index])  # (its thread is never started)
     return runner.slots[0], worker
 
 
-def test_the_envs_of_a_group_start_each_episode_from_the_same_seed() -> None:
+def test_a_groups_episodes_start_from_one_seed_and_fast_envs_do_not_run_ahead() -> None:
+    rounds = GroupRounds(group_size=2, run_seed=0, worker_index=0, incarnation="inc")
+    # envs 0 and 1 (pool 0) start; env 0's episodes are short: it runs both of round 1 while
+    # env 1 is still in its first, and env 1's next episode opens round 2.
+    e0, e1 = rounds.start_episode(0), rounds.start_episode(1)
+    fast_a, fast_b, slow_next = (
+        rounds.start_episode(0),
+        rounds.start_episode(0),
+        rounds.start_episode(1),
+    )
+    assert e0 == e1 and e0[0] == "0/0#inc:0"  # same group, same seed
+    assert fast_a == fast_b and fast_a[0] == "0/0#inc:1"
+    assert slow_next[0] == "0/0#inc:2"
+    assert len({e0[1], fast_a[1], slow_next[1]}) == 3  # each group starts elsewhere
+    other_pool = rounds.start_episode(2)
+    assert other_pool[0] == "0/1#inc:0" and other_pool[1] != e0[1]
+    other_worker = GroupRounds(2, 0, worker_index=1, incarnation="inc").start_episode(0)
+    assert other_worker[1] != e0[1]
+
+
+def test_env_slots_take_their_group_and_seed_from_the_worker() -> None:
     cfg = config_from_dict(
         {"env": {"num_envs_per_worker": 4}, "algo": {"kind": "grpo", "group_size": 2}}
     )
-    slots = [_slot(cfg, i) for i in (0, 1, 2)]
-    seeds = [[slot.next_group_seed(worker) for _ in range(3)] for slot, worker in slots]
-    assert seeds[0] == seeds[1]  # env 0 and 1: group 0, episode by episode
-    assert len(set(seeds[0])) == 3  # each episode starts elsewhere
-    assert not set(seeds[2]) & set(seeds[0])  # group 1 is another
-    first, second, other = (slot for slot, _ in slots)
-    assert first.group == second.group == "0/0#inc:2" and other.group == "0/1#inc:2"
-    slot, worker = _slot(cfg, 0, worker_index=1)
-    assert slot.next_group_seed(worker) != seeds[0][0]
+    (first, worker), (second, _) = _slot(cfg, 0), _slot(cfg, 1)
+    second_worker = SimpleNamespace(**{**vars(worker)})  # the same worker's rounds
+    assert first.next_group_seed(worker) == second.next_group_seed(second_worker)
+    assert first.group == second.group == "0/0#inc:0"
 
 
 @pytest.mark.parametrize(
