@@ -213,7 +213,7 @@ class AlgoConfig:
     kind: Literal["ppo", "grpo"] = "ppo"
     """``ppo``: advantages from GAE on a learned critic. ``grpo``: each episode's return relative to its group's (``group_size`` episodes from the same start state), no critic (rlvla3/algo/grpo.py)."""
     group_size: int = bounded(4, ge=2)
-    """GRPO: episodes per group; env workers start this many envs from the same seed (``env.num_envs_per_worker`` must be a multiple)."""
+    """GRPO: episodes per group, started from the same seed by a pool of this many envs of an env worker (``env.num_envs_per_worker`` must be a multiple)."""
     lr: float = bounded(2.5e-4, gt=0)
     """Adam learning rate."""
     value_lr: float | None = bounded(None, gt=0)
