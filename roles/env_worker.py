@@ -21,7 +21,8 @@ import uuid
 from typing import Any
 
 from rlvla3.algo.grpo import GroupRounds
-from rlvla3.role import RateMeter, Role, main
+from rlvla3.rate_meter import RateMeter
+from rlvla3.role import Role, main
 from roles.env_runner import EnvRunner
 from roles.vector_runner import VectorRunner
 

@@ -25,7 +25,8 @@ import torch
 from rlvla3.checkpoints import resume_training
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
-from rlvla3.role import RateMeter, main
+from rlvla3.rate_meter import RateMeter
+from rlvla3.role import main
 from rlvla3.training_role import TrainingRole
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends

@@ -35,7 +35,8 @@ from rlvla3.chunk_ledger import buffered_field, received_field
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
-from rlvla3.role import RateMeter, main
+from rlvla3.rate_meter import RateMeter
+from rlvla3.role import main
 from rlvla3.training_role import TrainingRole
 from rlvla3.typed_load import ConfigError
 from transport import sockets
