@@ -47,7 +47,12 @@ class RolloutServer(Role):
     serves_training = True
     """False for evaluation's server: it never takes part in ``sync`` mode's lock-step."""
     request_rate: RateMeter | None = None
-    """Requests per second (set up in ``setup``; ``stats`` may run before it)."""
+    """Requests per second (set up in ``setup``; ``stats`` may run before it), fed at heartbeat
+    time from ``requests_seen``."""
+    requests_seen = 0
+    """Requests taken off the socket so far (a plain int: the serving loop only adds to it)."""
+    requests_rated = 0
+    """``requests_seen`` when ``stats`` last fed ``request_rate``."""
     last_batch: tuple[int, float] | None = None
     """The last batch's size and how long it waited to fill, in seconds."""
 
@@ -69,6 +74,8 @@ class RolloutServer(Role):
         self.bind("requests", self.requests)
         self.sync = self.cfg.run.mode == "sync" and self.serves_training
         self.full_batch = self._requests_per_round() if self.sync else self.settings.max_batch
+        wait_ms = self.settings.sync_max_wait_ms if self.sync else self.settings.max_wait_ms
+        self.batch_wait_s = wait_ms / 1000
         self.request_rate = RateMeter()
         self.rng = np.random.default_rng([self.cfg.run.seed, self.index])  # act_numpy's sampling
         self.greedy, self.next_eval_check = False, 0.0
@@ -176,7 +183,7 @@ class RolloutServer(Role):
             return
         valid = [(ident, req) for ident, req in batch if self._valid(req)]
         served = self._serve(valid) if valid else 0
-        self.request_rate.add(len(batch))
+        self.requests_seen += len(batch)
         self.count("requests_served", served)
         self.last_batch = (len(batch), waited_s)
 
@@ -185,6 +192,9 @@ class RolloutServer(Role):
         than per batch: at batch 1 every microsecond of a step is on an env's round trip."""
         stats = super().stats()
         if self.request_rate is not None:
+            seen = self.requests_seen
+            self.request_rate.add(seen - self.requests_rated)
+            self.requests_rated = seen
             stats["requests_per_s"] = self.request_rate.rate()
         if self.last_batch is not None:
             size, waited_s = self.last_batch
@@ -200,13 +210,21 @@ class RolloutServer(Role):
             self.next_eval_check = time.monotonic() + 1.0
 
     def _collect(self) -> tuple[list[tuple[bytes, ObsRequest]], float]:
+        """A batch: the first request to arrive (within 0.1 s), every one already waiting, and
+        those arriving within the batch wait; and how long it waited, in seconds."""
         first = self.requests.recv_from(timeout_s=0.1)
         if first is None:
             return [], 0.0
         batch = [first]
+        if self.batch_wait_s == 0:  # no clock reads: at batch 1 they are a step's bookkeeping
+            while len(batch) < self.full_batch:
+                item = self.requests.recv_from(timeout_s=0.0)
+                if item is None:
+                    break
+                batch.append(item)
+            return batch, 0.0
         started = time.monotonic()
-        wait_ms = self.settings.sync_max_wait_ms if self.sync else self.settings.max_wait_ms
-        deadline = started + wait_ms / 1000
+        deadline = started + self.batch_wait_s
         while len(batch) < self.full_batch:
             remaining = deadline - time.monotonic()
             item = self.requests.recv_from(timeout_s=max(0.0, remaining))
@@ -267,6 +285,8 @@ class RolloutServer(Role):
     def _serve(self, batch: list[tuple[bytes, Any]]) -> int:
         """Act on a batch of checked requests and reply to each; returns how many observations
         were served (a group's request carries several)."""
+        if len(batch) == 1 and type(batch[0][1]) is ObsRequest:
+            return self._serve_one(*batch[0])
         rows = [1 if isinstance(req, ObsRequest) else _rows(req) for _, req in batch]
         if all(isinstance(req, ObsRequest) for _, req in batch):
             # np.array, not np.stack: same result for the equal shapes _valid checked, 2-5x less
@@ -287,11 +307,7 @@ class RolloutServer(Role):
         batch, obs, rows = self._drop_nonfinite(batch, obs, rows)
         if not batch:
             return 0
-        out = None
-        if self.device.type == "cpu":  # small policies have a numpy path without torch overhead
-            out = self.active.act_numpy(obs, self.greedy, self.rng)
-        if out is None:
-            out = self._act_torch(obs)
+        out = self._act(obs)
         actions, env_actions = out.action, out.env_action
         same = env_actions is actions  # the env steps with the action itself: send it once
         log_probs, values = out.log_prob.tolist(), out.value.tolist()  # (not a[i]: slow)
@@ -318,6 +334,35 @@ class RolloutServer(Role):
             self.requests.send_to(identity, reply)
             row += n
         return row
+
+    def _serve_one(self, identity: bytes, req: ObsRequest) -> int:
+        """``_serve`` for a batch of one request (every request, when envs are few or slow):
+        the same checks and reply with none of the batch's stacking and splitting."""
+        obs = {key: req.obs[key][None] for key in self.obs_space.spaces}  # views, no copies
+        for arr in obs.values():
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                self.drop("bad_requests", f"request {req.env_key}: non-finite observation")
+                return 0
+        out = self._act(obs)
+        reply = ActionReply(
+            request_id=req.request_id,
+            action=np.asarray(out.action[0]),  # (a discrete action's [0] is a numpy scalar)
+            env_action=None if out.env_action is out.action else np.asarray(out.env_action[0]),
+            log_prob=out.log_prob.item(),
+            value=out.value.item(),
+            policy_version=self.version,
+        )
+        self.requests.send_to(identity, reply)
+        return 1
+
+    def _act(self, obs: dict[str, np.ndarray]) -> NumpyActOutput:
+        """The active policy's actions for a batch of observations: its numpy path where it has
+        one (small policies on CPU, without torch's per-op overhead), else torch."""
+        if self.device.type == "cpu":
+            out = self.active.act_numpy(obs, self.greedy, self.rng)
+            if out is not None:
+                return out
+        return self._act_torch(obs)
 
     @torch.inference_mode()
     def _act_torch(self, obs: dict[str, np.ndarray]) -> NumpyActOutput:

@@ -1,0 +1,74 @@
+"""The rollout server's answers: a request served alone (the single-request path of
+``RolloutServer._serve``) gets what it would get in a batch, and non-finite observations are
+refused on both paths without costing the others their replies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from rlvla3.config import config_from_dict
+from roles.rollout_server import RolloutServer
+from transport.codec import decode, encode
+from transport.messages import ActionReply, ObsRequest
+
+
+@pytest.fixture
+def server(tmp_path, redis_url) -> Iterator[tuple[RolloutServer, list[tuple[bytes, ActionReply]]]]:
+    """A CartPole rollout server set up in this process (inference only: its initial weights),
+    its replies recorded instead of sent."""
+    cfg = config_from_dict(
+        {
+            "run": {"name": "serving", "redis_url": redis_url},
+            "roles": {"rollout_server": {"count": 1}},
+        }
+    )
+    role = RolloutServer(cfg, 0, node="local", run_dir=tmp_path)
+    role.setup()
+    sent: list[tuple[bytes, ActionReply]] = []
+    role.requests.send_to = lambda identity, msg: sent.append((identity, msg)) or True
+    try:
+        yield role, sent
+    finally:
+        role.requests.close()
+
+
+def _request(i: int, state: np.ndarray) -> ObsRequest:
+    return ObsRequest(env_key=f"0/{i}", request_id=i, obs={"state": state.astype(np.float32)})
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_request_alone_gets_what_it_gets_in_a_batch(server, greedy) -> None:
+    role, sent = server
+    role.greedy = greedy
+    states = np.random.default_rng(0).normal(size=(6, 4))
+    requests = [(f"env{i}".encode(), _request(i, s)) for i, s in enumerate(states)]
+    for item in requests:
+        assert role._serve([item]) == 1
+    alone = list(sent)
+    sent.clear()
+    assert role._serve(requests) == len(requests)
+    batched = list(sent)
+    for (id_a, a), (id_b, b) in zip(alone, batched, strict=True):
+        assert id_a == id_b and a.request_id == b.request_id
+        assert a.policy_version == b.policy_version == 0
+        assert a.action.shape == b.action.shape == () and a.action.dtype == b.action.dtype
+        assert a.value == pytest.approx(b.value, abs=1e-5)  # the critic does not sample
+        if greedy:
+            assert a.action == b.action
+            assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+        assert a.log_prob <= 0 and np.isfinite(a.log_prob)
+        wire = decode(encode(a))  # what an env worker receives
+        assert isinstance(wire, ActionReply) and wire.action == a.action
+
+
+def test_non_finite_observations_are_refused_alone_and_in_a_batch(server) -> None:
+    role, sent = server
+    bad = (b"bad", _request(9, np.array([0.0, np.nan, 0.0, 0.0])))
+    assert role._serve([bad]) == 0 and sent == []
+    good = [(f"env{i}".encode(), _request(i, np.zeros(4))) for i in range(3)]
+    assert role._serve([good[0], bad, *good[1:]]) == 3
+    assert [identity for identity, _ in sent] == [b"env0", b"env1", b"env2"]
+    assert role._pending["bad_requests"] == 2
