@@ -115,7 +115,9 @@ class EnvWorker(Role):
     def _watch_trainer_backlog(self, limit: bool) -> None:
         """Publish how many chunks wait for the trainers; with ``limit`` (back-pressure), let
         envs produce only while few do."""
-        queued = self.registry.chunk_backlog()
+        # The trainer's received count can be flushed before a worker's produced count (each
+        # role flushes every 0.5 s), so the difference can dip below zero for a moment.
+        queued = max(0, self.registry.chunk_backlog())
         self.gauge("chunks_queued", queued)
         if not limit:
             return
