@@ -65,7 +65,7 @@ class EnvHost(Protocol):
     def wait_for_version_after(self, version: int) -> bool: ...
 
 
-_RESET_TRIES = 10
+RESET_TRIES = 10
 
 
 def _finite(obs: dict[str, np.ndarray], reward: float) -> bool:
@@ -194,7 +194,7 @@ class EnvRunner:
     def _reset(self, slot: EnvSlot, seed: int | None = None) -> dict[str, np.ndarray]:
         """Reset ``slot``'s env (``seed``: its next episode's), again (unseeded) while it returns a
         non-finite observation (a broken state); an env that keeps doing so fails its worker."""
-        for _ in range(_RESET_TRIES):
+        for _ in range(RESET_TRIES):
             # (a group's envs meet the same broken start state and all move on to the next)
             if slot.grouped:
                 seed = slot.next_group_seed(self.worker)
@@ -209,7 +209,7 @@ class EnvRunner:
             )
             seed = None
         raise RuntimeError(
-            f"env {slot.env_index} ({self.cfg.env.id}): {_RESET_TRIES} resets in a "
+            f"env {slot.env_index} ({self.cfg.env.id}): {RESET_TRIES} resets in a "
             "row returned non-finite observations"
         )
 

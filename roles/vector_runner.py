@@ -9,7 +9,9 @@ writes; Python touches a single env only where that env's chunk or episode ends.
 What it records is what ``EnvRunner`` records for the same steps: chunks of ``env.chunk_len``
 transitions per env, cut at episode ends, numbered per env, with the bootstrap value of the
 observation that follows; a simulator fault (non-finite observation or reward) cuts the episode
-as a truncation; a native vector env's reset step (``VectorStep.restarted``) is no transition.
+as a truncation and resets that env (where the vector env can reset one env:
+``VectorEnvs.reset_rows``); a native vector env's reset step (``VectorStep.restarted``) is no
+transition.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 
 import numpy as np
 
-from roles.env_runner import EnvRunner, EnvSlot
+from roles.env_runner import RESET_TRIES, EnvRunner, EnvSlot
 from sim.env_group import VectorEnvs, VectorStep
 from transport.messages import ActionBatchReply, TrajectoryChunk
 
@@ -82,7 +84,7 @@ class VectorRunner(EnvRunner):
         self.sim_since = time.time()
         obs = group.reset_all()
         self.sim_since = 0.0
-        _check_finite(obs, np.ones(n, bool), self.slots)
+        obs = self._finite_starts(obs, np.ones(n, bool), np.zeros(n, bool))
         reply = self._ask_group(obs)
         self.returns = np.zeros(n)
         self.lengths = np.zeros(n, np.int64)
@@ -122,8 +124,7 @@ class VectorRunner(EnvRunner):
             done = terminated | truncated
             if done.any():
                 self._end_group_episodes(t, step, reply, done, terminated, faults)
-            obs = step.next_obs
-            _check_finite(obs, done | step.restarted, self.slots)
+            obs = self._finite_starts(step.next_obs, done | step.restarted, faults)
             reply = self._ask_group(obs)
             self._start_episodes(reply)
             round_over = w.barrier is not None and round_steps >= chunk_len
@@ -158,6 +159,48 @@ class VectorRunner(EnvRunner):
             )
         rewards = np.where(finite_rewards, rewards, 0.0)
         return rewards, terminated & ~faults, truncated | faults, faults
+
+    def _finite_starts(
+        self, obs: np.ndarray, starting: np.ndarray, faults: np.ndarray
+    ) -> np.ndarray:
+        """``obs`` once every env that starts an episode (rows ``starting``) has a finite
+        observation to start from, and every env a fault cut (rows ``faults``) was reset.
+
+        Gymnasium's sync and async vector envs reset those envs alone, again (up to
+        ``RESET_TRIES`` times) while a reset gives a non-finite observation. A native vector
+        env cannot reset one env: a fault-cut env goes on from where it was, and one that would
+        start from a non-finite observation fails the worker, which its supervisor restarts.
+        """
+        redo = faults.copy()
+        for attempt in range(RESET_TRIES + 1):
+            broken = starting & ~np.isfinite(obs).all(axis=1)
+            if not (redo | broken).any():
+                return obs
+            if attempt == RESET_TRIES:
+                break
+            self.sim_since = time.time()
+            fresh = self.group.reset_rows(redo | broken)
+            self.sim_since = 0.0
+            if fresh is None:
+                if not broken.any():
+                    return obs
+                envs = [self.slots[i].env_index for i in np.flatnonzero(broken)]
+                raise RuntimeError(
+                    f"envs {envs}: the vector env gave non-finite observations to start an "
+                    "episode from, and cannot reset one env"
+                )
+            for i in np.flatnonzero(broken & ~redo):  # (a fault-cut env was counted already)
+                self.worker.drop(
+                    "sim_faults",
+                    f"env {self.slots[i].env_index}: non-finite observation to start an episode "
+                    "from; resetting again",
+                )
+            obs, redo = fresh, np.zeros_like(faults)
+        envs = [self.slots[i].env_index for i in np.flatnonzero(broken)]
+        raise RuntimeError(
+            f"envs {envs} ({self.cfg.env.id}): {RESET_TRIES} resets in a row returned "
+            "non-finite observations"
+        )
 
     def _end_group_episodes(
         self,
@@ -240,15 +283,3 @@ class VectorRunner(EnvRunner):
                 raise InterruptedError
             reply = self._ask_group(obs)
         return reply
-
-
-def _check_finite(obs: np.ndarray, starting: np.ndarray, slots: list[EnvSlot]) -> None:
-    """A vector env resets its envs itself and cannot reset one again: an episode that starts
-    (rows ``starting``) from a non-finite observation fails the worker, which its supervisor
-    restarts. (A row that a fault ended is among them: it goes on from there, unless reset.)"""
-    bad = starting & ~np.isfinite(obs).all(axis=1)
-    if bad.any():
-        envs = [slots[i].env_index for i in np.flatnonzero(bad)]
-        raise RuntimeError(
-            f"envs {envs}: the vector env gave non-finite observations to start an episode from"
-        )

@@ -131,6 +131,7 @@ class VectorEnvs(EnvGroup):
         self.size = size
         if mode is None:
             mode = "vector_entry_point" if _has_vector_entry_point(env_id) else "sync"
+        self.native = mode == "vector_entry_point"
         same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         self.vec = gym.make_vec(
             env_id,
@@ -188,6 +189,17 @@ class VectorEnvs(EnvGroup):
         if self._obs is None:
             self.reset_all(seed)
         return {"state": self._obs[i]}
+
+    def reset_rows(self, rows: np.ndarray) -> np.ndarray | None:
+        """Reset the envs where ``rows`` (bool ``[size]``) is True, the others untouched, and
+        return every env's current observation, ``[size, obs_dim]``. None for a native vector
+        env, which cannot reset one env (gymnasium's ``reset_mask`` option is its sync and
+        async vector envs')."""
+        if self.native:
+            return None
+        obs, _ = self.vec.reset(options={"reset_mask": np.asarray(rows, bool)})
+        self._obs = self._flat(obs)
+        return self._obs
 
     def _actions(self, actions: Any) -> np.ndarray:
         space = self.action_space

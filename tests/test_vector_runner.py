@@ -175,3 +175,39 @@ def test_a_vector_group_that_starts_from_a_non_finite_observation_fails_its_work
     monkeypatch.setattr(VectorEnvs, "reset_all", broken)
     with pytest.raises(RuntimeError, match=r"envs \[1\].*non-finite"):
         _run(VectorRunner, steps=10, envs=3, episode_limit=500)
+
+
+def test_a_fault_resets_only_its_env_in_a_gymnasium_vector_env() -> None:
+    """NaNCartPole (tests/faulty_env.py) under gymnasium's sync vector env: every 40th step of
+    an env gives a NaN observation and every 4th reset a NaN first one. Each fault cuts that
+    env's episode and resets that env alone (again while its reset is broken); no NaN reaches
+    a request or a chunk, and the other envs' episodes go on."""
+    import tests.faulty_env  # noqa: F401  (registers NaNCartPole-v0)
+
+    host = _run(VectorRunner, steps=600, envs=3, episode_limit=500, env_id="NaNCartPole-v0")
+    assert host.counters["sim_faults"] >= 10
+    assert len(host.chunks) >= 20 and len(host.episodes) >= 10
+    for chunk in host.chunks:
+        assert np.isfinite(chunk.obs["state"]).all() and np.isfinite(chunk.rewards).all()
+    # a fault-cut episode is a truncation; the env's next chunk starts a fresh episode
+    assert sum(c.truncated.any() for c in host.chunks) >= 10
+
+
+def test_a_native_vector_env_that_cannot_reset_one_env_fails_on_a_broken_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sim.env_group import VectorEnvs
+
+    real_step = VectorEnvs.step_arrays
+    calls = {"n": 0}
+
+    def nan_at_step_5(self: VectorEnvs, actions: Any) -> Any:
+        out = real_step(self, actions)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            out.next_obs[2] = np.nan
+        return out
+
+    monkeypatch.setattr(VectorEnvs, "step_arrays", nan_at_step_5)
+    with pytest.raises(RuntimeError, match=r"envs \[2\].*cannot reset one env"):
+        _run(VectorRunner, steps=50, envs=3, episode_limit=500)
