@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from rlvla3 import config as c
+from rlvla3 import config_sections as sections
 from rlvla3.metric_names import COUNTERS, GAUGES
 from rlvla3.policy.vla_config import VLAConfig
 from rlvla3.role_settings import ROLE_SETTINGS
@@ -52,18 +53,19 @@ def _sections() -> list[tuple[str, type]]:
     roles = [(f"roles.{name}.settings", cls) for name, cls in sorted(ROLE_SETTINGS.items())]
     return [
         ("(top level)", c.Config),
-        ("run", c.RunConfig),
-        ("run.stop", c.StopConfig),
-        ("nodes[]", c.NodeConfig),
-        ("roles.<role>", c.RoleConfig),
-        ("roles.<role>.restart", c.RestartPolicy),
+        ("run", sections.RunConfig),
+        ("run.stop", sections.StopConfig),
+        ("run.eval", sections.EvalConfig),
+        ("nodes[]", sections.NodeConfig),
+        ("roles.<role>", sections.RoleConfig),
+        ("roles.<role>.restart", sections.RestartPolicy),
         *roles,
-        ("env", c.EnvConfig),
-        ("env.straggler", c.StragglerSettings),
-        ("policy", c.PolicyConfig),
+        ("env", sections.EnvConfig),
+        ("env.straggler", sections.StragglerSettings),
+        ("policy", sections.PolicyConfig),
         ("policy.vla", VLAConfig),
-        ("algo", c.AlgoConfig),
-        ("sft", c.SftConfig),
+        ("algo", sections.AlgoConfig),
+        ("sft", sections.SftConfig),
     ]
 
 
@@ -114,7 +116,7 @@ def config_markdown() -> str:
     """The text of ``docs/config.md``."""
     out = [
         _HEADER.format(
-            source="rlvla3/config.py, rlvla3/role_settings.py and rlvla3/policy/vla_config.py"
+            source="rlvla3/config.py, rlvla3/config_sections.py, rlvla3/role_settings.py and rlvla3/policy/vla_config.py"
         ),
         "# Configuration reference\n\n",
         "Every key of a launch YAML, its type, allowed range and default; a file names only what "
