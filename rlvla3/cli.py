@@ -13,7 +13,7 @@ from rlvla3.typed_load import ConfigError
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from rlvla3.launcher import launch
+    from rlvla3.launch_command import launch
 
     return launch(args.config, args.set, node=args.node, out=args.out, resume=args.resume)
 

@@ -24,9 +24,8 @@ from urllib.parse import urlparse
 import redis
 
 from rlvla3 import netaddr, run_secret
-from rlvla3.checkpoints import find_checkpoint
-from rlvla3.cluster import Seat, find_seat, own_address
-from rlvla3.config import Config, dump_config, load_config
+from rlvla3.cluster import Seat, own_address
+from rlvla3.config import Config, dump_config
 from rlvla3.processes import STOP_ORDER, SpawnContext, stop_group, stop_stages
 from rlvla3.redis_server import RedisServerError
 from rlvla3.registry import Registry
@@ -44,7 +43,6 @@ from rlvla3.role_supervisor import REDIS_ERRORS, RoleSupervisor, try_bookkeeping
 from rlvla3.run_report import ProgressTracker, evaluation_episodes, stop_condition, write_report
 from rlvla3.signals import install_stop_signals
 from rlvla3.typed_load import ConfigError
-from transport import security
 
 _TICK_S = 0.2
 _STOPPED_BY_SIGNAL = "stopped by signal"
@@ -148,7 +146,7 @@ class Launcher:
         if info is not None and info.get("launch_id") == joined.launch_id:
             return
         if info is not None:
-            self.echo(f"node {self.seat.label}: {_move_aside(self.run_dir)}")
+            self.echo(f"node {self.seat.label}: {move_aside(self.run_dir)}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_run_info(
             self.run_dir, self.cfg, self.seat, joined.store, joined.launch_id, os.getpid()
@@ -443,80 +441,6 @@ def _write_partial_report(run_dir: Path, cfg: Config, wall_s: float, reason: str
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def launch(
-    config_path: str | None,
-    overrides: list[str] = (),
-    *,
-    node: str | None = None,
-    out: str | None = None,
-    resume: bool = False,
-    echo: Callable[[str], None] = print,
-) -> int:
-    """Load a config and run this host's part of it (the body of ``rlvla3 launch``). Returns the
-    exit code.
-
-    A fresh launch into a run dir that holds an earlier run moves that run aside (nothing is
-    deleted; only the head does this); ``resume`` keeps it, so the trainer continues from its
-    checkpoints.
-    """
-    cfg = load_config(config_path, overrides)
-    seat = find_seat(cfg, node)
-    if (
-        seat.node is not None
-        and cfg.policy.init_launch
-        and not find_checkpoint(cfg.policy.init_checkpoint or "")
-    ):
-        raise ConfigError(
-            f"policy.init_launch: a multi-node launch does not run the first stage; "
-            f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
-            f"{cfg.policy.init_checkpoint})"
-        )
-    if seat.multi_host and not security.available():
-        raise ConfigError(
-            "this pyzmq's libzmq has no CURVE, which a multi-node run needs "
-            "(pip install --force-reinstall pyzmq)"
-        )
-    if seat.node is None and cfg.policy.init_launch:
-        code = _run_init_launch(cfg, config_path, echo)
-        if code != 0:
-            return code  # a failed or interrupted first stage stops the chain
-    elif (
-        seat.node is None
-        and cfg.policy.init_checkpoint
-        and not find_checkpoint(cfg.policy.init_checkpoint)
-    ):  # (a --node launcher may start while the head still writes it, or hold no trainer)
-        raise ConfigError(
-            f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
-            "(a run dir with checkpoints/, or a .pt file)"
-        )
-    run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
-    launcher = Launcher(cfg, run_dir, seat, echo=echo)  # checks the placement first
-    if seat.multi_host:
-        echo(
-            f"node {seat.label} of {len(cfg.all_nodes())} "
-            f"({'head' if seat.is_head else f'head: {seat.head.name}'})"
-            + (f", Slurm job {seat.slurm.job_id}" if seat.slurm else "")
-        )
-    elif len(cfg.all_nodes()) > 1:
-        echo(f"running all {len(cfg.all_nodes())} nodes' roles on this host (loopback)")
-    if not resume and seat.is_head and (run_dir / "run.json").exists():
-        echo(_move_aside(run_dir))
-    try:
-        return launcher.run()
-    except (netaddr.AddressError, run_secret.SecretError) as err:
-        raise ConfigError(str(err)) from None
-    except RedisServerError as err:
-        hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
-        raise ConfigError(f"the run's redis-server: {err}{hint}") from None
-
-
-def _move_aside(run_dir: Path) -> str:
-    """Rename an earlier run's dir out of the way (nothing is deleted); says where to."""
-    moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(moved)
-    return f"moved the earlier run in {run_dir} to {moved}"
-
-
 def _stored_secret(run_dir: Path) -> str | None:
     """The secret in the run dir, None when missing or unusable (it is then rewritten)."""
     try:
@@ -525,21 +449,8 @@ def _stored_secret(run_dir: Path) -> str | None:
         return None
 
 
-def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:
-    """Run ``policy.init_launch`` into ``policy.init_checkpoint`` unless a checkpoint is there.
-
-    Returns its exit code (0 when nothing had to run). The first stage's config is its own file
-    as written: ``--set`` overrides apply to the stage they were given for.
-    """
-    init_dir = Path(cfg.policy.init_checkpoint or "")
-    if find_checkpoint(init_dir) is not None:
-        return 0
-    first = Path(cfg.policy.init_launch or "")
-    if config_path is not None and first.resolve() == Path(config_path).resolve():
-        raise ConfigError(f"policy.init_launch: {first} is this launch file itself")
-    echo(f"no checkpoint in {init_dir} yet: running {first} first to make one")
-    code = launch(str(first), out=str(init_dir), echo=echo)
-    if code == 0 and find_checkpoint(init_dir) is None:
-        echo(f"{first} ended without writing a checkpoint into {init_dir}")
-        return 1
-    return code
+def move_aside(run_dir: Path) -> str:
+    """Rename an earlier run's dir out of the way (nothing is deleted); says where to."""
+    moved = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(moved)
+    return f"moved the earlier run in {run_dir} to {moved}"

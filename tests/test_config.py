@@ -226,7 +226,7 @@ def test_pinning_to_a_cpu_the_node_lacks_names_the_field() -> None:
 
 
 def test_launch_refuses_a_run_without_roles_or_with_a_missing_checkpoint(tmp_path) -> None:
-    from rlvla3.launcher import launch
+    from rlvla3.launch_command import launch
 
     with pytest.raises(ConfigError, match="roles: no role processes to start in this config"):
         launch(None, out=str(tmp_path / "run"))

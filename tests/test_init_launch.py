@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3 import launcher
+from rlvla3 import launch_command
 from rlvla3.config import load_config
 from rlvla3.typed_load import ConfigError
 
@@ -31,7 +31,7 @@ def first_stage_calls(monkeypatch):
             (Path(out) / "checkpoints" / "ckpt_00000001.pt").write_bytes(b"")
         return behaviour["code"]
 
-    monkeypatch.setattr(launcher, "launch", fake_launch)
+    monkeypatch.setattr(launch_command, "launch", fake_launch)
     return calls, behaviour
 
 
@@ -40,10 +40,10 @@ def test_runs_the_first_stage_into_the_init_dir_once(tmp_path, first_stage_calls
     init_dir = tmp_path / "sft_run"
     path = _second_stage(tmp_path, init_checkpoint=str(init_dir), init_launch="first.yaml")
     cfg = load_config(path)
-    assert launcher._run_init_launch(cfg, str(path), echo=lambda _: None) == 0
+    assert launch_command._run_init_launch(cfg, str(path), echo=lambda _: None) == 0
     assert calls == [("first.yaml", str(init_dir))]
     # A checkpoint is there now: a second launch goes straight to its own roles.
-    assert launcher._run_init_launch(cfg, str(path), echo=lambda _: None) == 0
+    assert launch_command._run_init_launch(cfg, str(path), echo=lambda _: None) == 0
     assert len(calls) == 1
 
 
@@ -51,10 +51,10 @@ def test_a_failed_or_checkpointless_first_stage_stops_the_launch(tmp_path, first
     _, behaviour = first_stage_calls
     path = _second_stage(tmp_path, init_checkpoint=str(tmp_path / "a"), init_launch="first.yaml")
     behaviour.update(code=3, writes=False)
-    assert launcher._run_init_launch(load_config(path), str(path), echo=lambda _: None) == 3
+    assert launch_command._run_init_launch(load_config(path), str(path), echo=lambda _: None) == 3
     behaviour.update(code=0, writes=False)
     said: list[str] = []
-    assert launcher._run_init_launch(load_config(path), str(path), echo=said.append) == 1
+    assert launch_command._run_init_launch(load_config(path), str(path), echo=said.append) == 1
     assert "without writing a checkpoint" in said[-1]
 
 
@@ -65,4 +65,4 @@ def test_init_launch_needs_init_checkpoint_and_may_not_name_itself(tmp_path):
     itself = str(tmp_path / "second.yaml")
     path = _second_stage(tmp_path, init_checkpoint=str(tmp_path / "x"), init_launch=itself)
     with pytest.raises(ConfigError, match="is this launch file itself"):
-        launcher._run_init_launch(load_config(path), str(path), echo=lambda _: None)
+        launch_command._run_init_launch(load_config(path), str(path), echo=lambda _: None)

@@ -1,0 +1,104 @@
+"""The body of ``rlvla3 launch``: load the config, run its first stage
+(``policy.init_launch``) when no checkpoint is there yet, check what a multi-node launch needs,
+move an earlier run's dir aside, and hand this host's part of the run to the ``Launcher``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from rlvla3 import netaddr, run_secret
+from rlvla3.checkpoints import find_checkpoint
+from rlvla3.cluster import find_seat
+from rlvla3.config import Config, load_config
+from rlvla3.launcher import Launcher, move_aside
+from rlvla3.redis_server import RedisServerError
+from rlvla3.typed_load import ConfigError
+from transport import security
+
+
+def launch(
+    config_path: str | None,
+    overrides: list[str] = (),
+    *,
+    node: str | None = None,
+    out: str | None = None,
+    resume: bool = False,
+    echo: Callable[[str], None] = print,
+) -> int:
+    """Load a config and run this host's part of it (the body of ``rlvla3 launch``). Returns the
+    exit code.
+
+    A fresh launch into a run dir that holds an earlier run moves that run aside (nothing is
+    deleted; only the head does this); ``resume`` keeps it, so the trainer continues from its
+    checkpoints.
+    """
+    cfg = load_config(config_path, overrides)
+    seat = find_seat(cfg, node)
+    if (
+        seat.node is not None
+        and cfg.policy.init_launch
+        and not find_checkpoint(cfg.policy.init_checkpoint or "")
+    ):
+        raise ConfigError(
+            f"policy.init_launch: a multi-node launch does not run the first stage; "
+            f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
+            f"{cfg.policy.init_checkpoint})"
+        )
+    if seat.multi_host and not security.available():
+        raise ConfigError(
+            "this pyzmq's libzmq has no CURVE, which a multi-node run needs "
+            "(pip install --force-reinstall pyzmq)"
+        )
+    if seat.node is None and cfg.policy.init_launch:
+        code = _run_init_launch(cfg, config_path, echo)
+        if code != 0:
+            return code  # a failed or interrupted first stage stops the chain
+    elif (
+        seat.node is None
+        and cfg.policy.init_checkpoint
+        and not find_checkpoint(cfg.policy.init_checkpoint)
+    ):  # (a --node launcher may start while the head still writes it, or hold no trainer)
+        raise ConfigError(
+            f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
+            "(a run dir with checkpoints/, or a .pt file)"
+        )
+    run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
+    launcher = Launcher(cfg, run_dir, seat, echo=echo)  # checks the placement first
+    if seat.multi_host:
+        echo(
+            f"node {seat.label} of {len(cfg.all_nodes())} "
+            f"({'head' if seat.is_head else f'head: {seat.head.name}'})"
+            + (f", Slurm job {seat.slurm.job_id}" if seat.slurm else "")
+        )
+    elif len(cfg.all_nodes()) > 1:
+        echo(f"running all {len(cfg.all_nodes())} nodes' roles on this host (loopback)")
+    if not resume and seat.is_head and (run_dir / "run.json").exists():
+        echo(move_aside(run_dir))
+    try:
+        return launcher.run()
+    except (netaddr.AddressError, run_secret.SecretError) as err:
+        raise ConfigError(str(err)) from None
+    except RedisServerError as err:
+        hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
+        raise ConfigError(f"the run's redis-server: {err}{hint}") from None
+
+
+def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:
+    """Run ``policy.init_launch`` into ``policy.init_checkpoint`` unless a checkpoint is there.
+
+    Returns its exit code (0 when nothing had to run). The first stage's config is its own file
+    as written: ``--set`` overrides apply to the stage they were given for.
+    """
+    init_dir = Path(cfg.policy.init_checkpoint or "")
+    if find_checkpoint(init_dir) is not None:
+        return 0
+    first = Path(cfg.policy.init_launch or "")
+    if config_path is not None and first.resolve() == Path(config_path).resolve():
+        raise ConfigError(f"policy.init_launch: {first} is this launch file itself")
+    echo(f"no checkpoint in {init_dir} yet: running {first} first to make one")
+    code = launch(str(first), out=str(init_dir), echo=echo)
+    if code == 0 and find_checkpoint(init_dir) is None:
+        echo(f"{first} ended without writing a checkpoint into {init_dir}")
+        return 1
+    return code
