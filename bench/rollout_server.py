@@ -417,6 +417,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Run every thread of process ``pid`` on ``cpus`` only (threads it starts later inherit
+    the affinity of the thread that starts them). Linux."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
+
+
+@contextlib.contextmanager
+def placed_apart(server_pids: list[int], pin: bool) -> Iterator[str]:
+    """With ``pin`` and at least two usable CPUs: this process (the client) on the first, the
+    servers on the second, until the block ends; yields how the processes were placed.
+
+    Ping-pong at batch 1 is mostly wake-ups: client, server and their ZeroMQ I/O threads hand
+    each message on. Left to the scheduler, whether a server shares a core with its I/O thread
+    or with the client changes from one process to the next, and with it the rate (the same
+    server measured from about 5,700 to 11,500 req/s on the 2-core machine). Every case is
+    placed alike, so the ratios compare servers, not placements.
+    """
+    usable = sorted(os.sched_getaffinity(0))
+    if not pin or len(usable) < 2:
+        yield "unpinned (left to the scheduler)"
+        return
+    for pid in server_pids:
+        pin_threads(pid, {usable[1]})
+    pin_threads(os.getpid(), {usable[0]})
+    try:
+        yield f"pinned: client on CPU {usable[0]}, servers on CPU {usable[1]}"
+    finally:
+        pin_threads(os.getpid(), set(usable))
+
+
 def _with_cpu(pid: int, window: Any) -> tuple[float, float, float, float]:
     """``window()``'s ``(rate, start, end)`` and server ``pid``'s CPU µs per request in it."""
     before = cpu_seconds(pid)
@@ -436,14 +468,16 @@ BATCH1_CASES = ("ours", "codec_policy_echo", "codec_echo", "raw")
 """The batch-1 servers, from the real role to the raw limit."""
 
 
-def measure_batch1(duration_s: float, repeats: int) -> dict[str, float]:
+def measure_batch1(duration_s: float, repeats: int, pin: bool) -> dict[str, Any]:
     """Median req/s and server CPU µs per request at batch 1 for each of ``BATCH1_CASES``,
-    windows interleaved; and how the real server's time splits (``_serve`` / the rest)."""
+    windows interleaved; how the real server's time splits (``_serve`` / the rest); and how
+    the processes were placed (``placed_apart``)."""
     with (
         ServerHarness("bench_rs_b1", 1, CARTPOLE_HIDDEN) as ours,
         echo_server(_codec_echo_server, True) as (policy_address, policy_pid),
         echo_server(_codec_echo_server, False) as (codec_address, codec_pid),
         echo_server(_raw_echo_server) as (raw_address, raw_pid),
+        placed_apart([ours.procs[0].pid, policy_pid, codec_pid, raw_pid], pin) as placement,
     ):
 
         def raw_window() -> tuple[float, float, float]:
@@ -460,7 +494,7 @@ def measure_batch1(duration_s: float, repeats: int) -> dict[str, float]:
         for _ in range(repeats):  # interleaved, so load changes on the host hit all alike
             for key in BATCH1_CASES:
                 runs[key].append(_with_cpu(*cases[key]))
-    result = {}
+    result: dict[str, Any] = {"placement": placement}
     for key, found in runs.items():
         result[key] = statistics.median(rate for rate, *_ in found)
         result[f"{key}_cpu_us"] = statistics.median(cpu for *_, cpu in found)
@@ -490,7 +524,9 @@ def measure_policy_act(seconds: float = 1.0) -> float:
 def measure_batched(inflight: int, duration_s: float, repeats: int) -> dict[str, dict]:
     """Median obs/s with ``inflight`` outstanding requests, and what the server did meanwhile
     (mean batch, median batch time, fraction of the time in ``_serve``); for a pre-encoding
-    client (``raw``) and a codec client (``codec``), windows interleaved."""
+    client (``raw``) and a codec client (``codec``), windows interleaved. Left unpinned: the
+    server's throughput is the figure, and one core for the server and its I/O thread both
+    costs it (about 69k obs/s against 81k on the 2-core machine)."""
     with ServerHarness("bench_rs_batched", 1, CARTPOLE_HIDDEN, {"max_batch": inflight}) as h:
         runs: dict[str, list] = {"raw": [], "codec": []}
         for _ in range(repeats):
@@ -511,12 +547,13 @@ def measure_batched(inflight: int, duration_s: float, repeats: int) -> dict[str,
     return results
 
 
-def run(duration_s: float, repeats: int, inflight: int) -> dict[str, float]:
+def run(duration_s: float, repeats: int, inflight: int, pin: bool) -> dict[str, Any]:
     """Every measurement, one after the other (never two clients at once)."""
-    b1 = measure_batch1(duration_s, repeats)
+    b1 = measure_batch1(duration_s, repeats, pin)
     act_ms = measure_policy_act()
     batched = measure_batched(inflight, duration_s, repeats)
     return {
+        "placement": b1["placement"],
         **{f"batch1_{key}_req_per_s": round(b1[key], 1) for key in BATCH1_CASES},
         **{f"batch1_{key}_server_cpu_us": round(b1[f"{key}_cpu_us"], 1) for key in BATCH1_CASES},
         "batch1_ratio": round(b1["ours"] / b1["raw"], 3),
@@ -565,6 +602,7 @@ def print_table(r: dict[str, Any], inflight: int) -> None:
             f"mean batch {r[f'batched{key}_mean_batch']:.1f}, "
             f"server busy {r[f'batched{key}_server_busy_fraction']:.0%}"
         )
+    print(f"batch 1 placement: {r['placement']}")
     host = r["host"]
     print(
         f"host: {host['cpus']} CPUs, 1-min load average {host['load_avg_1m_before']:.1f} "
@@ -581,12 +619,18 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=64, help="concurrent envs for (b)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave the client and servers to the scheduler (default: client and servers on "
+        "CPUs of their own, every case alike)",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.duration_s, args.repeats, args.inflight = 0.5, 1, 8
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
-    r: dict[str, Any] = run(args.duration_s, args.repeats, args.inflight)
+    r: dict[str, Any] = run(args.duration_s, args.repeats, args.inflight, not args.no_pin)
     r["host"] = {
         "cpus": os.cpu_count(),
         "load_avg_1m_before": load_before,
