@@ -265,9 +265,6 @@ class SftConfig:
     """Seed of the first generated episode."""
     expert_noise: float = bounded(0.0, ge=0)
     """Std of the noise on the expert's executed actions (DART; 0: none)."""
-    image_shift: int = bounded(0, ge=0)
-    """Random-shift augmentation: each training image moves by up to this many pixels per
-    axis (edge-padded, cropped back; ``sft/augment.py``); 0: off. For few demonstrations."""
     token_budget: int = bounded(2048, ge=1)
     """Tokens per packed training step (samples packed without padding)."""
     stream_buffer_frames: int = bounded(0, ge=0)

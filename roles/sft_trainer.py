@@ -28,7 +28,6 @@ from rlvla3.policy.factory import build_policy
 from rlvla3.rate_meter import RateMeter
 from rlvla3.role import main
 from rlvla3.training_role import TrainingRole
-from sft.augment import random_shift
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
 
@@ -170,10 +169,7 @@ class SftTrainer(TrainingRole):
     def _train_step(self) -> dict[str, float]:
         started = time.perf_counter()
         batch = self.data.packed_batch(self.cfg.sft.token_budget, self.rng)
-        frames = dict(batch.obs)
-        if "image" in frames:
-            frames["image"] = random_shift(frames["image"], self.cfg.sft.image_shift, self.rng)
-        obs = {k: torch.from_numpy(v).to(self.device) for k, v in frames.items()}
+        obs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.obs.items()}
         actions = self.policy.from_env_action(torch.from_numpy(batch.actions))
         with self.precision():
             loss = -self.policy.evaluate(obs, actions.to(self.device)).log_prob.mean()

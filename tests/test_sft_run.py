@@ -44,7 +44,6 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
             "publish_every": 10,
             "checkpoint_every": 20,
             "stream_buffer_frames": stream_buffer_frames,
-            "image_shift": 2,
         },
     }
     run_dir = tmp_path / "run"
