@@ -50,6 +50,35 @@ def test_discrete_matches_torch_and_samples_the_softmax():
     np.testing.assert_allclose(sampled.log_prob, np.log(probs)[sampled.action], atol=ATOL)
 
 
+def test_one_state_head_matches_torch_and_samples_the_softmax():
+    """A single state takes the Python-float head (``sample_one_discrete``): the same greedy
+    action and log-probabilities as torch, and draws from the same softmax."""
+    torch.manual_seed(0)
+    policy = MLPPolicy(4, gym.spaces.Discrete(3), hidden_sizes=(16,))
+    with torch.no_grad():
+        policy.actor[-1].weight.mul_(100)
+    states = _states(5, 4)
+    rng = np.random.default_rng(2)
+    for state in states:
+        one = state[None]
+        greedy = policy.act_numpy({"state": one}, True, rng)
+        with torch.no_grad():
+            torch_greedy = policy.act({"state": torch.from_numpy(one)}, deterministic=True)
+        np.testing.assert_array_equal(greedy.action, torch_greedy.action.numpy())
+        assert greedy.action.shape == (1,) and greedy.action.dtype == np.int64
+        ref = _evaluate(policy, one, greedy.action)
+        np.testing.assert_allclose(greedy.log_prob, ref.log_prob.numpy(), atol=ATOL)
+        np.testing.assert_allclose(greedy.value, ref.value.numpy(), atol=ATOL)
+    one = states[:1]
+    draws = [policy.act_numpy({"state": one}, False, rng) for _ in range(20_000)]
+    actions = np.array([d.action[0] for d in draws])
+    with torch.no_grad():
+        probs = torch.softmax(policy.actor(torch.from_numpy(one)), -1)[0].numpy()
+    np.testing.assert_allclose(np.bincount(actions, minlength=3) / len(actions), probs, atol=0.015)
+    log_probs = np.array([d.log_prob[0] for d in draws])
+    np.testing.assert_allclose(log_probs, np.log(probs)[actions], atol=ATOL)
+
+
 def test_gaussian_log_prob_matches_evaluate_and_env_action_is_clipped():
     torch.manual_seed(0)
     space = gym.spaces.Box(-0.5, 0.5, (2,), np.float32)

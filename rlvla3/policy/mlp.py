@@ -24,7 +24,7 @@ from rlvla3.policy.base import (
     NumpyActOutput,
     ObsBatch,
 )
-from rlvla3.policy.mlp_numpy import NumpyActorCritic, numpy_able
+from rlvla3.policy.mlp_numpy import NumpyActorCritic, numpy_able, sample_one_discrete
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -181,8 +181,17 @@ class MLPPolicy(ActorCritic):
                 extra = {"log_std": self.log_std, "low": self.action_low, "high": self.action_high}
             self._numpy = NumpyActorCritic(self, self.actor, self.critic, extra)
         out, value = self._numpy(np.asarray(obs["state"], dtype=np.float32))
+        if self.discrete and len(out) == 1:
+            action, log_prob = sample_one_discrete(out[0].tolist(), deterministic, rng)
+            actions = np.array([action])
+            return NumpyActOutput(
+                action=actions,
+                env_action=actions,
+                log_prob=np.array([log_prob], np.float32),
+                value=value,
+            )
         if self.discrete:
-            # At batch 1 the head's cost is its count of numpy calls: the log-normaliser in
+            # At small batches the head's cost is its count of numpy calls: the log-normaliser in
             # one (logaddexp.reduce is stable without shifting the logits), Gumbel-max as in
             # ``act``, indexing rather than take_along_axis (3x faster at these sizes).
             log_norm = np.logaddexp.reduce(out, axis=-1)

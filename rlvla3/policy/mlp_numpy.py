@@ -19,6 +19,7 @@ torch's back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -178,3 +179,24 @@ class NumpyActorCritic:
         if self.fused is not None and self.fused.fits(len(x)):
             return self.fused(x)
         return self.actor(x), self.critic(x)[:, 0]
+
+
+def sample_one_discrete(
+    logits: list[float], deterministic: bool, rng: np.random.Generator
+) -> tuple[int, float]:
+    """(action, its log-probability) for one state's logits, in Python floats: for a single
+    state every numpy call costs more than the arithmetic it does. Greedy: the first argmax;
+    else an inverse-CDF draw from the softmax (the distribution the batched Gumbel-max draws
+    from)."""
+    top = max(logits)
+    weights = [math.exp(x - top) for x in logits]
+    total = sum(weights)
+    action = logits.index(top)
+    if not deterministic:
+        threshold = rng.random() * total
+        for i, weight in enumerate(weights):
+            threshold -= weight
+            if threshold < 0:
+                action = i
+                break
+    return action, logits[action] - top - math.log(total)
