@@ -366,7 +366,12 @@ class RolloutServer(Role):
 
     @torch.inference_mode()
     def _act_torch(self, obs: dict[str, np.ndarray]) -> NumpyActOutput:
-        batch = {key: torch.from_numpy(value).to(self.device) for key, value in obs.items()}
+        # A lone request's arrays are read-only views of the received message (_serve_one);
+        # torch takes only writable memory.
+        batch = {
+            key: torch.from_numpy(value if value.flags.writeable else value.copy()).to(self.device)
+            for key, value in obs.items()
+        }
         out = self.active.act(batch, deterministic=self.greedy)
         action = out.action.cpu().numpy()
         env_action = self.active.to_env_action(out.action)

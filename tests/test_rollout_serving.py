@@ -4,6 +4,7 @@ refused on both paths without costing the others their replies."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -72,3 +73,17 @@ def test_non_finite_observations_are_refused_alone_and_in_a_batch(server) -> Non
     assert role._serve([good[0], bad, *good[1:]]) == 3
     assert [identity for identity, _ in sent] == [b"env0", b"env1", b"env2"]
     assert role._pending["bad_requests"] == 2
+
+
+def test_the_torch_path_serves_a_received_request_without_warnings(server) -> None:
+    """A received request's arrays are read-only views of the message; the torch path (for
+    policies without a numpy path) copies them rather than handing torch read-only memory."""
+    role, sent = server
+    role.active.act_numpy = lambda *args: None  # as a VLA policy: torch only
+    req = decode(encode(_request(0, np.zeros(4))))
+    assert not req.obs["state"].flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert role._serve([(b"a", req)]) == 1
+        assert role._serve([(b"b", req), (b"c", req)]) == 2
+    assert [identity for identity, _ in sent] == [b"a", b"b", b"c"]
