@@ -258,10 +258,7 @@ class RolloutServer(Role):
     ) -> tuple[list[tuple[bytes, Any]], dict[str, np.ndarray], list[int]]:
         """The batch without requests any of whose float observations hold NaN or inf (their
         actions would be NaN too). One check per batch; rows are only looked at when it fails."""
-        for arr in obs.values():
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                break
-        else:
+        if _all_finite(obs):
             return batch, obs, rows
         floats = [arr for arr in obs.values() if arr.dtype.kind == "f"]
         total = sum(rows)
@@ -339,10 +336,9 @@ class RolloutServer(Role):
         """``_serve`` for a batch of one request (every request, when envs are few or slow):
         the same checks and reply with none of the batch's stacking and splitting."""
         obs = {key: req.obs[key][None] for key in self.obs_space.spaces}  # views, no copies
-        for arr in obs.values():
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                self.drop("bad_requests", f"request {req.env_key}: non-finite observation")
-                return 0
+        if not _all_finite(obs):
+            self.drop("bad_requests", f"request {req.env_key}: non-finite observation")
+            return 0
         out = self._act(obs)
         reply = ActionReply(
             request_id=req.request_id,
@@ -381,6 +377,11 @@ class RolloutServer(Role):
             log_prob=out.log_prob.cpu().numpy(),
             value=out.value.cpu().numpy(),
         )
+
+
+def _all_finite(obs: dict[str, np.ndarray]) -> bool:
+    """Whether no float observation holds NaN or inf (one check per array)."""
+    return all(arr.dtype.kind != "f" or np.isfinite(arr).all() for arr in obs.values())
 
 
 def _rows(req: ObsBatchRequest) -> int | None:

@@ -176,9 +176,11 @@ class MLPPolicy(ActorCritic):
         if self._numpy is None or not self._numpy.current():
             if not numpy_able(self, self.actor, self.critic):
                 return None
-            extra = {}
-            if not self.discrete:
-                extra = {"log_std": self.log_std, "low": self.action_low, "high": self.action_high}
+            extra = (
+                {}
+                if self.discrete
+                else {"log_std": self.log_std, "low": self.action_low, "high": self.action_high}
+            )
             self._numpy = NumpyActorCritic(self, self.actor, self.critic, extra)
         out, value = self._numpy(np.asarray(obs["state"], dtype=np.float32))
         if self.discrete and len(out) == 1:
