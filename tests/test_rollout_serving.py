@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rlvla3.config import config_from_dict
-from roles.rollout_server import RolloutServer
+from roles.rollout_server import RolloutServer, _all_finite
 from transport.codec import decode, encode
 from transport.messages import ActionReply, ObsRequest
 
@@ -87,3 +87,17 @@ def test_the_torch_path_serves_a_received_request_without_warnings(server) -> No
         assert role._serve([(b"a", req)]) == 1
         assert role._serve([(b"b", req), (b"c", req)]) == 2
     assert [identity for identity, _ in sent] == [b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [4, 1000])  # summed as Python floats, and np.isfinite
+def test_the_finite_check_sees_every_nan_and_inf_and_no_large_finite_value(dtype, size) -> None:
+    """``_all_finite`` takes a Python-float sum of small float arrays: a NaN or inf anywhere, or
+    infinities that cancel, must still fail it; the largest finite values must not."""
+    big = np.full((1, size), np.finfo(dtype).max, dtype)
+    assert _all_finite({"state": big, "image": np.full((1, 3), 255, np.uint8)})
+    assert _all_finite({"state": -big})
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+        arr = np.zeros((1, size), dtype)
+        arr[0, : len(bad)] = bad
+        assert not _all_finite({"image": np.zeros((1, 3), np.uint8), "state": arr}), bad

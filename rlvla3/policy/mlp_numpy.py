@@ -104,7 +104,7 @@ class FusedActorCritic:
             self.weights.append(w)
         self.actor_width = _linears(actor)[-1].out_features
         self.max_batch = _max_fused_batch(actor)
-        self._inputs: dict[int, list[np.ndarray]] = {}
+        self._buffers: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
 
     @staticmethod
     def of(actor: nn.Sequential, critic: nn.Sequential) -> FusedActorCritic | None:
@@ -121,15 +121,18 @@ class FusedActorCritic:
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(actor output [B, A], critic value [B])`` for states ``x`` [B, obs_dim]."""
-        inputs = self._inputs.get(len(x))
-        if inputs is None:  # per layer: [B, in + 1], the last column all ones
+        buffers = self._buffers.get(len(x))
+        if buffers is None:
+            # per layer: its input [B, in + 1], the last column all ones, and the view of it
+            # the previous layer writes (the slicing, once per batch size rather than per call)
             inputs = [np.ones((len(x), w.shape[0]), np.float32) for w in self.weights]
-            self._inputs[len(x)] = inputs
-        inputs[0][:, :-1] = x
-        for w, act, h, nxt in zip(
-            self.weights[:-1], self.activations, inputs[:-1], inputs[1:], strict=True
+            buffers = inputs, [h[:, :-1] for h in inputs]
+            self._buffers[len(x)] = buffers
+        inputs, writable = buffers
+        writable[0][...] = x
+        for w, act, h, out in zip(
+            self.weights[:-1], self.activations, inputs[:-1], writable[1:], strict=True
         ):
-            out = nxt[:, :-1]
             np.matmul(h, w, out=out)
             act(out, out=out)
         out = inputs[-1] @ self.weights[-1]  # fresh: the caller may keep views of it
