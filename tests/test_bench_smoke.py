@@ -38,6 +38,7 @@ BENCHMARKS = {
     "round_trip_floor.py": [],
     "sft_tabletop_probe.py": ["--demo-dir", "{tmp}/demos"],
     "sim_throughput.py": [],
+    "tabletop_failures.py": [],
     "stale_drops.py": [],
     "throughput.py": [],
     "transport.py": [],

@@ -1,0 +1,171 @@
+"""Failure probe: how a table-top policy's greedy episodes fail, from a run's newest checkpoint.
+
+Plays ``--episodes`` fresh episodes (seeds ``--seed + i``, disjoint from the demos' and the
+held-out evaluation's) with the greedy policy of a run directory (its ``config.yaml`` and newest
+checkpoint), stepped as one batch in this process, and sorts each failed episode (one that ran
+to ``max_episode_steps``) by what the pusher did over its last ``--tail`` steps:
+
+- ``oscillating``: the greedy action turned by more than 90 degrees from one step to the next
+  in most of the tail (the pusher shuttles back and forth, usually beside the block);
+- ``stalled``: the pusher barely moved (speed under 0.05 table units/s) in most of the tail;
+- ``other``: neither (e.g. pushing the block the wrong way, or walking off).
+
+It also reports where failures end (the named block's distance to its target: success is
+within 0.2) and the success rate per instruction (named block, named target), which says
+whether the policy misreads instructions or fails at the motion.
+
+    python bench/tabletop_failures.py runs/vla_tabletop_weak [--episodes 300] [--json out.json]
+
+``--smoke`` plays 4 short episodes of an untrained policy built from
+``launch/vla_tabletop_weak.yaml`` (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlvla3.checkpoints import load_checkpoint  # noqa: E402
+from rlvla3.config import Config, load_config  # noqa: E402
+from rlvla3.policy.factory import build_policy  # noqa: E402
+from rlvla3.provenance import write_result  # noqa: E402
+from sim.envs import make_env  # noqa: E402
+from sim.tabletop import COLOURS  # noqa: E402
+
+STALLED_SPEED = 0.05
+"""Table units per second below which the pusher counts as not moving."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", nargs="?", default=None, help="a run directory (config.yaml, checkpoints/)")
+    p.add_argument("--episodes", type=int, default=300)
+    p.add_argument("--seed", type=int, default=900_000, help="seed of the first episode")
+    p.add_argument("--tail", type=int, default=20, help="last steps of a failure classified")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--smoke", action="store_true", help="4 short episodes, untrained policy (CI)")
+    return p.parse_args(argv)
+
+
+def load_policy(args: argparse.Namespace) -> tuple[Config, torch.nn.Module, str]:
+    """The run's config and greedy policy (with its newest checkpoint), and what was loaded."""
+    if args.smoke:
+        cfg = load_config(
+            Path(__file__).resolve().parents[1] / "launch/vla_tabletop_weak.yaml",
+            ["policy.init_checkpoint=null", "policy.init_launch=null"],
+        )
+        return cfg, build_policy(cfg).eval(), "untrained (smoke)"
+    if args.run_dir is None:
+        raise SystemExit("tabletop_failures: give a run directory (or --smoke)")
+    run = Path(args.run_dir)
+    cfg = load_config(run / "config.yaml")
+    policy = build_policy(cfg)
+    policy.load_state_dict(load_checkpoint(run, torch.device("cpu"))["model"])
+    return cfg, policy.eval(), str(run)
+
+
+@torch.no_grad()
+def play(cfg: Config, policy: torch.nn.Module, episodes: int, seed: int, max_steps: int | None):
+    """Greedy episodes stepped as one batch: per episode its start state, success, final
+    block-to-target distance, and the env actions and pusher speeds it produced."""
+    kwargs = dict(cfg.env.kwargs)
+    if max_steps is not None:
+        kwargs["max_episode_steps"] = max_steps
+    envs = [make_env(cfg.env.id, seed=seed + i, **kwargs) for i in range(episodes)]
+    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+    starts = [env.privileged_state() for env in envs]
+    actions: list[list[np.ndarray]] = [[] for _ in envs]
+    speeds: list[list[float]] = [[] for _ in envs]
+    success, final = np.zeros(episodes, bool), np.zeros(episodes)
+    live = list(range(episodes))
+    while live:
+        batch = {k: torch.from_numpy(np.stack([obs[i][k] for i in live])) for k in obs[live[0]]}
+        out = policy.to_env_action(policy.act(batch, deterministic=True).action).numpy()
+        still = []
+        for i, action in zip(live, out, strict=True):
+            obs[i], _, terminated, truncated, info = envs[i].step(action)
+            actions[i].append(np.asarray(action, np.float64))
+            speeds[i].append(float(np.hypot(*envs[i].privileged_state().pusher_vel)))
+            if terminated or truncated:
+                success[i], final[i] = bool(info["success"]), float(info["block_to_target"])
+            else:
+                still.append(i)
+        live = still
+    return starts, success, final, actions, speeds
+
+
+def failure_kind(actions: list[np.ndarray], speeds: list[float], tail: int) -> str:
+    """``oscillating``, ``stalled`` or ``other`` (see the module docstring)."""
+    acts, moving = np.array(actions[-tail:]), np.array(speeds[-tail:])
+    if (moving < STALLED_SPEED).mean() > 0.5:
+        return "stalled"
+    if len(acts) > 1 and ((acts[1:] * acts[:-1]).sum(axis=1) < 0).mean() > 0.5:
+        return "oscillating"
+    return "other"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    episodes, tail = (4, 3) if args.smoke else (args.episodes, args.tail)
+    cfg, policy, loaded = load_policy(args)
+    starts, success, final, actions, speeds = play(
+        cfg, policy, episodes, args.seed, 6 if args.smoke else None
+    )
+    failed = np.flatnonzero(~success)
+    kinds = collections.Counter(failure_kind(actions[i], speeds[i], tail) for i in failed)
+    per_instruction: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for start, won in zip(starts, success, strict=True):
+        key = f"{COLOURS[start.block_index]} -> {COLOURS[start.target_index]}"
+        per_instruction[key][0] += 1
+        per_instruction[key][1] += int(won)
+    results = {
+        "policy": loaded,
+        "episodes": episodes,
+        "success_rate": float(success.mean()),
+        "failures": len(failed),
+        "failure_kinds": {k: kinds.get(k, 0) for k in ("oscillating", "stalled", "other")},
+        "failure_final_distance": {
+            "median": float(np.median(final[failed])) if len(failed) else None,
+            "share_within_0_3": float((final[failed] <= 0.3).mean()) if len(failed) else None,
+        },
+        "mean_length": {
+            "success": float(np.mean([len(actions[i]) for i in np.flatnonzero(success)]))
+            if success.any()
+            else None,
+            "failure": float(np.mean([len(actions[i]) for i in failed])) if len(failed) else None,
+        },
+        "success_by_instruction": {
+            k: {"episodes": n, "success_rate": won / n}
+            for k, (n, won) in sorted(per_instruction.items())
+        },
+    }
+    print(f"{loaded}: greedy success {results['success_rate']:.3f} on {episodes} episodes")
+    print(f"{'failures':<34}{len(failed):>6}")
+    for kind, n in results["failure_kinds"].items():
+        print(f"  {kind:<32}{n:>6}")
+    dist = results["failure_final_distance"]
+    if len(failed):
+        print(
+            f"  final block-to-target distance: median {dist['median']:.2f} (success <= 0.2), "
+            f"{dist['share_within_0_3']:.0%} within 0.3"
+        )
+    print(f"{'instruction':<34}{'episodes':>8}{'success':>9}")
+    for key, row in results["success_by_instruction"].items():
+        print(f"{key:<34}{row['episodes']:>8}{row['success_rate']:>9.2f}")
+    write_result(args.json, "tabletop_failures", results, vars(args))
+    return results
+
+
+if __name__ == "__main__":
+    main()
