@@ -47,7 +47,9 @@ STALLED_SPEED = 0.05
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", nargs="?", default=None, help="a run directory (config.yaml, checkpoints/)")
+    p.add_argument(
+        "run_dir", nargs="?", default=None, help="a run directory (config.yaml, checkpoints/)"
+    )
     p.add_argument("--episodes", type=int, default=300)
     p.add_argument("--seed", type=int, default=900_000, help="seed of the first episode")
     p.add_argument("--tail", type=int, default=20, help="last steps of a failure classified")
