@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--episodes", type=int, default=300)
     p.add_argument("--seed", type=int, default=900_000, help="seed of the first episode")
     p.add_argument("--tail", type=int, default=20, help="last steps of a failure classified")
+    p.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=None,
+        help="the episodes' time limit (default: the run's env.kwargs, else the env's own)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--smoke", action="store_true", help="4 short episodes, untrained policy (CI)")
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     episodes, tail = (4, 3) if args.smoke else (args.episodes, args.tail)
     cfg, policy, loaded = load_policy(args)
     starts, success, final, actions, speeds = play(
-        cfg, policy, episodes, args.seed, 6 if args.smoke else None
+        cfg, policy, episodes, args.seed, 6 if args.smoke else args.max_episode_steps
     )
     failed = np.flatnonzero(~success)
     kinds = collections.Counter(failure_kind(actions[i], speeds[i], tail) for i in failed)
