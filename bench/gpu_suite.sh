@@ -1,50 +1,71 @@
 #!/usr/bin/env bash
 # Every GPU check and GPU figure of docs/benchmarks.md ("GPU paths") in one command, for a CUDA
-# machine: the GPU tests, packed vs padded training (4 model sizes, bf16 and FP8), padded SDPA
-# backends, and the weight broadcast. Logs and JSON land in OUTDIR; nothing else is written.
+# machine: the GPU tests, the NCCL weight sync, packed vs padded training (model sizes x every
+# FlashAttention varlen kernel that loads, bf16 and FP8), and the padded SDPA backends. Logs and
+# JSON land in OUTDIR; nothing else is written. Each step has a time limit (STEP_S, seconds) so
+# one stuck step cannot take the others' time; the most wanted figures come first.
 #
-#   bench/gpu_suite.sh OUTDIR
+#   bench/gpu_suite.sh OUTDIR [STEP_S]
 set -uo pipefail
-out=${1:?usage: bench/gpu_suite.sh OUTDIR}
+out=${1:?usage: bench/gpu_suite.sh OUTDIR [STEP_S]}
+step_s=${2:-240}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
 status=0
 
-python - > "$out/environment.txt" 2>&1 <<'PY'
+step() {  # step NAME COMMAND...: run with a time limit, log to OUTDIR/NAME.log
+    local name=$1
+    shift
+    echo "== $name: $*"
+    local started=$SECONDS
+    timeout --kill-after=10 "$step_s" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    tail -n 12 "$out/$name.log"
+    echo "== $name: rc=$rc in $((SECONDS - started)) s"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+step environment python - <<'PY'
 import importlib, torch
-from rlvla3.policy.attention import backend_name
+from rlvla3.policy.attention import available_varlen_kernels, backend_name
 from sft.precision import fp8_backends
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0))
-for name in ("flash_attn", "transformer_engine.pytorch"):
+print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
+for name in ("flash_attn", "flash_attn.cute", "transformer_engine.pytorch"):
     try:
-        importlib.import_module(name)
-        print(name, "imports")
+        module = importlib.import_module(name)
+        print(name, "imports", getattr(module, "__version__", ""))
     except Exception as err:  # not installed, or built for another torch
         print(name, "missing:", type(err).__name__, err)
+print("varlen kernels that load:", available_varlen_kernels())
 print("packed attention backend:", backend_name("cuda"))
 print("FP8 backends:", fp8_backends(torch.device("cuda")))
 PY
-cat "$out/environment.txt"
+cp "$out/environment.log" "$out/environment.txt"
 
-python -m pytest -m gpu tests/test_gpu.py tests/test_precision.py tests/test_attention.py -q \
-    2>&1 | tee "$out/pytest_gpu.log" || status=1
+step pytest_gpu python -m pytest -m gpu tests/test_gpu.py tests/test_precision.py \
+    tests/test_attention.py -q -rs
+step weight_sync_nccl python bench/weight_sync.py --device cuda --sizes 10e6 100e6 \
+    --json "$out/weight_sync_nccl.json"
 
+kernels=$(python -c 'from rlvla3.policy.attention import available_varlen_kernels as a
+print(" ".join(a()))')
 # name: model flags (the first is the issue's CPU shape)
 shapes=(
-    "default:--batch 8 --d-model 256 --layers 4 --heads 4"
-    "d1024:--batch 32 --d-model 1024 --layers 8 --heads 8"
     "d2048:--batch 64 --d-model 2048 --layers 4 --heads 16"
     "d4096:--batch 64 --d-model 4096 --layers 2 --heads 32"
+    "d1024:--batch 32 --d-model 1024 --layers 8 --heads 8"
+    "default:--batch 8 --d-model 256 --layers 4 --heads 4"
 )
 for entry in "${shapes[@]}"; do
     name=${entry%%:*}
-    # shellcheck disable=SC2086  # the flags are meant to split
-    python -m bench.packing --device cuda --steps 10 --fp8 ${entry#*:} \
-        --json "$out/packing_$name.json" 2>&1 | tee "$out/packing_$name.log" || status=1
+    for kernel in $kernels; do
+        # shellcheck disable=SC2086  # the flags are meant to split
+        step "packing_${name}_$kernel" python -m bench.packing --device cuda --steps 10 --fp8 \
+            --varlen-kernel "$kernel" ${entry#*:} --json "$out/packing_${name}_$kernel.json"
+    done
 done
 
-python bench/sdpa_backends.py --json "$out/sdpa_backends.json" 2>&1 \
-    | tee "$out/sdpa_backends.log" || status=1
-python bench/weight_sync.py --json "$out/weight_sync.json" 2>&1 \
-    | tee "$out/weight_sync.log" || status=1
+step sdpa_backends python bench/sdpa_backends.py --json "$out/sdpa_backends.json"
 exit $status

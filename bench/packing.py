@@ -9,7 +9,8 @@ and start from the same weights:
 - **padded**: zero-pad to the step's longest sample, key padding mask, batched SDPA.
 - **packed**: ``sft.packing.pack`` + ``collate_packed`` (no pad tokens), per-document attention
   (``sdpa_per_segment`` on CPU; on CUDA under bf16 autocast a FlashAttention varlen kernel:
-  ``flash_attn_varlen`` from flash-attn, else torch's built-in ``torch_varlen_attn``).
+  ``flash_attn_varlen`` from flash-attn 2, else ``flash_attn4_varlen`` from flash-attn 4, else
+  torch's built-in ``torch_varlen_attn``; ``--varlen-kernel`` picks one).
 - **packed_fp8** (``--fp8``, GPU with FP8 only): the packed mode with FP8 linears
   (``sft.precision.enable_fp8``), reported against packed bf16.
 
@@ -18,7 +19,7 @@ packing would give if cost were linear in tokens. Modes alternate step by step s
 shared machine hits both alike.
 
 Usage: ``python -m bench.packing [--steps 6] [--seed 0] [--device cpu] [--threads 1] [--fp8]
-[--batch 8] [--d-model 256] [--layers 4] [--heads 4] [--json P]``
+[--batch 8] [--d-model 256] [--layers 4] [--heads 4] [--varlen-kernel NAME] [--json P]``
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlvla3.policy.attention import backend_name  # noqa: E402
+from rlvla3.policy.attention import (  # noqa: E402
+    VARLEN_KERNELS,
+    available_varlen_kernels,
+    backend_name,
+    prefer_varlen_kernel,
+)
 from rlvla3.policy.vla import Transformer  # noqa: E402
 from rlvla3.provenance import write_result  # noqa: E402
 from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
@@ -255,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--fp8", action="store_true", help="also time packed steps in FP8 (GPU)")
+    parser.add_argument(
+        "--varlen-kernel",
+        choices=list(VARLEN_KERNELS),
+        default=None,
+        help="CUDA: the FlashAttention varlen kernel for packed attention (default: the first "
+        "that loads, in the order listed)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--profile", action="store_true", help="print top GPU kernels (CUDA)")
     parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
@@ -268,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--d-model must be a multiple of --heads")
     if args.budget is not None and args.budget < MAX_LEN:
         parser.error(f"--budget must hold the longest sample ({MAX_LEN} tokens)")
+    if args.varlen_kernel is not None:
+        if args.varlen_kernel not in available_varlen_kernels():
+            parser.error(f"--varlen-kernel {args.varlen_kernel} does not load here")
+        prefer_varlen_kernel(args.varlen_kernel)
     torch.set_num_threads(args.threads)
     shape = Shape(batch=args.batch, d_model=args.d_model, layers=args.layers, heads=args.heads)
     budget = args.budget if args.budget is not None else shape.batch * MAX_LEN

@@ -86,27 +86,54 @@ def hidden_sizes(params: float) -> tuple[int, ...]:
 
 
 # --- (a) ours and (b) raw: the same two idle receiver processes for both ------------------------
+def _use_device(device: str, rank: int) -> None:
+    """On CUDA every process of the benchmark shares GPU 0: give each its own ``NCCL_HOSTID`` so
+    NCCL links them (over its socket transport) instead of refusing a duplicate GPU."""
+    if device == "cuda":
+        os.environ["NCCL_HOSTID"] = f"rlvla3-weight-sync-{rank}"
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        torch.cuda.set_device(0)
+
+
+def _arrived(device: str) -> float:
+    """Now, once this process's copy of the buffer is complete (NCCL returns before the GPU
+    has finished)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.monotonic()
+
+
 def _receiver(
-    rank: int, init_method: str, store_port: int, numels: list[int], rounds: list[int], done: Any
+    rank: int,
+    device: str,
+    init_method: str,
+    store_port: int,
+    numels: list[int],
+    rounds: list[int],
+    done: Any,
 ) -> None:
     """Process entry: per size, ``rounds[i]`` times one version over our ``WeightLink`` and then
-    one plain gloo broadcast in the world of 3 (each after a barrier), timestamping arrivals."""
+    one plain broadcast in the world of 3 (each after a barrier), timestamping arrivals."""
     torch.set_num_threads(1)
+    _use_device(device, rank)
     store = dist.TCPStore(HOST, store_port, is_master=False)
-    link = WeightLink(store, f"r{rank}", 1, "cpu", TIMEOUT.total_seconds())
+    link = WeightLink(store, f"r{rank}", 1, device, TIMEOUT.total_seconds())
     dist.init_process_group(
-        "gloo", init_method=init_method, rank=rank, world_size=3, timeout=TIMEOUT
+        _BACKENDS[device], init_method=init_method, rank=rank, world_size=3, timeout=TIMEOUT
     )
     for numel, count in zip(numels, rounds, strict=True):
-        flat = torch.empty(numel)
+        flat = torch.empty(numel, device=device)
         for _ in range(count):
             dist.barrier()
             link.recv(flat)
-            done.put(time.monotonic())
+            done.put((link.backend, _arrived(device)))
             dist.barrier()
             dist.broadcast(flat, src=0)
-            done.put(time.monotonic())
+            done.put((_BACKENDS[device], _arrived(device)))
     dist.destroy_process_group()
+
+
+_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
 
 def _free_port() -> int:
@@ -115,8 +142,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _last_arrival(done: Any) -> float:
-    return max(done.get(timeout=TIMEOUT.total_seconds()) for _ in range(2))
+def _last_arrival(done: Any, backends: set[str]) -> float:
+    """When the later of the two receivers had the buffer; records which library carried it."""
+    arrivals = [done.get(timeout=TIMEOUT.total_seconds()) for _ in range(2)]
+    backends.update(backend for backend, _ in arrivals)
+    return max(t for _, t in arrivals)
 
 
 def timed_rounds(numel: int, repeats: int) -> int:
@@ -124,13 +154,14 @@ def timed_rounds(numel: int, repeats: int) -> int:
     return max(repeats, min(5 * repeats, round(repeats * 1e8 / numel)))
 
 
-def measure_transfer(numels: list[int], repeats: int) -> list[dict[str, float]]:
+def measure_transfer(numels: list[int], repeats: int, device: str = "cpu") -> list[dict[str, Any]]:
     """Per size, median seconds until both receivers hold the buffer: ours (and ``publish()``
     alone) and raw. Rounds alternate; the first of each size is a warm-up."""
-    broadcaster = Broadcaster(start_store(HOST), timeout_s=TIMEOUT.total_seconds())
+    _use_device(device, 0)
+    broadcaster = Broadcaster(start_store(HOST), device, timeout_s=TIMEOUT.total_seconds())
     done, init_method = _CTX.Queue(), f"tcp://{HOST}:{_free_port()}"
     rounds = [timed_rounds(numel, repeats) + 1 for numel in numels]
-    args = (init_method, broadcaster.store.port, numels, rounds, done)
+    args = (device, init_method, broadcaster.store.port, numels, rounds, done)
     procs = [_CTX.Process(target=_receiver, args=(rank, *args), daemon=True) for rank in (1, 2)]
     for proc in procs:
         proc.start()
@@ -139,22 +170,25 @@ def measure_transfer(numels: list[int], repeats: int) -> list[dict[str, float]]:
         for rank in (1, 2):
             broadcaster.add(f"r{rank}")
         dist.init_process_group(
-            "gloo", init_method=init_method, rank=0, world_size=3, timeout=TIMEOUT
+            _BACKENDS[device], init_method=init_method, rank=0, world_size=3, timeout=TIMEOUT
         )
         for numel, count in zip(numels, rounds, strict=True):
-            flat = torch.empty(numel).uniform_(-0.05, 0.05)
+            flat = torch.empty(numel, device=device).uniform_(-0.05, 0.05)
             times: dict[str, list[float]] = {"ours": [], "raw": [], "publish": []}
+            ours, raw = set(), set()
             for version in range(count):
                 dist.barrier()  # all three ready before either clock starts
                 started = time.monotonic()
                 broadcaster.publish(version, flat)
                 times["publish"].append(time.monotonic() - started)
-                times["ours"].append(_last_arrival(done) - started)
+                times["ours"].append(_last_arrival(done, ours) - started)
                 dist.barrier()
                 started = time.monotonic()
                 dist.broadcast(flat, src=0)
-                times["raw"].append(_last_arrival(done) - started)
-            results.append(_transfer_summary(times))
+                times["raw"].append(_last_arrival(done, raw) - started)
+            summary: dict[str, Any] = _transfer_summary(times)
+            summary.update(ours_backend="+".join(sorted(ours)), raw_backend="+".join(sorted(raw)))
+            results.append(summary)
         dist.destroy_process_group()
     finally:
         for proc in procs:
@@ -306,20 +340,24 @@ def measure_serving(hidden: tuple, syncs: int, baseline_s: float) -> dict[str, f
 
 
 # --- report ----------------------------------------------------------------------------------
-def run(sizes: list[float], repeats: int, syncs: int, baseline_s: float) -> dict[str, dict]:
-    """Every measurement for every size, one after the other."""
+def run(
+    sizes: list[float], repeats: int, syncs: int, baseline_s: float, device: str = "cpu"
+) -> dict[str, dict]:
+    """Every measurement for every size, one after the other (on CUDA: the transfers only;
+    the serving measurement (c) runs the CPU rollout servers of ``bench/rollout_server.py``)."""
     hidden = [hidden_sizes(size) for size in sizes]
     numels = [policy_numel(server_config("sizing", "unix:///unused", 1, h, {})) for h in hidden]
     started = time.monotonic()
-    transfers = measure_transfer(numels, repeats)
+    transfers = measure_transfer(numels, repeats, device)
     _progress(f"transfers measured ({time.monotonic() - started:.0f} s)")
     results = {}
     for size, h, numel, transfer in zip(sizes, hidden, numels, transfers, strict=True):
         entry: dict[str, Any] = {"params": numel, "mb": round(numel * 4 / 1e6, 1), **transfer}
-        started = time.monotonic()
-        entry.update(measure_serving(h, syncs, baseline_s))
         name = f"{size / 1e6:g}M"
-        _progress(f"{name}: serving measured ({time.monotonic() - started:.0f} s)")
+        if device == "cpu":
+            started = time.monotonic()
+            entry.update(measure_serving(h, syncs, baseline_s))
+            _progress(f"{name}: serving measured ({time.monotonic() - started:.0f} s)")
         results[name] = {k: _rounded(v) for k, v in entry.items()}
     return results
 
@@ -342,8 +380,10 @@ def print_table(results: dict[str, dict]) -> None:
         print(
             f"{name:>5} {r['mb']:7.1f} {r['ours_s']:8.3f} {r['raw_s']:8.3f} {r['ratio']:6.2f} "
             f"{r['ours_publish_s']:10.3f} {r['ours_best_s']:11.3f} {r['raw_best_s']:6.3f} "
-            f"{r['ratio_best']:6.2f}"
+            f"{r['ratio_best']:6.2f}  (ours over {r['ours_backend']}, raw over {r['raw_backend']})"
         )
+    if not all("max_serving_gap_ms" in r for r in results.values()):
+        return
     print(
         f"\nserving, ms{'':5} {'gap: sync':>10} {'worst':>7} {'outside':>8} "
         f"{'batch: median':>14} {'sync max':>9} {'outside':>8} {'idle: sync':>11} "
@@ -376,6 +416,13 @@ def main() -> None:
     )
     parser.add_argument("--syncs", type=int, default=3, help="syncs while serving, for (c)")
     parser.add_argument("--baseline-s", type=float, default=2.0, help="quiet serving, for (c)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the weights live: cpu (gloo) or cuda (NCCL; every process on GPU 0, each "
+        "with its own NCCL_HOSTID); cuda measures the transfers (a) and (b) only",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
@@ -383,7 +430,7 @@ def main() -> None:
         args.sizes, args.repeats, args.syncs, args.baseline_s = [1e6], 2, 1, 0.5
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
-    results = run(args.sizes, args.repeats, args.syncs, args.baseline_s)
+    results = run(args.sizes, args.repeats, args.syncs, args.baseline_s, args.device)
     print_table(results)
     results["host"] = {
         "cpus": os.cpu_count(),

@@ -148,19 +148,85 @@ def test_padded_form_without_mask_is_sdpa():
         assert torch.equal(attention(q, k, v, causal=causal), ref)
 
 
+def _fake_kernels(monkeypatch, *present: str) -> None:
+    """Make exactly the varlen kernels named in ``present`` look importable."""
+    loaders = {
+        "flash_attn_varlen": "_flash_varlen_func",
+        "flash_attn4_varlen": "_flash4_varlen_func",
+        "torch_varlen_attn": "_torch_varlen_func",
+    }
+    for name, loader in loaders.items():
+        fake = (lambda *a, **kw: None) if name in present else None
+        monkeypatch.setattr(attn_mod, loader, lambda fake=fake: fake)
+
+
 def test_backend_name(monkeypatch):
     assert backend_name("cpu") == "sdpa_per_segment"
-    monkeypatch.setattr(attn_mod, "_flash_varlen_func", lambda: lambda *a, **kw: None)
+    _fake_kernels(monkeypatch, "flash_attn_varlen", "flash_attn4_varlen", "torch_varlen_attn")
     assert backend_name("cuda") == "flash_attn_varlen"
     assert backend_name("cuda", torch.bfloat16) == "flash_attn_varlen"
     assert backend_name("cuda", torch.float32) == "sdpa_per_segment"
     assert backend_name("cpu", torch.bfloat16) == "sdpa_per_segment"
-    monkeypatch.setattr(attn_mod, "_flash_varlen_func", lambda: None)
-    monkeypatch.setattr(attn_mod, "_torch_varlen_func", lambda: lambda *a, **kw: None)
+    _fake_kernels(monkeypatch, "flash_attn4_varlen", "torch_varlen_attn")
+    assert backend_name("cuda") == "flash_attn4_varlen"
+    _fake_kernels(monkeypatch, "torch_varlen_attn")
     assert backend_name("cuda") == "torch_varlen_attn"  # torch's own FlashAttention varlen
     assert backend_name("cuda", torch.float32) == "sdpa_per_segment"
-    monkeypatch.setattr(attn_mod, "_torch_varlen_func", lambda: None)
+    _fake_kernels(monkeypatch)
     assert backend_name("cuda") == "sdpa_per_segment"
+
+
+def test_a_preferred_kernel_goes_first_only_where_it_loads(monkeypatch):
+    _fake_kernels(monkeypatch, "flash_attn4_varlen", "torch_varlen_attn")
+    try:
+        attn_mod.prefer_varlen_kernel("torch_varlen_attn")
+        assert backend_name("cuda") == "torch_varlen_attn"
+        attn_mod.prefer_varlen_kernel("flash_attn_varlen")  # not there: the default order
+        assert backend_name("cuda") == "flash_attn4_varlen"
+        with pytest.raises(ValueError, match="unknown varlen kernel 'flash3'"):
+            attn_mod.prefer_varlen_kernel("flash3")
+    finally:
+        attn_mod.prefer_varlen_kernel(None)
+    assert backend_name("cuda") == "flash_attn4_varlen"
+    assert attn_mod.available_varlen_kernels() == ["flash_attn4_varlen", "torch_varlen_attn"]
+
+
+def test_flash_attn4_adapter_passes_boundaries_by_name_and_keeps_the_output(monkeypatch):
+    """flash-attn 4's varlen function takes ``cu_seqlens_q=``... by keyword and returns
+    ``(out, lse)``; the adapter must hand back ``out`` alone."""
+    calls: list[dict] = []
+
+    def flash4(
+        q,
+        k,
+        v,
+        qv=None,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        causal=False,
+    ):
+        calls.append(
+            dict(
+                cu_q=cu_seqlens_q,
+                cu_k=cu_seqlens_k,
+                max_q=max_seqlen_q,
+                max_k=max_seqlen_k,
+                causal=causal,
+                qv=qv,
+            )
+        )
+        return q * 2, None
+
+    monkeypatch.setattr(attn_mod, "_flash4_varlen_func", lambda: flash4)
+    q = torch.randn(10, H, DH)
+    cu = _cu([4, 6])
+    out = attn_mod._flash4(q, q, q, cu, 6, causal=True)
+    assert torch.equal(out, q * 2)
+    (call,) = calls
+    assert call["cu_q"] is cu and call["cu_k"] is cu and call["qv"] is None
+    assert (call["max_q"], call["max_k"], call["causal"]) == (6, 6, True)
 
 
 def test_torch_varlen_causal_flag_follows_its_signature(monkeypatch):

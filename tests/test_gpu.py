@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import os
 
 import pytest
 import torch
@@ -16,7 +17,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from rlvla3.policy.attention import attention, backend_name
+from rlvla3.policy.attention import (
+    VARLEN_KERNELS,
+    attention,
+    available_varlen_kernels,
+    backend_name,
+    prefer_varlen_kernel,
+)
 from sft.precision import Float8Linear, fp8_backend
 from transport.weights import BUCKET_BYTES, Broadcaster, WeightLink, start_store
 
@@ -27,10 +34,26 @@ pytestmark = [
 CUDA = torch.device("cuda")
 
 
+def test_a_varlen_kernel_serves_packed_attention_on_cuda():
+    assert backend_name(CUDA, torch.bfloat16) in VARLEN_KERNELS
+
+
+@pytest.mark.parametrize("kernel", list(VARLEN_KERNELS))
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_kernel_matches_per_sample_sdpa(causal):
-    assert backend_name(CUDA, torch.bfloat16) in ("flash_attn_varlen", "torch_varlen_attn")
-    lengths, heads, dh = [1, 17, 64, 200, 511], 4, 64
+def test_varlen_kernel_matches_per_sample_sdpa(kernel, causal, head_dim):
+    if kernel not in available_varlen_kernels():
+        pytest.skip(f"{kernel} does not load here")
+    prefer_varlen_kernel(kernel)
+    try:
+        assert backend_name(CUDA, torch.bfloat16) == kernel
+        _check_varlen_against_sdpa(causal, head_dim)
+    finally:
+        prefer_varlen_kernel(None)
+
+
+def _check_varlen_against_sdpa(causal: bool, dh: int) -> None:
+    lengths, heads = [1, 17, 64, 200, 511], 4
     g = torch.Generator(device=CUDA).manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), heads, dh, device=CUDA, generator=g) for _ in range(3))
     cu = torch.tensor(
@@ -90,7 +113,9 @@ def _expected(version: int) -> torch.Tensor:
     return torch.arange(NUMEL, dtype=torch.float32) * 1e-6 + version
 
 
-def _cuda_receiver(port: int, gpu: int, versions: int, results: mp.Queue) -> None:
+def _cuda_receiver(port: int, gpu: int, versions: int, hostid: str, results: mp.Queue) -> None:
+    if hostid:
+        os.environ["NCCL_HOSTID"] = hostid
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     link = WeightLink(store, "gpu_link", 1, f"cuda:{gpu}", timeout_s=60)
     out = torch.empty(NUMEL, device=f"cuda:{gpu}")
@@ -100,14 +125,23 @@ def _cuda_receiver(port: int, gpu: int, versions: int, results: mp.Queue) -> Non
         results.put((link.backend, version, digest))
 
 
-def test_cuda_weight_link_delivers_identical_versions():
-    """NCCL between two GPUs; on a one-GPU machine both ends share the GPU, which NCCL refuses,
-    so the link must fall back to gloo on the CUDA tensors and still deliver every version."""
+@pytest.mark.parametrize("distinct_host_ids", [False, True])
+def test_cuda_weight_link_delivers_identical_versions(monkeypatch, distinct_host_ids):
+    """NCCL between two GPUs. On a one-GPU machine both ends share the GPU, which NCCL refuses
+    unless the two processes give it different ``NCCL_HOSTID``s (then it links them over its
+    socket transport); without them the link falls back to gloo on the CUDA tensors. Every
+    version must arrive intact either way."""
     gpu = 1 if torch.cuda.device_count() > 1 else 0
+    if distinct_host_ids:
+        monkeypatch.setenv("NCCL_HOSTID", "rlvla3-test-broadcaster")
+        monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    else:
+        monkeypatch.delenv("NCCL_HOSTID", raising=False)
     ctx = mp.get_context("spawn")
     store = start_store("127.0.0.1", timeout_s=60)
     results: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_cuda_receiver, args=(store.port, gpu, 2, results))
+    hostid = "rlvla3-test-server" if distinct_host_ids else ""
+    proc = ctx.Process(target=_cuda_receiver, args=(store.port, gpu, 2, hostid, results))
     proc.start()
     try:
         broadcaster = Broadcaster(store, device="cuda:0", timeout_s=60)
@@ -119,7 +153,7 @@ def test_cuda_weight_link_delivers_identical_versions():
         proc.join(timeout=60)
         if proc.is_alive():
             proc.kill()
-    backend = "nccl" if gpu == 1 else "gloo"
+    backend = "nccl" if gpu == 1 or distinct_host_ids else "gloo"
     assert broadcaster.links["gpu_link"].backend == backend
     want = [
         (backend, v, hashlib.sha256(_expected(v).numpy().tobytes()).hexdigest()) for v in (0, 1)

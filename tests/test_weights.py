@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from transport.weights import BUCKET_BYTES, Broadcaster, WeightLink, start_store
+from transport.weights import BUCKET_BYTES, Broadcaster, WeightLink, nccl_accepts, start_store
 
 NUMEL = BUCKET_BYTES // 4 + 1000  # more than one bucket
 
@@ -118,3 +118,11 @@ def test_publisher_resends_the_last_version_unchanged_and_follows_a_moved_broadc
     assert not np.allclose(update.flat[:6], model.weight.detach().numpy().ravel())
     publisher.close()
     receiver.close()
+
+
+def test_nccl_links_two_gpus_or_one_gpu_shared_under_distinct_host_ids():
+    assert nccl_accepts(("GPU-a", ""), ("GPU-b", ""))
+    assert not nccl_accepts(("GPU-a", ""), ("GPU-a", ""))  # NCCL: "Duplicate GPU detected"
+    assert not nccl_accepts(("GPU-a", "h1"), ("GPU-a", ""))  # the other end is still the host
+    assert not nccl_accepts(("GPU-a", "h1"), ("GPU-a", "h1"))
+    assert nccl_accepts(("GPU-a", "h1"), ("GPU-a", "h2"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 import socket
 import threading
 import time
@@ -251,9 +252,11 @@ class WeightLink:
         store: the broadcaster's store (rank 0) or a client of it (rank 1).
         link_id: unique name of this link (the server's id); both sides use the same.
         rank: 0 on the broadcaster, 1 on the server.
-        device: ``cpu`` uses gloo; ``cuda`` uses NCCL between two GPUs, and gloo (on the CUDA
-            tensors) when both ends sit on the same GPU, which NCCL refuses ("Duplicate GPU
-            detected"): a one-GPU machine running broadcaster and server on ``cuda``.
+        device: ``cpu`` uses gloo; ``cuda`` uses NCCL between two GPUs. When both ends sit on
+            the same GPU, NCCL refuses ("Duplicate GPU detected") unless each process tells it
+            a different ``NCCL_HOSTID``: then it takes them for two hosts and links them over
+            its socket transport. So on one GPU the link is NCCL when both ends' ``NCCL_HOSTID``
+            are set and differ, and gloo (on the CUDA tensors) otherwise.
         timeout_s: how long a broadcast may take before the link counts as broken.
         host: the address this end listens on and advertises to the other (gloo binds its
             pair there; without it gloo takes the address the host name resolves to, which
@@ -279,7 +282,7 @@ class WeightLink:
         prefixed = dist.PrefixStore(f"weights/{link_id}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
         self.backend = "gloo"
-        if self.device.type == "cuda" and not _same_gpu(prefixed, rank, self.device):
+        if self.device.type == "cuda" and _nccl_can_link(prefixed, rank, self.device):
             self.backend = "nccl"
             self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
         else:
@@ -329,13 +332,27 @@ class WeightLink:
         torch.autograd.graph.increment_version(out)
 
 
-def _same_gpu(store: dist.Store, rank: int, device: torch.device) -> bool:
-    """Whether both ends of a link use the same physical GPU (each publishes its GPU's UUID in
-    the link's store and reads the other's; waits for the peer up to the store's timeout)."""
-    mine = str(torch.cuda.get_device_properties(device).uuid)
-    store.set(f"gpu_uuid/{rank}", mine)
-    theirs = store.get(f"gpu_uuid/{1 - rank}").decode()
-    return mine == theirs
+def _nccl_can_link(store: dist.Store, rank: int, device: torch.device) -> bool:
+    """Whether NCCL accepts both ends of a link (see ``nccl_accepts``). Each end publishes its
+    GPU's UUID and ``NCCL_HOSTID`` in the link's store and reads the other's (waiting up to the
+    store's timeout)."""
+    mine = (str(torch.cuda.get_device_properties(device).uuid), os.environ.get("NCCL_HOSTID", ""))
+    store.set(f"gpu_uuid/{rank}", mine[0])
+    store.set(f"nccl_hostid/{rank}", mine[1])
+    theirs = (
+        store.get(f"gpu_uuid/{1 - rank}").decode(),
+        store.get(f"nccl_hostid/{1 - rank}").decode(),
+    )
+    return nccl_accepts(mine, theirs)
+
+
+def nccl_accepts(mine: tuple[str, str], theirs: tuple[str, str]) -> bool:
+    """Whether NCCL links two ends given as ``(GPU UUID, NCCL_HOSTID or "")``: different GPUs,
+    or one GPU shared by processes that set different host ids."""
+    (my_gpu, my_host), (their_gpu, their_host) = mine, theirs
+    if my_gpu != their_gpu:
+        return True
+    return bool(my_host) and bool(their_host) and my_host != their_host
 
 
 class Broadcaster:

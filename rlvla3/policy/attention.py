@@ -8,8 +8,9 @@ Two layouts:
 - **packed / varlen** (``cu_seqlens`` given): ``q, k, v`` are ``[total_tokens, H, Dh]``, the
   tokens of ``num_docs`` documents laid end to end; ``cu_seqlens: int32[num_docs + 1]`` holds the
   document boundaries (``0, len0, len0 + len1, ..., total_tokens``). No token attends across
-  documents. On CUDA in fp16/bf16 this is a FlashAttention varlen kernel: flash-attn's
-  ``flash_attn_varlen_func`` when the package imports, else PyTorch's own
+  documents. On CUDA in fp16/bf16 this is a FlashAttention varlen kernel: flash-attn 2's
+  ``flash_attn_varlen_func`` when it imports, else flash-attn 4's (``flash_attn.cute``, the CuTe
+  DSL kernels for Hopper and Blackwell, a pure-Python wheel), else PyTorch's own
   ``torch.nn.attention.varlen.varlen_attn`` (the FlashAttention-2 kernels built into CUDA builds of
   torch >= 2.10, so a GPU needs no extra install). Everywhere else it is SDPA per document segment
   (see ``_sdpa_per_segment``).
@@ -17,7 +18,8 @@ Two layouts:
 Why per-segment SDPA on CPU: measured with torch 2.13, training in packed form with per-segment SDPA
 runs ~2.0x faster in real tokens/s than padding, while one dense block-diagonal mask over the whole
 pack gave no speed-up (0.83x: it pays the full ``total_tokens**2`` attention) and FlexAttention has
-no CPU backward. flash-attn is an optional extra (``pip install rlvla3[gpu]``), imported lazily.
+no CPU backward. flash-attn 4 is the optional ``gpu`` extra (``pip install rlvla3[gpu]``), imported
+lazily; flash-attn 2 is used when installed (it has no wheel).
 """
 
 from __future__ import annotations
@@ -36,10 +38,21 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 @functools.cache
 def _flash_varlen_func() -> Callable[..., Tensor] | None:
-    """``flash_attn.flash_attn_varlen_func`` if flash-attn imports cleanly, else None (cached)."""
+    """flash-attn 2.x's ``flash_attn.flash_attn_varlen_func`` if it imports cleanly, else None."""
     try:
         from flash_attn import flash_attn_varlen_func
     except (ImportError, OSError):  # not installed, or built against another torch / CUDA
+        return None
+    return flash_attn_varlen_func
+
+
+@functools.cache
+def _flash4_varlen_func() -> Callable[..., object] | None:
+    """flash-attn 4's ``flash_attn.cute.flash_attn_varlen_func`` (CuTe DSL kernels compiled at
+    first use; Hopper and Blackwell) if it imports cleanly, else None."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except (ImportError, OSError, RuntimeError):  # absent, or its CUDA libraries do not load
         return None
     return flash_attn_varlen_func
 
@@ -54,6 +67,30 @@ def _torch_varlen_func() -> Callable[..., Tensor] | None:
     except ImportError:
         return None
     return varlen_attn
+
+
+def _flash2(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool):
+    flash = _flash_varlen_func()
+    assert flash is not None
+    return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
+
+
+def _flash4(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool):
+    """flash-attn 4 takes the boundaries by keyword and returns ``(out, lse)`` (``lse`` None
+    unless asked for): keep ``out``."""
+    flash = _flash4_varlen_func()
+    assert flash is not None
+    result = flash(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
+        causal=causal,
+    )
+    return result[0] if isinstance(result, tuple) else result
 
 
 def _torch_varlen(
@@ -77,23 +114,51 @@ def _causal_kwargs(varlen_attn: Callable[..., Tensor]) -> dict[str, object]:
     raise RuntimeError("this torch's varlen_attn takes no causal flag")
 
 
+# The FlashAttention varlen kernels in the order they are preferred: name -> (is it there?,
+# call with the uniform signature ``(q, k, v, cu_seqlens, max_seqlen, causal=)``).
+VARLEN_KERNELS: dict[str, tuple[Callable[[], object], Callable[..., Tensor]]] = {
+    "flash_attn_varlen": (lambda: _flash_varlen_func(), _flash2),
+    "flash_attn4_varlen": (lambda: _flash4_varlen_func(), _flash4),
+    "torch_varlen_attn": (lambda: _torch_varlen_func(), _torch_varlen),
+}
+_preferred: str | None = None
+
+
+def prefer_varlen_kernel(name: str | None) -> None:
+    """Use the varlen kernel ``name`` (a key of ``VARLEN_KERNELS``) whenever it is available,
+    before the default order; ``None`` restores that order. For benchmarks and tests that
+    compare kernels on one machine."""
+    global _preferred
+    if name is not None and name not in VARLEN_KERNELS:
+        raise ValueError(f"unknown varlen kernel {name!r}; known: {', '.join(VARLEN_KERNELS)}")
+    _preferred = name
+
+
+def available_varlen_kernels() -> list[str]:
+    """Names of the varlen kernels that load in this process (CUDA ones need a GPU to run)."""
+    return [name for name, (present, _) in VARLEN_KERNELS.items() if present() is not None]
+
+
 def _kernel_backend(device: torch.device, half: bool) -> str | None:
     """The FlashAttention varlen backend for ``device`` (None: use SDPA per segment)."""
     if device.type != "cuda" or not half:
         return None
-    if _flash_varlen_func() is not None:
-        return "flash_attn_varlen"
-    if _torch_varlen_func() is not None:
-        return "torch_varlen_attn"
+    names = list(VARLEN_KERNELS)
+    if _preferred is not None:
+        names.insert(0, _preferred)
+    for name in names:
+        if VARLEN_KERNELS[name][0]() is not None:
+            return name
     return None
 
 
 def backend_name(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
     """Name of the packed-attention backend used on ``device``, for logs and benchmark reports.
 
-    Returns ``"flash_attn_varlen"`` (flash-attn package) or ``"torch_varlen_attn"`` (torch's
-    built-in FlashAttention varlen) when ``device`` is CUDA and ``dtype`` is fp16/bf16
-    (``dtype=None`` assumes half precision, e.g. under autocast); else ``"sdpa_per_segment"``.
+    Returns ``"flash_attn_varlen"`` (flash-attn 2), ``"flash_attn4_varlen"`` (flash-attn 4, the
+    CuTe DSL kernels) or ``"torch_varlen_attn"`` (torch's built-in FlashAttention varlen) when
+    ``device`` is CUDA and ``dtype`` is fp16/bf16 (``dtype=None`` assumes half precision, e.g.
+    under autocast); else ``"sdpa_per_segment"``.
     """
     device = torch.device(device)
     half = dtype is None or dtype in _HALF_DTYPES
@@ -147,11 +212,7 @@ def attention(
     if max_seqlen is None:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    if backend == "flash_attn_varlen":
-        flash = _flash_varlen_func()
-        assert flash is not None
-        return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
-    return _torch_varlen(q, k, v, cu, max_seqlen, causal=causal)
+    return VARLEN_KERNELS[backend][1](q, k, v, cu, max_seqlen, causal=causal)
 
 
 # SDPA kernels for the padded form on CUDA: all but cuDNN. Measured with torch 2.11 on an H100
