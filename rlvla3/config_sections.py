@@ -95,6 +95,8 @@ class RunConfig:
     """How long another node waits for the head to start the run."""
     head_timeout_s: float = bounded(60.0, gt=0)
     """A node, and its roles, ride out losing the head (or Redis) this long, then stop (exit 1)."""
+    nccl_shared_gpu: bool = False
+    """Give every role process its own ``NCCL_HOSTID``, so weight links between processes that share one GPU use NCCL (over its socket transport) instead of gloo; leave off when roles have GPUs of their own (NCCL would then take them for separate hosts and skip NVLink and shared memory)."""
     stop: StopConfig = field(default_factory=StopConfig)
     """When the run ends."""
     eval: EvalConfig = field(default_factory=EvalConfig)

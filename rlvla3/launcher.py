@@ -173,6 +173,7 @@ class Launcher:
             address=self.address,
             secret=secret,
             nccl_interface=interface,
+            nccl_host_ids=self.cfg.run.nccl_shared_gpu,
         )
         reason, code, redis_lost = "launcher failed", 1, False
         self.roles = RoleSupervisor(

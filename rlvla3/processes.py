@@ -64,6 +64,7 @@ class SpawnContext:
         address: the node address roles bind and advertise.
         secret: the run secret (multi-host runs: Redis AUTH and CURVE), None on one host.
         nccl_interface: the interface NCCL's bootstrap should use (``NCCL_SOCKET_IFNAME``).
+        nccl_host_ids: give each role process its own ``NCCL_HOSTID`` (``run.nccl_shared_gpu``).
     """
 
     config_path: Path
@@ -71,6 +72,7 @@ class SpawnContext:
     address: str
     secret: str | None = None
     nccl_interface: str | None = None
+    nccl_host_ids: bool = False
 
 
 def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
@@ -101,6 +103,10 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
         env[run_secret.SECRET_ENV] = ctx.secret  # the environment: never on a command line
     if ctx.nccl_interface and "NCCL_SOCKET_IFNAME" not in env:
         env["NCCL_SOCKET_IFNAME"] = ctx.nccl_interface
+    if ctx.nccl_host_ids and "NCCL_HOSTID" not in env:
+        # NCCL refuses two ranks on one GPU of one host; distinct host ids make it link them
+        # over sockets (transport/weights.py decides per link).
+        env["NCCL_HOSTID"] = f"rlvla3-{proc.node}-{proc.role}-{proc.index}"
     with open(proc.log_path, "ab") as log:
         proc.popen = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

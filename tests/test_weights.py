@@ -7,6 +7,7 @@ import multiprocessing as mp
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -126,3 +127,38 @@ def test_nccl_links_two_gpus_or_one_gpu_shared_under_distinct_host_ids():
     assert not nccl_accepts(("GPU-a", "h1"), ("GPU-a", ""))  # the other end is still the host
     assert not nccl_accepts(("GPU-a", "h1"), ("GPU-a", "h1"))
     assert nccl_accepts(("GPU-a", "h1"), ("GPU-a", "h2"))
+
+
+@pytest.mark.parametrize("shared_gpu", [False, True])
+def test_roles_get_their_own_nccl_host_id_only_when_asked(monkeypatch, tmp_path, shared_gpu):
+    """``run.nccl_shared_gpu`` gives each role process a distinct ``NCCL_HOSTID``; a value the
+    user set wins; off, none is set (NCCL keeps NVLink and shared memory between GPUs)."""
+    import subprocess
+
+    from rlvla3 import processes
+
+    envs: list[dict] = []
+
+    class FakePopen:
+        def __init__(self, args, env, **kwargs):
+            envs.append(env)
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    monkeypatch.delenv("NCCL_HOSTID", raising=False)
+    ctx = processes.SpawnContext(
+        config_path=tmp_path / "config.yaml",
+        run_dir=tmp_path,
+        address="127.0.0.1",
+        nccl_host_ids=shared_gpu,
+    )
+    for role, index in (("weight_broadcaster", 0), ("rollout_server", 0), ("rollout_server", 1)):
+        proc = processes.RoleProcess(role, index, "gpu-0", tmp_path / f"{role}{index}.log")
+        processes.spawn(proc, ctx)
+    ids = [env.get("NCCL_HOSTID") for env in envs]
+    if shared_gpu:
+        assert len(set(ids)) == 3 and all(ids)
+    else:
+        assert ids == [None, None, None]
+    monkeypatch.setenv("NCCL_HOSTID", "mine")
+    processes.spawn(processes.RoleProcess("trainer", 0, "gpu-0", tmp_path / "t.log"), ctx)
+    assert envs[-1]["NCCL_HOSTID"] == "mine"
