@@ -337,6 +337,9 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
         )
         for log in [*tmp_path.glob("*.log"), *tmp_path.glob("*/logs/*.log")]:
             assert secret not in log.read_text(errors="replace"), f"the run secret is in {log}"
+    except BaseException:
+        _print_log_tails(tmp_path, secret)  # pytest shows it with the failure
+        raise
     finally:
         for proc in launchers.values():
             if proc.poll() is None:
@@ -344,3 +347,11 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
         for proc in launchers.values():  # reap the killed ones before the namespaces go
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+
+
+def _print_log_tails(run_root: Path, secret: str, lines: int = 15) -> None:
+    """The end of every launcher's and role's log under ``run_root``, the secret blanked."""
+    for log in sorted([*run_root.glob("*.log"), *run_root.glob("*/logs/*.log")]):
+        text = log.read_text(errors="replace").replace(secret, "<secret>")
+        tail = text.splitlines()[-lines:]
+        print(f"--- {log.relative_to(run_root)}", *tail, sep="\n")
