@@ -6,6 +6,8 @@
 # one stuck step cannot take the others' time; the most wanted figures come first.
 #
 #   bench/gpu_suite.sh OUTDIR [STEP_S]
+#
+# GPU_SUITE_QUICK=1 runs the environment, the tests and the weight sync alone (about 2 minutes).
 set -uo pipefail
 out=${1:?usage: bench/gpu_suite.sh OUTDIR [STEP_S]}
 step_s=${2:-240}
@@ -27,11 +29,19 @@ step() {  # step NAME COMMAND...: run with a time limit, log to OUTDIR/NAME.log
 }
 
 step environment python - <<'PY'
-import importlib, torch
+import importlib, importlib.metadata, subprocess, torch
 from rlvla3.policy.attention import available_varlen_kernels, backend_name
 from sft.precision import fp8_backends
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0))
 print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
+query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+print("nvidia-smi:", subprocess.run(query, capture_output=True, text=True).stdout.strip())
+for dist in ("flash-attn", "flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu13",
+             "transformer-engine"):
+    try:
+        print(dist, importlib.metadata.version(dist))
+    except importlib.metadata.PackageNotFoundError:
+        print(dist, "not installed")
 for name in ("flash_attn", "flash_attn.cute", "transformer_engine.pytorch"):
     try:
         module = importlib.import_module(name)
@@ -48,10 +58,19 @@ step pytest_gpu python -m pytest -m gpu tests/test_gpu.py tests/test_precision.p
     tests/test_attention.py -q -rs
 step weight_sync_nccl python bench/weight_sync.py --device cuda --sizes 10e6 100e6 \
     --json "$out/weight_sync_nccl.json"
+step weight_sync_cuda_gloo python bench/weight_sync.py --device cuda-gloo --sizes 10e6 100e6 \
+    --json "$out/weight_sync_cuda_gloo.json"
 
-kernels=$(python -c 'from rlvla3.policy.attention import available_varlen_kernels as a
+if [ "${GPU_SUITE_QUICK:-0}" = 1 ]; then
+    exit $status
+fi
+kernels=$(timeout 120 python -c 'from rlvla3.policy.attention import available_varlen_kernels as a
 print(" ".join(a()))')
-# name: model flags (the first is the issue's CPU shape)
+if [ -z "$kernels" ]; then
+    echo "== no FlashAttention varlen kernel loads: packing not measured"
+    status=1
+fi
+# name: model flags (the last is the CPU benchmark's default shape)
 shapes=(
     "d2048:--batch 64 --d-model 2048 --layers 4 --heads 16"
     "d4096:--batch 64 --d-model 4096 --layers 2 --heads 32"

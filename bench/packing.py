@@ -195,7 +195,9 @@ def run(
         "padding_bound": bound,
         "speedup_over_bound": packed_tps / padded_tps / bound,
         "device": str(device),
-        "backend": backend_name(device, None if device.type == "cuda" else torch.float32),
+        "backend": backend_name(
+            device, None if device.type == "cuda" else torch.float32, shape.d_model // shape.heads
+        ),
         "steps": steps,
         "warmup_steps": warmup,
         "seed": seed,

@@ -1,4 +1,10 @@
-"""Weight-sync benchmark: our broadcaster -> 2 rollout servers against one raw gloo broadcast.
+"""Weight-sync benchmark: our broadcaster -> 2 rollout servers against one raw broadcast.
+
+``--device`` picks where the weights live and the library: ``cpu`` (gloo, the default and what
+the text below describes), ``cuda`` (NCCL: all three processes on GPU 0, each with its own
+``NCCL_HOSTID``; a receiver timestamps after ``torch.cuda.synchronize()``) or ``cuda-gloo``
+(GPU 0 without host ids: our links and the raw broadcast run gloo on CUDA tensors). The CUDA
+modes measure (a) and (b) only.
 
 For each model size (an MLP policy of width 1024 on CartPole spaces, deep enough for ``--sizes``
 float32 parameters; one flat buffer of exactly that many floats everywhere):
@@ -37,7 +43,8 @@ overwrites them before anything is served): ``orthogonal_`` of 100M parameters t
 The JSON also records the host's CPU count and load average: on a shared host, other processes'
 load shows up in every figure here, most in the serving gaps.
 
-    python bench/weight_sync.py [--sizes 10e6 100e6] [--repeats 5] [--syncs 3] [--json PATH]
+    python bench/weight_sync.py [--sizes 10e6 100e6] [--repeats 5] [--syncs 3]
+                                [--device cpu|cuda|cuda-gloo] [--json PATH]
 """
 
 from __future__ import annotations
@@ -86,19 +93,31 @@ def hidden_sizes(params: float) -> tuple[int, ...]:
 
 
 # --- (a) ours and (b) raw: the same two idle receiver processes for both ------------------------
-def _use_device(device: str, rank: int) -> None:
-    """On CUDA every process of the benchmark shares GPU 0: give each its own ``NCCL_HOSTID`` so
-    NCCL links them (over its socket transport) instead of refusing a duplicate GPU."""
+# --device: where the weights live, and the library of the raw world-of-3 broadcast.
+DEVICES = {"cpu": ("cpu", "gloo"), "cuda": ("cuda", "nccl"), "cuda-gloo": ("cuda", "gloo")}
+
+
+def _use_device(device: str, rank: int) -> str:
+    """Set this process up for ``--device`` ``device``; returns the torch device. On CUDA every
+    process of the benchmark shares GPU 0. ``cuda`` gives each its own ``NCCL_HOSTID`` so NCCL
+    links them (over its socket transport) instead of refusing a duplicate GPU; ``cuda-gloo``
+    gives none, so our links fall back to gloo on the CUDA tensors, as without
+    ``run.nccl_shared_gpu``."""
+    torch_device, _ = DEVICES[device]
     if device == "cuda":
         os.environ["NCCL_HOSTID"] = f"rlvla3-weight-sync-{rank}"
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    else:
+        os.environ.pop("NCCL_HOSTID", None)
+    if torch_device == "cuda":
         torch.cuda.set_device(0)
+    return torch_device
 
 
 def _arrived(device: str) -> float:
     """Now, once this process's copy of the buffer is complete (NCCL returns before the GPU
     has finished)."""
-    if device == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.monotonic()
 
@@ -115,25 +134,22 @@ def _receiver(
     """Process entry: per size, ``rounds[i]`` times one version over our ``WeightLink`` and then
     one plain broadcast in the world of 3 (each after a barrier), timestamping arrivals."""
     torch.set_num_threads(1)
-    _use_device(device, rank)
+    torch_device, world = _use_device(device, rank), DEVICES[device][1]
     store = dist.TCPStore(HOST, store_port, is_master=False)
-    link = WeightLink(store, f"r{rank}", 1, device, TIMEOUT.total_seconds())
+    link = WeightLink(store, f"r{rank}", 1, torch_device, TIMEOUT.total_seconds())
     dist.init_process_group(
-        _BACKENDS[device], init_method=init_method, rank=rank, world_size=3, timeout=TIMEOUT
+        world, init_method=init_method, rank=rank, world_size=3, timeout=TIMEOUT
     )
     for numel, count in zip(numels, rounds, strict=True):
-        flat = torch.empty(numel, device=device)
+        flat = torch.empty(numel, device=torch_device)
         for _ in range(count):
             dist.barrier()
             link.recv(flat)
             done.put((link.backend, _arrived(device)))
             dist.barrier()
             dist.broadcast(flat, src=0)
-            done.put((_BACKENDS[device], _arrived(device)))
+            done.put((world, _arrived(device)))
     dist.destroy_process_group()
-
-
-_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
 
 def _free_port() -> int:
@@ -157,8 +173,8 @@ def timed_rounds(numel: int, repeats: int) -> int:
 def measure_transfer(numels: list[int], repeats: int, device: str = "cpu") -> list[dict[str, Any]]:
     """Per size, median seconds until both receivers hold the buffer: ours (and ``publish()``
     alone) and raw. Rounds alternate; the first of each size is a warm-up."""
-    _use_device(device, 0)
-    broadcaster = Broadcaster(start_store(HOST), device, timeout_s=TIMEOUT.total_seconds())
+    torch_device, world = _use_device(device, 0), DEVICES[device][1]
+    broadcaster = Broadcaster(start_store(HOST), torch_device, timeout_s=TIMEOUT.total_seconds())
     done, init_method = _CTX.Queue(), f"tcp://{HOST}:{_free_port()}"
     rounds = [timed_rounds(numel, repeats) + 1 for numel in numels]
     args = (device, init_method, broadcaster.store.port, numels, rounds, done)
@@ -170,10 +186,10 @@ def measure_transfer(numels: list[int], repeats: int, device: str = "cpu") -> li
         for rank in (1, 2):
             broadcaster.add(f"r{rank}")
         dist.init_process_group(
-            _BACKENDS[device], init_method=init_method, rank=0, world_size=3, timeout=TIMEOUT
+            world, init_method=init_method, rank=0, world_size=3, timeout=TIMEOUT
         )
         for numel, count in zip(numels, rounds, strict=True):
-            flat = torch.empty(numel, device=device).uniform_(-0.05, 0.05)
+            flat = torch.empty(numel, device=torch_device).uniform_(-0.05, 0.05)
             times: dict[str, list[float]] = {"ours": [], "raw": [], "publish": []}
             ours, raw = set(), set()
             for version in range(count):
@@ -418,10 +434,11 @@ def main() -> None:
     parser.add_argument("--baseline-s", type=float, default=2.0, help="quiet serving, for (c)")
     parser.add_argument(
         "--device",
-        choices=["cpu", "cuda"],
+        choices=list(DEVICES),
         default="cpu",
-        help="where the weights live: cpu (gloo) or cuda (NCCL; every process on GPU 0, each "
-        "with its own NCCL_HOSTID); cuda measures the transfers (a) and (b) only",
+        help="where the weights live: cpu (gloo), cuda (NCCL; every process on GPU 0, each "
+        "with its own NCCL_HOSTID) or cuda-gloo (GPU 0, no host ids: gloo on CUDA tensors); "
+        "the CUDA ones measure the transfers (a) and (b) only",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")

@@ -256,7 +256,7 @@ class SftConfig:
     DART demos: the expert executes its action plus noise of std ``expert_noise`` while the clean
     action is recorded (an existing dataset is reused as is, so give each noise level its own
     path). ``fp8_backend: torch_scaled_mm`` measured slower than bf16 below d_model≈4096 on an
-    H100, so it is opt-in.
+    H200 (on par at 4096), so it is opt-in.
     """
 
     dataset: str = "data/demos"

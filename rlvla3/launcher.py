@@ -175,6 +175,11 @@ class Launcher:
             nccl_interface=interface,
             nccl_host_ids=self.cfg.run.nccl_shared_gpu,
         )
+        if self.cfg.run.nccl_shared_gpu and "NCCL_HOSTID" in os.environ:
+            self.echo(
+                "run.nccl_shared_gpu: NCCL_HOSTID is set in this environment, so every role "
+                "inherits the same host id and links on a shared GPU stay on gloo"
+            )
         reason, code, redis_lost = "launcher failed", 1, False
         self.roles = RoleSupervisor(
             self.cfg, self.run_dir, self.registry, self.echo, self.stop_requested

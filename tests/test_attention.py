@@ -158,6 +158,7 @@ def _fake_kernels(monkeypatch, *present: str) -> None:
     for name, loader in loaders.items():
         fake = (lambda *a, **kw: None) if name in present else None
         monkeypatch.setattr(attn_mod, loader, lambda fake=fake: fake)
+    monkeypatch.setattr(attn_mod, "_capability_major", lambda device: 9)  # a Hopper GPU
 
 
 def test_backend_name(monkeypatch):
@@ -174,6 +175,17 @@ def test_backend_name(monkeypatch):
     assert backend_name("cuda", torch.float32) == "sdpa_per_segment"
     _fake_kernels(monkeypatch)
     assert backend_name("cuda") == "sdpa_per_segment"
+
+
+def test_flash_attn4_serves_only_the_head_dims_and_gpus_it_was_checked_on(monkeypatch):
+    _fake_kernels(monkeypatch, "flash_attn4_varlen", "torch_varlen_attn")
+    assert backend_name("cuda", head_dim=64) == "flash_attn4_varlen"
+    assert backend_name("cuda", head_dim=128) == "flash_attn4_varlen"
+    assert backend_name("cuda", head_dim=16) == "torch_varlen_attn"  # the table-top VLA's
+    monkeypatch.setattr(attn_mod, "_capability_major", lambda device: 8)  # an A100
+    assert backend_name("cuda", head_dim=64) == "torch_varlen_attn"
+    _fake_kernels(monkeypatch, "flash_attn4_varlen")
+    assert backend_name("cuda", head_dim=16) == "sdpa_per_segment"
 
 
 def test_a_preferred_kernel_goes_first_only_where_it_loads(monkeypatch):

@@ -284,7 +284,11 @@ class WeightLink:
         self.backend = "gloo"
         if self.device.type == "cuda" and _nccl_can_link(prefixed, rank, self.device):
             self.backend = "nccl"
-            self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = (
+                timeout  # NCCL's watchdog default (10 min) would end a waiting server
+            )
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, options)
         else:
             options = dist.ProcessGroupGloo._Options()
             options._timeout = timeout
@@ -295,6 +299,10 @@ class WeightLink:
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast([tensor], self._opts).wait()
+        if self.backend == "nccl":
+            # NCCL's wait() only orders the current stream after the collective; block until the
+            # bytes are there, so a send means delivered (or raises) as it does over gloo.
+            torch.cuda.current_stream(self.device).synchronize()
 
     def send(self, version: int, flat: torch.Tensor) -> None:
         """Rank 0: send ``flat`` as weight ``version``."""

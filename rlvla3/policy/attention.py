@@ -69,13 +69,18 @@ def _torch_varlen_func() -> Callable[..., Tensor] | None:
     return varlen_attn
 
 
-def _flash2(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool):
+def _flash2(
+    q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool
+) -> Tensor:
+    """flash-attn 2's varlen function (positional boundaries, returns the output)."""
     flash = _flash_varlen_func()
     assert flash is not None
     return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
 
 
-def _flash4(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool):
+def _flash4(
+    q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_seqlen: int, *, causal: bool
+) -> Tensor:
     """flash-attn 4 takes the boundaries by keyword and returns ``(out, lse)`` (``lse`` None
     unless asked for): keep ``out``."""
     flash = _flash4_varlen_func()
@@ -114,12 +119,43 @@ def _causal_kwargs(varlen_attn: Callable[..., Tensor]) -> dict[str, object]:
     raise RuntimeError("this torch's varlen_attn takes no causal flag")
 
 
+# flash-attn 4 is used where it was checked against per-sample attention (tests/test_gpu.py):
+# Hopper, head dims 64 and 128. Elsewhere (the table-top VLA's head dim 16, other GPUs) the
+# next kernel serves.
+_FLASH4_HEAD_DIMS = (64, 128)
+_FLASH4_CAPABILITY_MAJOR = (9,)
+
+
+def _flash4_fits(device: torch.device, head_dim: int | None) -> bool:
+    if head_dim is not None and head_dim not in _FLASH4_HEAD_DIMS:
+        return False
+    return _capability_major(device) in _FLASH4_CAPABILITY_MAJOR
+
+
+def _capability_major(device: torch.device) -> int:
+    """The CUDA compute capability's major number of ``device`` (9: Hopper)."""
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def _always(device: torch.device, head_dim: int | None) -> bool:
+    return True
+
+
 # The FlashAttention varlen kernels in the order they are preferred: name -> (is it there?,
-# call with the uniform signature ``(q, k, v, cu_seqlens, max_seqlen, causal=)``).
-VARLEN_KERNELS: dict[str, tuple[Callable[[], object], Callable[..., Tensor]]] = {
-    "flash_attn_varlen": (lambda: _flash_varlen_func(), _flash2),
-    "flash_attn4_varlen": (lambda: _flash4_varlen_func(), _flash4),
-    "torch_varlen_attn": (lambda: _torch_varlen_func(), _torch_varlen),
+# does it take this GPU and head dim?, call with the uniform signature
+# ``(q, k, v, cu_seqlens, max_seqlen, causal=)``). The loaders are wrapped in lambdas so that
+# they are looked up at call time (tests replace them).
+VARLEN_KERNELS: dict[
+    str,
+    tuple[
+        Callable[[], object],
+        Callable[[torch.device, int | None], bool],
+        Callable[..., Tensor],
+    ],
+] = {
+    "flash_attn_varlen": (lambda: _flash_varlen_func(), _always, _flash2),
+    "flash_attn4_varlen": (lambda: _flash4_varlen_func(), _flash4_fits, _flash4),
+    "torch_varlen_attn": (lambda: _torch_varlen_func(), _always, _torch_varlen),
 }
 _preferred: str | None = None
 
@@ -136,10 +172,10 @@ def prefer_varlen_kernel(name: str | None) -> None:
 
 def available_varlen_kernels() -> list[str]:
     """Names of the varlen kernels that load in this process (CUDA ones need a GPU to run)."""
-    return [name for name, (present, _) in VARLEN_KERNELS.items() if present() is not None]
+    return [name for name, (present, _, _) in VARLEN_KERNELS.items() if present() is not None]
 
 
-def _kernel_backend(device: torch.device, half: bool) -> str | None:
+def _kernel_backend(device: torch.device, half: bool, head_dim: int | None = None) -> str | None:
     """The FlashAttention varlen backend for ``device`` (None: use SDPA per segment)."""
     if device.type != "cuda" or not half:
         return None
@@ -147,22 +183,26 @@ def _kernel_backend(device: torch.device, half: bool) -> str | None:
     if _preferred is not None:
         names.insert(0, _preferred)
     for name in names:
-        if VARLEN_KERNELS[name][0]() is not None:
+        present, fits, _ = VARLEN_KERNELS[name]
+        if present() is not None and fits(device, head_dim):
             return name
     return None
 
 
-def backend_name(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+def backend_name(
+    device: torch.device | str, dtype: torch.dtype | None = None, head_dim: int | None = None
+) -> str:
     """Name of the packed-attention backend used on ``device``, for logs and benchmark reports.
 
     Returns ``"flash_attn_varlen"`` (flash-attn 2), ``"flash_attn4_varlen"`` (flash-attn 4, the
     CuTe DSL kernels) or ``"torch_varlen_attn"`` (torch's built-in FlashAttention varlen) when
     ``device`` is CUDA and ``dtype`` is fp16/bf16 (``dtype=None`` assumes half precision, e.g.
-    under autocast); else ``"sdpa_per_segment"``.
+    under autocast); else ``"sdpa_per_segment"``. ``head_dim`` (None: any) matters for flash-attn
+    4, used for head dims 64 and 128 on Hopper only.
     """
     device = torch.device(device)
     half = dtype is None or dtype in _HALF_DTYPES
-    return _kernel_backend(device, half) or "sdpa_per_segment"
+    return _kernel_backend(device, half, head_dim) or "sdpa_per_segment"
 
 
 def attention(
@@ -199,7 +239,7 @@ def attention(
         )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with >= 2 entries, got {tuple(cu_seqlens.shape)}")
-    backend = _kernel_backend(q.device, q.dtype in _HALF_DTYPES)
+    backend = _kernel_backend(q.device, q.dtype in _HALF_DTYPES, q.shape[-1])
     if backend is None:
         return _sdpa_per_segment(q, k, v, cu_seqlens, causal=causal)
     if not cu_seqlens.is_cuda:  # checked where it costs no device sync (the kernels check none)
@@ -212,13 +252,13 @@ def attention(
     if max_seqlen is None:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    return VARLEN_KERNELS[backend][1](q, k, v, cu, max_seqlen, causal=causal)
+    return VARLEN_KERNELS[backend][2](q, k, v, cu, max_seqlen, causal=causal)
 
 
-# SDPA kernels for the padded form on CUDA: all but cuDNN. Measured with torch 2.11 on an H100
-# (bench/sdpa_backends.py), masked SDPA picks cuDNN by default, which builds a plan per new shape:
-# 321 ms per forward + backward when the length changes every call, against 0.49 ms for the
-# memory-efficient kernel. Padded batches change shape all the time (a batch's longest sample, a
+# SDPA kernels for the padded form on CUDA: all but cuDNN. Measured with torch 2.11 on an H200
+# (bench/sdpa_backends.py, bench/results/gpu_h200/sdpa_backends.json), masked SDPA's default
+# choice takes 247 ms per forward + backward when the length changes every call (cuDNN builds a
+# plan per new shape: 85 ms alone), against 0.44 ms for the memory-efficient kernel. Padded batches change shape all the time (a batch's longest sample, a
 # rollout batch's size), so cuDNN is left out.
 _CUDA_PADDED_BACKENDS = [
     SDPBackend.FLASH_ATTENTION,
