@@ -25,6 +25,8 @@ def test_launch_file_builds_its_policy(path: Path) -> None:
     [
         ("sft_tabletop_easy.yaml", "vla_tabletop.yaml"),
         ("sft_tabletop.yaml", "sft_then_rl_tabletop.yaml"),
+        ("sft_tabletop_weak.yaml", "vla_tabletop_weak.yaml"),
+        ("sft_tabletop_full_weak.yaml", "vla_tabletop_full_weak.yaml"),
     ],
 )
 def test_rl_yaml_loads_the_weights_its_sft_yaml_writes(first: str, then: str) -> None:
