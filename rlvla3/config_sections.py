@@ -37,7 +37,9 @@ class StopConfig:
     eval_timeout_s: float = bounded(300.0, gt=0)
     """The longest that evaluation may take."""
     target_eval_success_rate: float | None = bounded(None, ge=0, le=1)
-    """Stop when a periodic evaluation (``run.eval``) measures at least this greedy success rate."""
+    """Stop when periodic evaluation (``run.eval``) measures at least this greedy success rate."""
+    eval_window: int = bounded(1, ge=1)
+    """Evaluations ``target_eval_success_rate`` averages over (the newest ones). One evaluation of 100 episodes at a true 0.85 has a standard error of about 0.035, and a run that checks dozens of them stops on its luckiest: a window of 2-3 guards against that."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

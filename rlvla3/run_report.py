@@ -50,14 +50,30 @@ def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | N
         if rate is not None and rate >= stop.target_success_rate:
             return f"{SOLVED}success rate {rate:.2f} over {stop.return_window} episodes"
     if stop.target_eval_success_rate is not None:
-        last = registry.series("evaluations", last=1)
-        rate = last[0].get("success_rate") if last else None
-        if rate is not None and rate >= stop.target_eval_success_rate:
-            return (
-                f"{SOLVED}evaluated success rate {rate:.2f} of weights v{last[0]['version']} "
-                f"on {last[0]['episodes']} held-out episodes"
-            )
+        return _eval_target_reached(registry, stop.target_eval_success_rate, stop.eval_window)
     return None
+
+
+def _eval_target_reached(registry: Registry, target: float, window: int) -> str | None:
+    """The stop reason once the mean success rate of the newest ``window`` evaluations reaches
+    ``target``, else None."""
+    last = registry.series("evaluations", last=window)
+    rates = [e.get("success_rate") for e in last]
+    if len(rates) < window or any(r is None for r in rates):
+        return None
+    rate = sum(rates) / window
+    if rate < target:
+        return None
+    newest = last[-1]
+    if window == 1:
+        return (
+            f"{SOLVED}evaluated success rate {rate:.2f} of weights v{newest['version']} "
+            f"on {newest['episodes']} held-out episodes"
+        )
+    return (
+        f"{SOLVED}evaluated success rate {rate:.2f}, the mean of {window} evaluations up to "
+        f"weights v{newest['version']}, each on {newest['episodes']} held-out episodes"
+    )
 
 
 def meets_target(stop: Any, mean_return: float | None, success_rate: float | None) -> bool:

@@ -122,3 +122,32 @@ def test_the_evaluated_success_rate_stop_rule_reads_the_newest_evaluation(redis_
     assert reason is not None and reason.startswith(SOLVED) and "v4" in reason
     registry.append("evaluations", [{**point, "version": 6, "success_rate": 0.5}])
     assert stop_condition(registry, cfg, 1.0) is None  # the newest evaluation decides
+
+
+def test_an_evaluation_window_stops_on_the_mean_of_the_newest_evaluations(redis_url) -> None:
+    """One lucky evaluation must not end a run whose window is 3: the mean of the newest three
+    decides, and only once there are three."""
+    raw = {
+        "run": {
+            "name": "rep_eval_window",
+            "redis_url": redis_url,
+            "eval": {"every_versions": 2, "episodes": 100},
+            "stop": {"target_eval_success_rate": 0.9, "eval_window": 3},
+        },
+        "roles": {"trainer": {}, "eval_env_worker": {}, "eval_rollout_server": {}},
+    }
+    cfg = config_from_dict(raw)
+    registry = Registry(redis_url, "rep_eval_window")
+    point = {"episodes": 100, "mean_return": 1.0, "env_steps": 10}
+    for version, rate in ((2, 0.93), (4, 0.95)):
+        registry.append("evaluations", [{**point, "version": version, "success_rate": rate}])
+        assert stop_condition(registry, cfg, 1.0) is None  # fewer than three so far
+    registry.append("evaluations", [{**point, "version": 6, "success_rate": 0.80}])
+    assert stop_condition(registry, cfg, 1.0) is None  # mean 0.893
+    registry.append("evaluations", [{**point, "version": 8, "success_rate": 0.94}])
+    reason = stop_condition(registry, cfg, 1.0)  # 0.95, 0.80, 0.94: mean 0.897
+    assert reason is None
+    registry.append("evaluations", [{**point, "version": 10, "success_rate": 0.97}])
+    reason = stop_condition(registry, cfg, 1.0)  # 0.80, 0.94, 0.97: mean 0.903
+    assert reason is not None and reason.startswith(SOLVED)
+    assert "mean of 3 evaluations up to weights v10" in reason
