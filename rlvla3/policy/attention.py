@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -132,6 +133,7 @@ def _flash4_fits(device: torch.device, head_dim: int | None) -> bool:
     return _capability_major(device) in _FLASH4_CAPABILITY_MAJOR
 
 
+@functools.cache
 def _capability_major(device: torch.device) -> int:
     """The CUDA compute capability's major number of ``device`` (9: Hopper)."""
     return torch.cuda.get_device_capability(device)[0]
@@ -141,21 +143,23 @@ def _always(device: torch.device, head_dim: int | None) -> bool:
     return True
 
 
-# The FlashAttention varlen kernels in the order they are preferred: name -> (is it there?,
-# does it take this GPU and head dim?, call with the uniform signature
-# ``(q, k, v, cu_seqlens, max_seqlen, causal=)``). The loaders are wrapped in lambdas so that
-# they are looked up at call time (tests replace them).
-VARLEN_KERNELS: dict[
-    str,
-    tuple[
-        Callable[[], object],
-        Callable[[torch.device, int | None], bool],
-        Callable[..., Tensor],
-    ],
-] = {
-    "flash_attn_varlen": (lambda: _flash_varlen_func(), _always, _flash2),
-    "flash_attn4_varlen": (lambda: _flash4_varlen_func(), _flash4_fits, _flash4),
-    "torch_varlen_attn": (lambda: _torch_varlen_func(), _always, _torch_varlen),
+class VarlenKernel(NamedTuple):
+    """One FlashAttention varlen kernel behind ``attention()``."""
+
+    load: Callable[[], object]
+    """The imported function, or None where it does not import."""
+    fits: Callable[[torch.device, int | None], bool]
+    """Whether it serves this GPU and head dim (None: any)."""
+    run: Callable[..., Tensor]
+    """The call, as ``run(q, k, v, cu_seqlens, max_seqlen, causal=)``."""
+
+
+# In the order they are preferred. The loaders sit in lambdas so that they are looked up at
+# call time (tests replace them).
+VARLEN_KERNELS: dict[str, VarlenKernel] = {
+    "flash_attn_varlen": VarlenKernel(lambda: _flash_varlen_func(), _always, _flash2),
+    "flash_attn4_varlen": VarlenKernel(lambda: _flash4_varlen_func(), _flash4_fits, _flash4),
+    "torch_varlen_attn": VarlenKernel(lambda: _torch_varlen_func(), _always, _torch_varlen),
 }
 _preferred: str | None = None
 
@@ -172,7 +176,7 @@ def prefer_varlen_kernel(name: str | None) -> None:
 
 def available_varlen_kernels() -> list[str]:
     """Names of the varlen kernels that load in this process (CUDA ones need a GPU to run)."""
-    return [name for name, (present, _, _) in VARLEN_KERNELS.items() if present() is not None]
+    return [name for name, kernel in VARLEN_KERNELS.items() if kernel.load() is not None]
 
 
 def _kernel_backend(device: torch.device, half: bool, head_dim: int | None = None) -> str | None:
@@ -183,8 +187,8 @@ def _kernel_backend(device: torch.device, half: bool, head_dim: int | None = Non
     if _preferred is not None:
         names.insert(0, _preferred)
     for name in names:
-        present, fits, _ = VARLEN_KERNELS[name]
-        if present() is not None and fits(device, head_dim):
+        kernel = VARLEN_KERNELS[name]
+        if kernel.load() is not None and kernel.fits(device, head_dim):
             return name
     return None
 
@@ -252,14 +256,15 @@ def attention(
     if max_seqlen is None:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    return VARLEN_KERNELS[backend][2](q, k, v, cu, max_seqlen, causal=causal)
+    return VARLEN_KERNELS[backend].run(q, k, v, cu, max_seqlen, causal=causal)
 
 
 # SDPA kernels for the padded form on CUDA: all but cuDNN. Measured with torch 2.11 on an H200
 # (bench/sdpa_backends.py, bench/results/gpu_h200/sdpa_backends.json), masked SDPA's default
 # choice takes 247 ms per forward + backward when the length changes every call (cuDNN builds a
-# plan per new shape: 85 ms alone), against 0.44 ms for the memory-efficient kernel. Padded batches change shape all the time (a batch's longest sample, a
-# rollout batch's size), so cuDNN is left out.
+# plan per new shape: 85 ms alone), against 0.44 ms for the memory-efficient kernel. Padded
+# batches change shape all the time (a batch's longest sample, a rollout batch's size), so cuDNN
+# is left out.
 _CUDA_PADDED_BACKENDS = [
     SDPBackend.FLASH_ATTENTION,
     SDPBackend.EFFICIENT_ATTENTION,
