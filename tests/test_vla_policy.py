@@ -127,6 +127,22 @@ def test_padding_does_not_change_the_output():
         )
 
 
+def test_features_read_the_cls_rows_of_the_full_trunk():
+    """``features`` runs the last block on the CLS rows alone: same values, forward and backward,
+    as the whole trunk indexed at those rows."""
+    policy = _policy("gaussian")
+    obs = _obs(policy, TEXTS)
+    tokens, cu, max_len = policy.embed(obs)
+    full = policy.trunk(tokens, cu, max_len)[cu[:-1].long()]
+    torch.testing.assert_close(policy.features(obs), full, atol=1e-5, rtol=1e-5)
+    grads = []
+    for feat in (policy.features(obs), policy.trunk(*policy.embed(obs))[cu[:-1].long()]):
+        policy.zero_grad()
+        feat.square().sum().backward()
+        grads.append(policy.transformer.blocks[0].attn.qkv.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
 def test_packed_trunk_matches_padded_trunk():
     policy = _policy()
     with torch.no_grad():
