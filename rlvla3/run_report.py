@@ -90,9 +90,13 @@ def meets_target(stop: Any, mean_return: float | None, success_rate: float | Non
 
 
 def evaluation_episodes(registry: Registry, version: int) -> list[dict[str, Any]]:
-    """Episodes acted on entirely by weights of ``version`` or newer (fresh since evaluation)."""
+    """Episodes acted on entirely, and greedily, by weights of ``version`` or newer (fresh since
+    evaluation). Episodes of ``version`` that the rollout servers played by sampling, before
+    they saw the evaluation start, do not count: they measured the exploring policy."""
     return [
-        e for e in registry.series("episodes", last=5000) if e.get("min_version", -1) >= version
+        e
+        for e in registry.series("episodes", last=5000)
+        if e.get("min_version", -1) >= version and e.get("greedy", False)
     ]
 
 

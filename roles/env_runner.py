@@ -59,7 +59,12 @@ class EnvHost(Protocol):
     def count_bad_frame(self, err: Exception) -> None: ...
     def ledger_high(self, field: str, value: int) -> None: ...
     def record_episode(
-        self, ret: float, length: int, success: bool | None, versions: tuple[int, int]
+        self,
+        ret: float,
+        length: int,
+        success: bool | None,
+        versions: tuple[int, int],
+        greedy: bool,
     ) -> None: ...
     def wait_for_credit(self) -> bool: ...
     def wait_for_version_after(self, version: int) -> bool: ...
@@ -85,6 +90,7 @@ class Act:
     log_prob: float
     value: float
     version: int
+    greedy: bool
 
 
 def _acts(reply: ActionReply | ActionBatchReply) -> list[Act]:
@@ -96,12 +102,20 @@ def _acts(reply: ActionReply | ActionBatchReply) -> list[Act]:
                 reply.log_prob,
                 reply.value,
                 reply.policy_version,
+                reply.greedy,
             )
         ]
     env_actions = reply.env_step_actions
     log_probs, values = reply.log_probs.tolist(), reply.values.tolist()
     return [
-        Act(reply.actions[i], env_actions[i], log_probs[i], values[i], reply.policy_version)
+        Act(
+            reply.actions[i],
+            env_actions[i],
+            log_probs[i],
+            values[i],
+            reply.policy_version,
+            reply.greedy,
+        )
         for i in range(len(log_probs))
     ]
 
@@ -124,6 +138,12 @@ class EnvSlot:
         self.obs: dict[str, np.ndarray] = {}
         self.episode_return, self.episode_len = 0.0, 0
         self.versions = (0, 0)  # oldest and newest weight version of its current episode
+        self.greedy = False  # every action of its current episode so far was greedy
+
+    def start_episode(self, act: Act) -> None:
+        """Its episode's bookkeeping starts from ``act``, the reply to its first observation."""
+        self.versions = (act.version, act.version)
+        self.greedy = act.greedy
 
     def next_group_seed(self, worker: EnvHost) -> int:
         """Enter this env's next episode's group; return its reset seed, the same for every
@@ -221,7 +241,7 @@ class EnvRunner:
             slot.obs = self._reset(slot)
         acts = self._request([slot.obs for slot in slots])
         for slot, act in zip(slots, acts, strict=True):
-            slot.versions = (act.version, act.version)
+            slot.start_episode(act)
         round_steps = 0
         while not w.stop_event.is_set():
             stepped_at = time.perf_counter()
@@ -243,7 +263,7 @@ class EnvRunner:
             acts = self._request([slot.obs for slot in slots])
             for slot, act in zip(slots, acts, strict=True):
                 if slot.episode_len == 0:
-                    slot.versions = (act.version, act.version)
+                    slot.start_episode(act)
                 round_over = w.barrier is not None and round_steps >= chunk_len
                 if len(slot.steps) >= chunk_len or round_over:
                     self._push(slot, act.value)
@@ -253,13 +273,13 @@ class EnvRunner:
                 acts = self._request([slot.obs for slot in slots])
                 for slot, act in zip(slots, acts, strict=True):
                     if slot.episode_len == 0:
-                        slot.versions = (act.version, act.version)
+                        slot.start_episode(act)
             if w.barrier is not None and round_steps >= chunk_len:
                 round_steps = 0
                 acts = self._next_round([slot.obs for slot in slots], acts[0].version)
                 for slot, act in zip(slots, acts, strict=True):
                     if slot.episode_len == 0:  # its episode starts with the new round's version
-                        slot.versions = (act.version, act.version)
+                        slot.start_episode(act)
 
     def _record(self, slot: EnvSlot, act: Act, res: Stepped) -> tuple[bool, bool]:
         """Record one env's step; returns (episode ended, by a simulator fault)."""
@@ -289,6 +309,7 @@ class EnvRunner:
         slot.episode_return += reward
         slot.episode_len += 1
         slot.versions = (min(slot.versions[0], act.version), max(slot.versions[1], act.version))
+        slot.greedy = slot.greedy and act.greedy
         return terminated or truncated, fault
 
     def _end_episodes(
@@ -322,7 +343,11 @@ class EnvRunner:
                 bootstrap = act.value if fault else values[i]
             self._push(slot, bootstrap)
             w.record_episode(
-                slot.episode_return, slot.episode_len, res.info.get("success"), slot.versions
+                slot.episode_return,
+                slot.episode_len,
+                res.info.get("success"),
+                slot.versions,
+                slot.greedy,
             )
             slot.episode_return, slot.episode_len = 0.0, 0
             if res.reset_obs is not None and not slot.grouped and _finite(res.reset_obs, 0.0):

@@ -170,13 +170,19 @@ class EnvWorker(Role):
             )
 
     def record_episode(
-        self, ret: float, length: int, success: bool | None, versions: tuple[int, int]
+        self,
+        ret: float,
+        length: int,
+        success: bool | None,
+        versions: tuple[int, int],
+        greedy: bool,
     ) -> None:
         """Count a finished episode and queue it for the run's learning curve.
 
-        ``versions``: the oldest and newest weight version that chose its actions; the end-of-run
-        evaluation counts only episodes acted on entirely by the evaluated version. Called from
-        env threads; the main loop writes the queue to Redis (``_write_episodes``).
+        ``versions``: the oldest and newest weight version that chose its actions; ``greedy``:
+        every one of them was the policy's mode. The end-of-run evaluation counts only episodes
+        acted on entirely, and greedily, by the evaluated version. Called from env threads; the
+        main loop writes the queue to Redis (``_write_episodes``).
         """
         point: dict[str, Any] = {
             "return": ret,
@@ -185,6 +191,7 @@ class EnvWorker(Role):
             "t": time.time(),
             "min_version": versions[0],
             "max_version": versions[1],
+            "greedy": greedy,
         }
         if success is not None:
             point["success"] = success

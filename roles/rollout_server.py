@@ -319,6 +319,7 @@ class RolloutServer(Role):
                     log_prob=log_probs[row],
                     value=values[row],
                     policy_version=self.version,
+                    greedy=self.greedy,
                 )
             else:
                 reply = ActionBatchReply(
@@ -328,6 +329,7 @@ class RolloutServer(Role):
                     log_probs=np.asarray(out.log_prob[row : row + n], np.float32),
                     values=np.asarray(out.value[row : row + n], np.float32),
                     policy_version=self.version,
+                    greedy=self.greedy,
                 )
             self.requests.send_to(identity, reply)
             row += n
@@ -348,6 +350,7 @@ class RolloutServer(Role):
             log_prob=out.log_prob.item(),
             value=out.value.item(),
             policy_version=self.version,
+            greedy=self.greedy,
         )
         self.requests.send_to(identity, reply)
         return 1

@@ -92,6 +92,7 @@ class VectorRunner(EnvRunner):
         self.chunk_steps = np.zeros(n, np.int64)  # transitions in each env's current chunk
         self.first_version = np.full(n, reply.policy_version, np.int64)
         self.last_version = np.full(n, reply.policy_version, np.int64)
+        self.all_greedy = np.full(n, reply.greedy)  # every action of the episode so far
         t, round_steps = 0, 0
         while not w.stop_event.is_set():
             stepped_at = time.perf_counter()
@@ -117,6 +118,7 @@ class VectorRunner(EnvRunner):
             self.last_version[recorded] = np.maximum(
                 self.last_version[recorded], reply.policy_version
             )
+            self.all_greedy[recorded] &= reply.greedy
             t += 1
             round_steps += 1
             if w.barrier is not None:
@@ -225,7 +227,11 @@ class VectorRunner(EnvRunner):
             success = None if step.success is None else bool(step.success[i])
             versions = (int(self.first_version[i]), int(self.last_version[i]))
             self.worker.record_episode(
-                float(self.returns[i]), int(self.lengths[i]), success, versions
+                float(self.returns[i]),
+                int(self.lengths[i]),
+                success,
+                versions,
+                bool(self.all_greedy[i]),
             )
         self.returns[ended] = 0.0
         self.lengths[ended] = 0
@@ -235,6 +241,7 @@ class VectorRunner(EnvRunner):
         fresh = self.lengths == 0
         self.first_version[fresh] = reply.policy_version
         self.last_version[fresh] = reply.policy_version
+        self.all_greedy[fresh] = reply.greedy
 
     def _push_rows(self, t: int, i: int, bootstrap_value: float) -> None:
         """Push env ``i``'s current chunk (its transitions since its chunk began, up to step

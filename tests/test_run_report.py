@@ -64,6 +64,7 @@ def test_an_evaluation_decides_over_all_its_episodes(tmp_path, redis_url) -> Non
                 "env_steps": 5 * i,
                 "min_version": 7,
                 "max_version": 7,
+                "greedy": True,
             }
             for i, ok in enumerate(outcomes)
         ],
@@ -71,6 +72,37 @@ def test_an_evaluation_decides_over_all_its_episodes(tmp_path, redis_url) -> Non
     summary = write_report(registry, cfg, tmp_path, 1.0, "test")
     assert summary["success_rate"] == 0.75 and summary["evaluation"]["episodes"] == 200
     assert summary["solved"] is False
+
+
+def test_an_evaluation_counts_only_greedy_episodes_of_its_version(tmp_path, redis_url) -> None:
+    """Episodes of the evaluated version that the rollout server sampled (before it saw the
+    evaluation start), and greedy ones of an older version, are not the evaluation."""
+    name = "rep_greedy"
+    cfg = config_from_dict(
+        {"run": {"name": name, "redis_url": redis_url, "stop": {"eval_episodes": 4}}}
+    )
+    registry = Registry(redis_url, name)
+    registry.start_evaluation(7)
+
+    def episode(i: int, ok: bool, version: int, greedy: bool) -> dict[str, object]:
+        return {
+            "return": 5.0 if ok else 0.0,
+            "length": 5,
+            "success": ok,
+            "t": float(i),
+            "env_steps": 5 * i,
+            "min_version": version,
+            "max_version": 7,
+            "greedy": greedy,
+        }
+
+    sampled = [episode(i, False, 7, greedy=False) for i in range(6)]
+    older = [episode(6 + i, False, 6, greedy=True) for i in range(2)]
+    evaluated = [episode(8 + i, i < 3, 7, greedy=True) for i in range(4)]
+    registry.append("episodes", sampled + older + evaluated)
+    summary = write_report(registry, cfg, tmp_path, 1.0, "test")
+    assert summary["evaluation"]["episodes"] == 4
+    assert summary["success_rate"] == 0.75
 
 
 def test_the_stop_rules_verdict_stands_against_episodes_that_finish_while_stopping(

@@ -47,7 +47,9 @@ class _Host(SimpleNamespace):
     def drop(self, counter: str, reason: str) -> None:
         self.count(counter)
 
-    def record_episode(self, ret: float, length: int, success: Any, versions: Any) -> None:
+    def record_episode(
+        self, ret: float, length: int, success: Any, versions: Any, greedy: bool
+    ) -> None:
         self.episodes.append((ret, length, success, versions))
 
     def wait_for_credit(self) -> bool:

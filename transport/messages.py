@@ -67,6 +67,8 @@ class ActionReply(Message):
             binned actions, clipped Gaussian samples); None when the env steps with ``action``
             itself, as for discrete actions: one array less to encode and decode on the hottest
             message. Read it through ``env_step_action``.
+        greedy: the action is the policy's mode, not a sample (the end-of-run evaluation
+            counts only episodes acted on greedily throughout).
     """
 
     request_id: int
@@ -75,6 +77,7 @@ class ActionReply(Message):
     value: float
     policy_version: int
     env_action: np.ndarray | None = None  # last: defaults follow the required fields
+    greedy: bool = False
 
     @property
     def env_step_action(self) -> np.ndarray:
@@ -106,6 +109,7 @@ class ActionBatchReply(Message):
         values: float32[count], the critic's estimates.
         policy_version: version of the weights that produced every row.
         env_actions: [count, ...] what the envs step with, when it differs from ``actions``.
+        greedy: every row is the policy's mode, not a sample.
     """
 
     request_id: int
@@ -114,6 +118,7 @@ class ActionBatchReply(Message):
     values: np.ndarray
     policy_version: int
     env_actions: np.ndarray | None = None
+    greedy: bool = False
 
     @property
     def env_step_actions(self) -> np.ndarray:
