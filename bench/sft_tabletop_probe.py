@@ -40,12 +40,18 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlvla3.config import config_from_dict  # noqa: E402
+from rlvla3.config_sections import SymmetryConfig  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
 from rlvla3.provenance import write_result  # noqa: E402
+from roles.sft_trainer import planar_symmetry  # noqa: E402
 from sft.data import DemoSet  # noqa: E402
 from sft.demos import generate_demos  # noqa: E402
+from sft.symmetry import PlanarSymmetry, augment  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 from sim.experts import TableTopExpert  # noqa: E402
+
+# sft.symmetry's defaults, which describe the table-top task's observations and action.
+TABLETOP_SYMMETRY = planar_symmetry(SymmetryConfig(kind="dihedral"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--drop-velocity",
         action="store_true",
         help="diagnostic: zero proprio[2:4] (pusher velocity) in training and eval",
+    )
+    p.add_argument(
+        "--symmetry",
+        action="store_true",
+        help="sft.symmetry: each frame under a random rotation/reflection of the table",
     )
     p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
     p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
@@ -211,12 +222,20 @@ def evaluate(
 
 
 def train_step(
-    policy: Any, data: DemoSet, optimizer: Any, budget: int, rng: Any
+    policy: Any,
+    data: DemoSet,
+    optimizer: Any,
+    budget: int,
+    rng: Any,
+    symmetry: PlanarSymmetry | None = None,
 ) -> tuple[float, int]:
     """One SFT step, exactly as ``SftTrainer._train_step`` (CPU, no autocast)."""
     batch = data.packed_batch(budget, rng)
-    obs = {k: torch.from_numpy(v) for k, v in batch.obs.items()}
-    actions = policy.from_env_action(torch.from_numpy(batch.actions))
+    obs_np, actions_np = batch.obs, batch.actions
+    if symmetry is not None:
+        obs_np, actions_np = augment(obs_np, actions_np, symmetry, rng)
+    obs = {k: torch.from_numpy(v) for k, v in obs_np.items()}
+    actions = policy.from_env_action(torch.from_numpy(actions_np))
     loss = -policy.evaluate(obs, actions).log_prob.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -247,6 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng = np.random.default_rng(args.seed)
+    symmetry = TABLETOP_SYMMETRY if args.symmetry else None
     curve: list[dict[str, float]] = []
     train_s = train_cpu_s = eval_s = 0.0
     losses: list[float] = []
@@ -285,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step = 0
     while step < args.max_steps and not (args.max_train_s and train_s >= args.max_train_s):
         started, cpu = time.perf_counter(), time.process_time()
-        loss, n = train_step(policy, data, optimizer, args.token_budget, rng)
+        loss, n = train_step(policy, data, optimizer, args.token_budget, rng, symmetry)
         train_s += time.perf_counter() - started
         train_cpu_s += time.process_time() - cpu
         losses.append(loss)

@@ -66,6 +66,7 @@ def _sections() -> list[tuple[str, type]]:
         ("policy.vla", VLAConfig),
         ("algo", sections.AlgoConfig),
         ("sft", sections.SftConfig),
+        ("sft.symmetry", sections.SymmetryConfig),
     ]
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from rlvla3.checkpoints import resume_training
+from rlvla3.config_sections import SymmetryConfig
 from rlvla3.metrics_log import MetricsLog
 from rlvla3.policy.factory import build_policy
 from rlvla3.rate_meter import RateMeter
@@ -30,6 +31,7 @@ from rlvla3.role import main
 from rlvla3.training_role import TrainingRole
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
+from sft.symmetry import PlanarSymmetry, augment
 
 _FINAL_BROADCAST_WAIT_S = 60.0
 
@@ -67,6 +69,7 @@ class SftTrainer(TrainingRole):
             type(self.data).__name__,
         )
         self.data.check_budget(s.token_budget)
+        self.symmetry = planar_symmetry(s.symmetry)
         self.precision = autocast_context(self.device)
         if s.fp8 and self.device.type == "cuda":
             if s.fp8_backend in fp8_backends(self.device):
@@ -169,8 +172,11 @@ class SftTrainer(TrainingRole):
     def _train_step(self) -> dict[str, float]:
         started = time.perf_counter()
         batch = self.data.packed_batch(self.cfg.sft.token_budget, self.rng)
-        obs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.obs.items()}
-        actions = self.policy.from_env_action(torch.from_numpy(batch.actions))
+        frames, env_actions = batch.obs, batch.actions
+        if self.symmetry is not None:
+            frames, env_actions = augment(frames, env_actions, self.symmetry, self.rng)
+        obs = {k: torch.from_numpy(v).to(self.device) for k, v in frames.items()}
+        actions = self.policy.from_env_action(torch.from_numpy(env_actions))
         with self.precision():
             loss = -self.policy.evaluate(obs, actions.to(self.device)).log_prob.mean()
         self.optimizer.zero_grad(set_to_none=True)
@@ -213,6 +219,13 @@ class SftTrainer(TrainingRole):
         self.steps = resumed.updates
         self.version = resumed.version
         self.log.info("resumed from %s (step %d)", resumed.path.name, self.steps)
+
+
+def planar_symmetry(cfg: SymmetryConfig) -> PlanarSymmetry | None:
+    """The augmentation ``sft.symmetry`` asks for (None: ``kind: none``)."""
+    if cfg.kind == "none":
+        return None
+    return PlanarSymmetry(cfg.image_key, cfg.obs_pairs, cfg.action_pairs)
 
 
 def _vla_config(policy: torch.nn.Module) -> Any:

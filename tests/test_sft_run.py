@@ -13,9 +13,13 @@ from sft.lerobot import LeRobotDataset
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 
 
-@pytest.mark.parametrize("stream_buffer_frames", [0, 60], ids=["in_memory", "streamed"])
+@pytest.mark.parametrize(
+    ("stream_buffer_frames", "symmetry"),
+    [(0, "none"), (60, "dihedral")],
+    ids=["in_memory", "streamed_with_symmetry"],
+)
 def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
-    tmp_path, redis_url, stream_buffer_frames
+    tmp_path, redis_url, stream_buffer_frames, symmetry
 ) -> None:
     cfg = {
         "run": {
@@ -44,6 +48,7 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
             "publish_every": 10,
             "checkpoint_every": 20,
             "stream_buffer_frames": stream_buffer_frames,
+            "symmetry": {"kind": symmetry},
         },
     }
     run_dir = tmp_path / "run"
