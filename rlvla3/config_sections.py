@@ -274,11 +274,15 @@ class SymmetryConfig:
     """``[x, y]`` index pairs of the action's planar vectors."""
 
     def __post_init__(self) -> None:
-        named = [(f"obs_pairs.{k}", p) for k, pairs in self.obs_pairs.items() for p in pairs]
-        named += [("action_pairs", p) for p in self.action_pairs]
-        for where, pair in named:
-            if len(pair) != 2 or min(pair) < 0 or pair[0] == pair[1]:
-                raise ValueError(f"symmetry.{where}: {pair!r} is not two distinct indices >= 0")
+        groups = [(f"obs_pairs.{k}", pairs) for k, pairs in self.obs_pairs.items()]
+        for where, pairs in [*groups, ("action_pairs", self.action_pairs)]:
+            for pair in pairs:
+                if len(pair) != 2 or min(pair) < 0:
+                    raise ValueError(f"{where}: {pair!r} is not two indices >= 0")
+            # An index in two pairs would be written twice, one of them from a stale value.
+            indices = [i for pair in pairs for i in pair]
+            if len(set(indices)) != len(indices):
+                raise ValueError(f"{where}: {pairs!r} uses an index more than once")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -73,10 +73,16 @@ def transform_pairs(values: np.ndarray, pairs: Sequence[Sequence[int]], element:
 
 def check(obs: Mapping[str, np.ndarray], actions: np.ndarray, symmetry: PlanarSymmetry) -> None:
     """Raise ValueError, naming the field, when ``symmetry`` does not fit this batch."""
-    for key in (symmetry.image_key, *symmetry.obs_pairs):
+    if symmetry.image_key not in obs:
+        raise ValueError(
+            f"sft.symmetry.image_key: {symmetry.image_key!r} is not an observation key of the "
+            f"frames ({sorted(obs)})"
+        )
+    for key in symmetry.obs_pairs:
         if key not in obs:
             raise ValueError(
-                f"sft.symmetry names observation key {key!r}; the frames have {sorted(obs)}"
+                f"sft.symmetry.obs_pairs.{key}: {key!r} is not an observation key of the frames "
+                f"({sorted(obs)})"
             )
     image = obs[symmetry.image_key]
     if image.ndim < 3 or image.shape[-3] != image.shape[-2]:

@@ -15,8 +15,8 @@ from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 
 @pytest.mark.parametrize(
     ("stream_buffer_frames", "symmetry"),
-    [(0, "none"), (60, "dihedral")],
-    ids=["in_memory", "streamed_with_symmetry"],
+    [(0, "none"), (60, "none"), (0, "dihedral")],
+    ids=["in_memory", "streamed", "in_memory_with_symmetry"],
 )
 def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
     tmp_path, redis_url, stream_buffer_frames, symmetry

@@ -32,13 +32,14 @@ def _mirrored(env, element: int):
     return restore
 
 
+@pytest.mark.parametrize("env_id", ["rlvla3/TableTopEasy-v0", "rlvla3/TableTop-v0"])
 @pytest.mark.parametrize("element", range(NUM_ELEMENTS))
 def test_the_tabletop_scene_under_an_element_renders_and_acts_as_the_transformed_frame(
-    element,
+    element, env_id
 ) -> None:
     """The simulator's own rendering and expert of the rotated/reflected scene equal the
     augmented image, proprio and action, pixel for pixel."""
-    env = make_env("rlvla3/TableTopEasy-v0", seed=0, image_size=32)
+    env = make_env(env_id, seed=0, image_size=32)
     expert = TableTopExpert()
     rng = np.random.default_rng(element)
     for seed in range(10):
@@ -79,7 +80,8 @@ def test_augment_moves_each_frames_image_proprio_and_action_together() -> None:
     actions = rng.normal(size=(n, 2)).astype(np.float32)
     before = {k: v.copy() for k, v in obs.items()}, actions.copy()
     out_obs, out_actions = augment(obs, actions, TABLETOP, rng)
-    np.testing.assert_array_equal(obs["image"], before[0]["image"])  # inputs untouched
+    for key, value in before[0].items():  # inputs untouched
+        np.testing.assert_array_equal(obs[key], value)
     np.testing.assert_array_equal(actions, before[1])
     np.testing.assert_array_equal(out_obs["instruction"], obs["instruction"])
     used = []
@@ -103,8 +105,10 @@ def test_augment_names_what_the_frames_lack() -> None:
     rng = np.random.default_rng(0)
     obs = {"image": np.zeros((2, 8, 8, 3), np.uint8), "proprio": np.zeros((2, 4), np.float32)}
     actions = np.zeros((2, 2), np.float32)
-    with pytest.raises(ValueError, match="'proprio'"):
+    with pytest.raises(ValueError, match="sft.symmetry.obs_pairs.proprio"):
         augment({"image": obs["image"]}, actions, TABLETOP, rng)
+    with pytest.raises(ValueError, match="sft.symmetry.image_key: 'image' is not"):
+        augment({"proprio": obs["proprio"]}, actions, TABLETOP, rng)
     with pytest.raises(ValueError, match="square"):
         augment({**obs, "image": np.zeros((2, 8, 6, 3), np.uint8)}, actions, TABLETOP, rng)
     with pytest.raises(ValueError, match="action_pairs"):
@@ -112,9 +116,11 @@ def test_augment_names_what_the_frames_lack() -> None:
 
 
 def test_a_bad_symmetry_pair_is_a_config_error_naming_the_field() -> None:
-    with pytest.raises(ConfigError, match="symmetry.obs_pairs.proprio"):
+    with pytest.raises(ConfigError, match="sft.symmetry: obs_pairs.proprio: "):
         config_from_dict(
             {"sft": {"symmetry": {"kind": "dihedral", "obs_pairs": {"proprio": [[0]]}}}}
         )
+    with pytest.raises(ConfigError, match="sft.symmetry: action_pairs: .* more than once"):
+        config_from_dict({"sft": {"symmetry": {"action_pairs": [[0, 1], [1, 2]]}}})
     with pytest.raises(ConfigError, match="sft.symmetry.kind"):
         config_from_dict({"sft": {"symmetry": {"kind": "rot90"}}})
