@@ -110,14 +110,17 @@ def augment(
     """
     check(obs, actions, symmetry)
     elements = rng.integers(NUM_ELEMENTS, size=len(actions))
-    out_obs = {k: np.array(v, copy=True) for k, v in obs.items()}
+    image_key = symmetry.image_key
+    # Only the arrays that change are copied; the rest (instructions) are shared, read-only.
+    out_obs = dict(obs)
+    for key in (image_key, *symmetry.obs_pairs):
+        out_obs[key] = np.array(obs[key], copy=True)
     out_actions = np.array(actions, copy=True)
-    for element in range(NUM_ELEMENTS):
+    for element in range(1, NUM_ELEMENTS):  # element 0 is the identity
         rows = np.flatnonzero(elements == element)
-        if element == 0 or rows.size == 0:
+        if rows.size == 0:
             continue
-        image = obs[symmetry.image_key]
-        out_obs[symmetry.image_key][rows] = transform_image(image[rows], element)
+        out_obs[image_key][rows] = transform_image(obs[image_key][rows], element)
         for key, pairs in symmetry.obs_pairs.items():
             out_obs[key][rows] = transform_pairs(obs[key][rows], pairs, element)
         out_actions[rows] = transform_pairs(actions[rows], symmetry.action_pairs, element)
