@@ -54,6 +54,11 @@ def stop_condition(registry: Registry, cfg: Config, elapsed_s: float) -> str | N
     return None
 
 
+# Each evaluated rate is a fraction of episodes, so the float mean of rates that exactly meet a
+# target can land a rounding error below it (three evaluations of 0.95 average 0.94999...).
+_MEAN_ROUNDING = 1e-9
+
+
 def _eval_target_reached(registry: Registry, target: float, window: int) -> str | None:
     """The stop reason once the mean success rate of the newest ``window`` evaluations reaches
     ``target``, else None."""
@@ -62,7 +67,7 @@ def _eval_target_reached(registry: Registry, target: float, window: int) -> str 
     if len(rates) < window or any(r is None for r in rates):
         return None
     rate = sum(rates) / window
-    if rate < target:
+    if rate < target - _MEAN_ROUNDING:
         return None
     newest = last[-1]
     if window == 1:

@@ -183,3 +183,30 @@ def test_an_evaluation_window_stops_on_the_mean_of_the_newest_evaluations(redis_
     reason = stop_condition(registry, cfg, 1.0)  # 0.80, 0.94, 0.97: mean 0.903
     assert reason is not None and reason.startswith(SOLVED)
     assert "mean of 3 evaluations up to weights v10" in reason
+
+
+def test_an_evaluation_window_whose_rates_all_equal_the_target_stops(redis_url) -> None:
+    """Three evaluations of exactly 0.95 meet a target of 0.95, though their float mean is
+    0.9499999999999998."""
+    raw = {
+        "run": {
+            "name": "rep_eval_equal",
+            "redis_url": redis_url,
+            "eval": {"every_versions": 2, "episodes": 100},
+            "stop": {"target_eval_success_rate": 0.95, "eval_window": 3},
+        },
+        "roles": {"trainer": {}, "eval_env_worker": {}, "eval_rollout_server": {}},
+    }
+    cfg = config_from_dict(raw)
+    registry = Registry(redis_url, "rep_eval_equal")
+    point = {"episodes": 100, "mean_return": 1.0, "env_steps": 10}
+    for version, rate in ((2, 0.95), (4, 0.95), (6, 0.94)):
+        registry.append("evaluations", [{**point, "version": version, "success_rate": rate}])
+    assert stop_condition(registry, cfg, 1.0) is None  # mean 0.9467: short of the target
+    for version in (8, 10):
+        registry.append("evaluations", [{**point, "version": version, "success_rate": 0.95}])
+        assert stop_condition(registry, cfg, 1.0) is None  # 0.94 still in the window
+    registry.append("evaluations", [{**point, "version": 12, "success_rate": 0.95}])
+    reason = stop_condition(registry, cfg, 1.0)
+    assert reason is not None and reason.startswith(SOLVED)
+    assert "rate 0.95, the mean of 3 evaluations up to weights v12" in reason
