@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from rlvla3.config import config_from_dict
+from rlvla3.config import Config, config_from_dict
 from rlvla3.registry import Registry
 from rlvla3.run_report import SOLVED, stop_condition, write_report
 
@@ -156,20 +156,25 @@ def test_the_evaluated_success_rate_stop_rule_reads_the_newest_evaluation(redis_
     assert stop_condition(registry, cfg, 1.0) is None  # the newest evaluation decides
 
 
-def test_an_evaluation_window_stops_on_the_mean_of_the_newest_evaluations(redis_url) -> None:
-    """One lucky evaluation must not end a run whose window is 3: the mean of the newest three
-    decides, and only once there are three."""
+def _window_of_three(redis_url: str, name: str, target: float) -> tuple[Config, Registry]:
+    """A run evaluated on 100 held-out episodes every 2 versions that stops at the mean
+    ``target`` of the newest three evaluations, and its registry."""
     raw = {
         "run": {
-            "name": "rep_eval_window",
+            "name": name,
             "redis_url": redis_url,
             "eval": {"every_versions": 2, "episodes": 100},
-            "stop": {"target_eval_success_rate": 0.9, "eval_window": 3},
+            "stop": {"target_eval_success_rate": target, "eval_window": 3},
         },
         "roles": {"trainer": {}, "eval_env_worker": {}, "eval_rollout_server": {}},
     }
-    cfg = config_from_dict(raw)
-    registry = Registry(redis_url, "rep_eval_window")
+    return config_from_dict(raw), Registry(redis_url, name)
+
+
+def test_an_evaluation_window_stops_on_the_mean_of_the_newest_evaluations(redis_url) -> None:
+    """One lucky evaluation must not end a run whose window is 3: the mean of the newest three
+    decides, and only once there are three."""
+    cfg, registry = _window_of_three(redis_url, "rep_eval_window", 0.9)
     point = {"episodes": 100, "mean_return": 1.0, "env_steps": 10}
     for version, rate in ((2, 0.93), (4, 0.95)):
         registry.append("evaluations", [{**point, "version": version, "success_rate": rate}])
@@ -188,17 +193,7 @@ def test_an_evaluation_window_stops_on_the_mean_of_the_newest_evaluations(redis_
 def test_an_evaluation_window_whose_rates_all_equal_the_target_stops(redis_url) -> None:
     """Three evaluations of exactly 0.95 meet a target of 0.95, though their float mean is
     0.9499999999999998."""
-    raw = {
-        "run": {
-            "name": "rep_eval_equal",
-            "redis_url": redis_url,
-            "eval": {"every_versions": 2, "episodes": 100},
-            "stop": {"target_eval_success_rate": 0.95, "eval_window": 3},
-        },
-        "roles": {"trainer": {}, "eval_env_worker": {}, "eval_rollout_server": {}},
-    }
-    cfg = config_from_dict(raw)
-    registry = Registry(redis_url, "rep_eval_equal")
+    cfg, registry = _window_of_three(redis_url, "rep_eval_equal", 0.95)
     point = {"episodes": 100, "mean_return": 1.0, "env_steps": 10}
     for version, rate in ((2, 0.95), (4, 0.95), (6, 0.94)):
         registry.append("evaluations", [{**point, "version": version, "success_rate": rate}])
