@@ -29,9 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvla3.provenance import write_result  # noqa: E402
-from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
-from rlvla3.run_sampler import sample_run  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
+from harness.run_sampler import sample_run  # noqa: E402
+
+from rlvla3.launch.redis_server import EmbeddedRedis  # noqa: E402
 
 MODES = ("sync", "async_rollout", "async")
 

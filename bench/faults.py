@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvla3.provenance import write_result  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
 
 def main() -> None:

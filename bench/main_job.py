@@ -22,7 +22,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvla3.provenance import write_result  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
 CONFIG = "launch/cartpole.yaml"
 SMOKE = ["--set", "run.stop.target_mean_return=null", "--set", "run.stop.max_env_steps=3000"]

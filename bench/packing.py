@@ -37,6 +37,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.provenance import write_result  # noqa: E402
+
 from rlvla3.policy.attention import (  # noqa: E402
     VARLEN_KERNELS,
     available_varlen_kernels,
@@ -44,7 +46,6 @@ from rlvla3.policy.attention import (  # noqa: E402
     prefer_varlen_kernel,
 )
 from rlvla3.policy.vla import Transformer  # noqa: E402
-from rlvla3.provenance import write_result  # noqa: E402
 from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
 from sft.precision import Context, autocast_context, enable_fp8, fp8_backend  # noqa: E402
 

@@ -38,10 +38,10 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from harness.provenance import write_result
 
 from rlvla3.algo.ppo import compute_gae, ppo_update, truncated_importance_weights
 from rlvla3.policy.mlp import MLPPolicy
-from rlvla3.provenance import write_result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,14 +27,15 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.provenance import write_result  # noqa: E402
+
 from bench.sft_tabletop_probe import evaluate  # noqa: E402
 from rlvla3.algo.batch import build_batch  # noqa: E402
 from rlvla3.algo.optim import build_optimizer  # noqa: E402
 from rlvla3.algo.ppo import frozen_reference, ppo_update  # noqa: E402
-from rlvla3.checkpoints import load_checkpoint  # noqa: E402
-from rlvla3.config import Config, load_config  # noqa: E402
+from rlvla3.config.run_config import Config, load_config  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
-from rlvla3.provenance import write_result  # noqa: E402
+from rlvla3.runtime.checkpoints import load_checkpoint  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 from transport.messages import TrajectoryChunk  # noqa: E402
 

@@ -53,17 +53,17 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
-# One OpenBLAS thread, as the launcher gives every role (rlvla3/processes.py).
+# One OpenBLAS thread, as the launcher gives every role (rlvla3/launch/processes.py).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
-from rlvla3.config import config_from_dict  # noqa: E402
-from rlvla3.provenance import write_result  # noqa: E402
-from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
-from rlvla3.registry import Registry  # noqa: E402
+from rlvla3.config.run_config import config_from_dict  # noqa: E402
+from rlvla3.launch.redis_server import EmbeddedRedis  # noqa: E402
+from rlvla3.runtime.registry import Registry  # noqa: E402
 from roles.rollout_server import RolloutServer  # noqa: E402  (imported once, in the forkserver)
 from transport import sockets  # noqa: E402
 from transport.codec import encode  # noqa: E402

@@ -36,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvla3.provenance import write_result  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
 SERVERS = ("echo", "mlp", "mlp+load")
 

@@ -29,8 +29,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.provenance import write_result  # noqa: E402
+
 from rlvla3.policy.attention import attention  # noqa: E402
-from rlvla3.provenance import write_result  # noqa: E402
 
 OURS = "ours"
 BACKENDS: dict[str, SDPBackend | str | None] = {

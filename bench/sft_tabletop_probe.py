@@ -39,10 +39,11 @@ import yaml
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlvla3.config import config_from_dict  # noqa: E402
-from rlvla3.config_sections import SymmetryConfig  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
+
+from rlvla3.config.run_config import config_from_dict  # noqa: E402
+from rlvla3.config.sections import SymmetryConfig  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
-from rlvla3.provenance import write_result  # noqa: E402
 from roles.sft_trainer import planar_symmetry  # noqa: E402
 from sft.data import DemoSet  # noqa: E402
 from sft.demos import generate_demos  # noqa: E402

@@ -27,7 +27,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlvla3.provenance import write_result  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
+
 from sim.adapter import SimAdapter  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 

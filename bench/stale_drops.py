@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvla3.provenance import write_result  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
 RL_YAMLS = (
     "launch/cartpole.yaml",

@@ -38,9 +38,10 @@ import zmq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvla3.provenance import write_result  # noqa: E402
-from rlvla3.redis_server import EmbeddedRedis  # noqa: E402
-from rlvla3.run_sampler import sample_run  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
+from harness.run_sampler import sample_run  # noqa: E402
+
+from rlvla3.launch.redis_server import EmbeddedRedis  # noqa: E402
 from sim.env_group import VectorEnvs  # noqa: E402
 from sim.envs import make_env  # noqa: E402
 from transport.codec import encode  # noqa: E402

@@ -29,8 +29,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
-from rlvla3.provenance import write_result  # noqa: E402
 from transport import security, sockets  # noqa: E402
 from transport.codec import encode  # noqa: E402
 from transport.messages import ActionReply, ObsRequest  # noqa: E402

@@ -18,9 +18,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlvla3.config import load_config  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
+
+from rlvla3.config.run_config import load_config  # noqa: E402
 from rlvla3.policy.factory import env_spaces  # noqa: E402
-from rlvla3.provenance import write_result  # noqa: E402
 
 SIZES = {
     "tiny (d64 L2)": {"d_model": 64, "num_layers": 2, "num_heads": 4},
@@ -72,9 +73,9 @@ def _spaces():
 
 
 def _policy(vla: dict, spaces):
+    from rlvla3.config.typed_load import from_dict
     from rlvla3.policy.factory import _vla_fields_from_spaces
     from rlvla3.policy.vla import VLAConfig, VLAPolicy
-    from rlvla3.typed_load import from_dict
 
     fields = _vla_fields_from_spaces(spaces)
     fields.update(vla)

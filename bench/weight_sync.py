@@ -70,6 +70,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import zmq  # noqa: E402
+from harness.provenance import write_result  # noqa: E402
 
 from bench.rollout_server import (  # noqa: E402
     HOST,
@@ -78,7 +79,6 @@ from bench.rollout_server import (  # noqa: E402
     policy_numel,
     server_config,
 )
-from rlvla3.provenance import write_result  # noqa: E402
 from transport import sockets  # noqa: E402
 from transport.weights import Broadcaster, WeightLink, start_store  # noqa: E402
 

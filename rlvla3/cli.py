@@ -9,17 +9,17 @@ import sys
 import time
 from pathlib import Path
 
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.typed_load import ConfigError
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from rlvla3.launch_command import launch
+    from rlvla3.launch.command import launch
 
     return launch(args.config, args.set, node=args.node, out=args.out, resume=args.resume)
 
 
 def _config(args: argparse.Namespace) -> int:
-    from rlvla3.config import dump_config_with_defaults, load_config
+    from rlvla3.config.run_config import dump_config_with_defaults, load_config
 
     print(dump_config_with_defaults(load_config(args.config, args.set)), end="")
     return 0
@@ -28,8 +28,8 @@ def _config(args: argparse.Namespace) -> int:
 def _monitor(args: argparse.Namespace) -> int:
     import redis
 
-    from rlvla3.monitor import RunNotFound, find_run, snapshot, watch
-    from rlvla3.registry import Registry
+    from rlvla3.monitor.live import RunNotFound, find_run, snapshot, watch
+    from rlvla3.runtime.registry import Registry
 
     try:
         info = (
@@ -52,7 +52,7 @@ def _monitor(args: argparse.Namespace) -> int:
         if args.prometheus is not None:
             return _serve_prometheus(registry, args.prometheus)
         if args.svg:
-            from rlvla3.monitor import save_svg
+            from rlvla3.monitor.live import save_svg
 
             save_svg(registry, Path(args.svg))
             print(f"wrote {args.svg}")
@@ -80,7 +80,7 @@ def _serve_prometheus(registry, port: int) -> int:
     """Serve the run to Prometheus on loopback until Ctrl-C or the run ends."""
     import redis
 
-    from rlvla3.prometheus_export import serve
+    from rlvla3.monitor.prometheus import serve
 
     server, bound = serve(registry, port)
     print(f"serving run {registry.run_id} at http://127.0.0.1:{bound}/metrics", flush=True)
@@ -105,7 +105,7 @@ def _serve_prometheus(registry, port: int) -> int:
 def _monitor_password(info: dict) -> str | None:
     """The run secret when the run's Redis wants it (a multi-node run's private Redis): from
     ``RLVLA3_RUN_SECRET``, else the run dir's ``secret`` file (mode 0600, on every node)."""
-    from rlvla3 import run_secret
+    from rlvla3.runtime import run_secret
 
     if "run_dir" not in info:  # --redis URL: the secret, if any, comes from the environment
         return run_secret.from_env()
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         help="launch YAML, e.g. launch/cartpole.yaml (without one: the defaults of "
-        "rlvla3/config.py plus --set; a run needs at least one role)",
+        "rlvla3/config/run_config.py plus --set; a run needs at least one role)",
     )
     p.add_argument(
         "--set",

@@ -2,7 +2,7 @@
 
 - ``docs/config.md``: every config key, from the config dataclasses (the one-line docstring under
   each field, its type, range and default).
-- ``docs/metrics.md``: every counter and gauge, from ``rlvla3/metric_names.py``.
+- ``docs/metrics.md``: every counter and gauge, from ``rlvla3/runtime/metric_names.py``.
 
     python -m rlvla3.reference           # rewrite both pages
     python -m rlvla3.reference --check   # exit 1 when a page is stale (the tests run this)
@@ -20,11 +20,11 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from rlvla3 import config as c
-from rlvla3 import config_sections as sections
-from rlvla3.metric_names import COUNTERS, GAUGES
-from rlvla3.policy.vla_config import VLAConfig
-from rlvla3.role_settings import ROLE_SETTINGS
+from rlvla3.config import run_config as c
+from rlvla3.config import sections
+from rlvla3.config.role_settings import ROLE_SETTINGS
+from rlvla3.config.vla import VLAConfig
+from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 _HEADER = (
@@ -117,7 +117,7 @@ def config_markdown() -> str:
     """The text of ``docs/config.md``."""
     out = [
         _HEADER.format(
-            source="rlvla3/config.py, rlvla3/config_sections.py, rlvla3/role_settings.py and rlvla3/policy/vla_config.py"
+            source="rlvla3/config/run_config.py, rlvla3/config/sections.py, rlvla3/config/role_settings.py and rlvla3/config/vla.py"
         ),
         "# Configuration reference\n\n",
         "Every key of a launch YAML, its type, allowed range and default; a file names only what "
@@ -144,7 +144,7 @@ def config_markdown() -> str:
 def metrics_markdown() -> str:
     """The text of ``docs/metrics.md``."""
     out = [
-        _HEADER.format(source="rlvla3/metric_names.py"),
+        _HEADER.format(source="rlvla3/runtime/metric_names.py"),
         "# Metrics reference\n\n",
         "Counters are run-wide sums in the run's Redis (`rlvla3 monitor --json`: `counters`; "
         "`summary.json`: `counters`). Gauges are one role instance's current values, "

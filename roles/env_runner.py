@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlvla3.algo.grpo import GroupRounds
-from rlvla3.chunk_ledger import pushed_field
-from rlvla3.config import Config
-from rlvla3.rate_meter import RateMeter
+from rlvla3.config.run_config import Config
+from rlvla3.runtime.chunk_ledger import pushed_field
+from rlvla3.runtime.rate_meter import RateMeter
 from sim.env_group import EnvGroup, SeparateEnvs, Stepped, VectorEnvs
 from sim.envs import make_env
 from sim.straggler import StragglerConfig

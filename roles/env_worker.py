@@ -9,7 +9,7 @@ trainer has published the next weight version (one round per version).
 
 Each env cuts its steps into ``TrajectoryChunk`` messages of ``chunk_len`` steps (shorter at an
 episode end) and pushes them to the trainer, each numbered per env and process start, so the
-chunk accounting stays exact when a worker dies (``rlvla3/chunk_ledger.py``). Requests go round-robin to every live rollout server;
+chunk accounting stays exact when a worker dies (``rlvla3/runtime/chunk_ledger.py``). Requests go round-robin to every live rollout server;
 an unanswered request is re-sent after ``request_timeout_s``, so losing a server loses no env.
 """
 
@@ -21,8 +21,8 @@ import uuid
 from typing import Any
 
 from rlvla3.algo.grpo import GroupRounds
-from rlvla3.rate_meter import RateMeter
-from rlvla3.role import Role, main
+from rlvla3.runtime.rate_meter import RateMeter
+from rlvla3.runtime.role import Role, main
 from roles.env_runner import EnvRunner
 from roles.vector_runner import VectorRunner
 

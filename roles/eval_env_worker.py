@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from rlvla3.metrics_log import MetricsLog
-from rlvla3.role import main
+from rlvla3.runtime.metrics_log import MetricsLog
+from rlvla3.runtime.role import main
 from roles.env_runner import EnvRunner, _finite
 from roles.env_worker import EnvWorker
 

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from rlvla3.algo.chunk_check import obs_problem
-from rlvla3.checkpoints import load_checkpoint
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
-from rlvla3.rate_meter import RateMeter
-from rlvla3.role import Role, main
+from rlvla3.runtime.checkpoints import load_checkpoint
+from rlvla3.runtime.rate_meter import RateMeter
+from rlvla3.runtime.role import Role, main
 from transport.messages import ActionBatchReply, ActionReply, ObsBatchRequest, ObsRequest
 from transport.sockets import RouterSocket
 from transport.weights import FlatLayout, WeightLink

@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.checkpoints import resume_training
-from rlvla3.config_sections import SymmetryConfig
-from rlvla3.metrics_log import MetricsLog
+from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
-from rlvla3.rate_meter import RateMeter
-from rlvla3.role import main
-from rlvla3.training_role import TrainingRole
+from rlvla3.runtime.checkpoints import resume_training
+from rlvla3.runtime.metrics_log import MetricsLog
+from rlvla3.runtime.rate_meter import RateMeter
+from rlvla3.runtime.role import main
+from rlvla3.runtime.training_role import TrainingRole
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
 from sft.symmetry import PlanarSymmetry, augment

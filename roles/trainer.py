@@ -30,15 +30,15 @@ from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.grpo import GroupAssembler
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
-from rlvla3.checkpoints import load_checkpoint, resume_training
-from rlvla3.chunk_ledger import buffered_field, received_field
-from rlvla3.metrics_log import MetricsLog
+from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
-from rlvla3.rate_meter import RateMeter
-from rlvla3.role import main
-from rlvla3.training_role import TrainingRole
-from rlvla3.typed_load import ConfigError
+from rlvla3.runtime.checkpoints import load_checkpoint, resume_training
+from rlvla3.runtime.chunk_ledger import buffered_field, received_field
+from rlvla3.runtime.metrics_log import MetricsLog
+from rlvla3.runtime.rate_meter import RateMeter
+from rlvla3.runtime.role import main
+from rlvla3.runtime.training_role import TrainingRole
 from transport import sockets
 from transport.messages import TrajectoryChunk
 

@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from rlvla3.role import Role, main
+from rlvla3.runtime.role import Role, main
 from transport import sockets
 from transport.messages import WeightsRequest, WeightsUpdate
 from transport.weights import Broadcaster, start_store

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rlvla3.redis_server import EmbeddedRedis
-from rlvla3.registry import Registry
+from rlvla3.launch.redis_server import EmbeddedRedis
+from rlvla3.runtime.registry import Registry
 
 _run_ids = itertools.count()
 

@@ -1,6 +1,6 @@
 """Every benchmark in its smoke mode: a broken benchmark fails here, not on the day it is run.
 
-Each writes its JSON through ``rlvla3.provenance.write_result``; the test checks the stamp and
+Each writes its JSON through ``bench.harness.provenance.write_result``; the test checks the stamp and
 that results are there. (bench/gpu_suite.sh drives the GPU ones on a GPU machine;
 bench/sdpa_backends.py says it needs one and exits 0 here.)
 """

@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from rlvla3 import checkpoints
-from rlvla3.checkpoints import checkpoints as listed
-from rlvla3.checkpoints import resume_training, save_training
+from rlvla3.runtime import checkpoints
+from rlvla3.runtime.checkpoints import checkpoints as listed
+from rlvla3.runtime.checkpoints import resume_training, save_training
 
 
 def _model(value: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

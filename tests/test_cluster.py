@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3 import run_secret
-from rlvla3.rehearsal import Cluster, unavailable
+from bench.harness.rehearsal import Cluster, unavailable
+from rlvla3.runtime import run_secret
 from tests.conftest import wait_until
 from tests.launching import write_yaml
 from transport.security import run_keys

@@ -7,15 +7,15 @@ import os
 import pytest
 import yaml
 
-from rlvla3.config import (
+from rlvla3.config.run_config import (
     Config,
     config_from_dict,
     dump_config,
     dump_config_with_defaults,
     load_config,
 )
-from rlvla3.role import pin_to_cpus
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.runtime.role import pin_to_cpus
 
 
 def _error(raw: dict) -> str:
@@ -226,7 +226,7 @@ def test_pinning_to_a_cpu_the_node_lacks_names_the_field() -> None:
 
 
 def test_launch_refuses_a_run_without_roles_or_with_a_missing_checkpoint(tmp_path) -> None:
-    from rlvla3.launch_command import launch
+    from rlvla3.launch.command import launch
 
     with pytest.raises(ConfigError, match="roles: no role processes to start in this config"):
         launch(None, out=str(tmp_path / "run"))

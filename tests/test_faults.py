@@ -27,8 +27,8 @@ import pytest
 import redis
 import zmq
 
-from rlvla3.checkpoints import check, checkpoints
-from rlvla3.registry import Registry, RoleRecord
+from rlvla3.runtime.checkpoints import check, checkpoints
+from rlvla3.runtime.registry import Registry, RoleRecord
 from tests.conftest import wait_until
 from tests.fuzz_frames import draw_bad_messages
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml

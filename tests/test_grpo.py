@@ -11,7 +11,7 @@ import torch
 
 from rlvla3.algo.batch import build_grpo_batch
 from rlvla3.algo.grpo import GroupAssembler, GroupRounds, group_advantages
-from rlvla3.config import AlgoConfig, ConfigError, config_from_dict
+from rlvla3.config.run_config import AlgoConfig, ConfigError, config_from_dict
 from roles.env_runner import EnvRunner, EnvSlot
 from transport.messages import TrajectoryChunk
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3 import launch_command
-from rlvla3.config import load_config
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.run_config import load_config
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.launch import command as launch_command
 
 
 def _second_stage(tmp_path: Path, **policy: str) -> Path:

@@ -11,9 +11,9 @@ import numpy as np
 import redis
 import zmq
 
-from rlvla3.config import load_config
-from rlvla3.redis_server import EmbeddedRedis
-from rlvla3.registry import Registry
+from rlvla3.config.run_config import load_config
+from rlvla3.launch.redis_server import EmbeddedRedis
+from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, monitor_json, pid_gone, start_launcher, write_yaml
 

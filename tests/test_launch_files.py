@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3.config import load_config
+from rlvla3.config.run_config import load_config
 from rlvla3.policy.factory import build_policy, env_spaces
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from rlvla3.processes import dump_stacks
-from rlvla3.registry import Registry
+from rlvla3.launch.processes import dump_stacks
+from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 
 _STUCK = """

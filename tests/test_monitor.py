@@ -18,11 +18,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from rlvla3.metric_names import COUNTERS, GAUGES
-from rlvla3.monitor_rates import RunHistory, sparkline
-from rlvla3.monitor_view import render
-from rlvla3.prometheus_export import metric_name, serve
-from rlvla3.registry import Registry
+from rlvla3.monitor.prometheus import metric_name, serve
+from rlvla3.monitor.rates import RunHistory, sparkline
+from rlvla3.monitor.view import render
+from rlvla3.runtime.metric_names import COUNTERS, GAUGES
+from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, start_launcher, write_yaml
 

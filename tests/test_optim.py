@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
-from rlvla3.config import load_config
+from rlvla3.config.run_config import load_config
+from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.mlp import MLPPolicy
 from rlvla3.policy.vla import VLAConfig, VLAPolicy
-from rlvla3.typed_load import ConfigError
 
 
 def _vla() -> VLAPolicy:

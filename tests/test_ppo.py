@@ -331,8 +331,8 @@ def test_reference_kl_pulls_the_policy_back_to_the_reference():
 
 
 def test_ref_kl_coef_needs_an_init_checkpoint():
-    from rlvla3.config import load_config
-    from rlvla3.typed_load import ConfigError
+    from rlvla3.config.run_config import load_config
+    from rlvla3.config.typed_load import ConfigError
 
     with pytest.raises(ConfigError, match="algo.ref_kl_coef: needs policy.init_checkpoint"):
         load_config(None, ["algo.ref_kl_coef=0.5"])

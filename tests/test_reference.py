@@ -1,5 +1,5 @@
 """The generated references match the code, every config field is documented, and every
-counter and gauge the code uses is listed (with its meaning) in rlvla3/metric_names.py."""
+counter and gauge the code uses is listed (with its meaning) in rlvla3/runtime/metric_names.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rlvla3 import reference
-from rlvla3.metric_names import COUNTERS, GAUGES
+from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 from tests.launching import REPO
 
 
@@ -41,12 +41,12 @@ def test_every_counter_and_gauge_in_the_code_is_listed() -> None:
                 used[kind].add(name)
     assert used["count"] and used["gauge"]  # the scan finds them at all
     unlisted = (used["count"] | used["drop"]) - set(COUNTERS) | used["gauge"] - set(GAUGES)
-    assert not unlisted, f"not in rlvla3/metric_names.py: {sorted(unlisted)}"
+    assert not unlisted, f"not in rlvla3/runtime/metric_names.py: {sorted(unlisted)}"
 
 
 def test_a_role_refuses_an_unlisted_counter(tmp_path, redis_url) -> None:
-    from rlvla3.config import load_config
-    from rlvla3.role import Role
+    from rlvla3.config.run_config import load_config
+    from rlvla3.runtime.role import Role
 
     class Probe(Role):
         name = "trainer"
@@ -57,7 +57,9 @@ def test_a_role_refuses_an_unlisted_counter(tmp_path, redis_url) -> None:
     cfg = load_config(None, ["roles.trainer.count=1", f"run.redis_url={redis_url}"])
     role = Probe(cfg, 0, node="local", run_dir=tmp_path)
     role.count("env_steps")
-    with pytest.raises(KeyError, match="counter 'env_stpes': not in rlvla3/metric_names.py"):
+    with pytest.raises(
+        KeyError, match="counter 'env_stpes': not in rlvla3/runtime/metric_names.py"
+    ):
         role.count("env_stpes")
     with pytest.raises(KeyError, match="gauge 'qeue_depth'"):
         role.gauge("qeue_depth", 1)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import redis
 
-from rlvla3 import keys
-from rlvla3.redis_server import EmbeddedRedis, find_redis_server
+from rlvla3.launch.redis_server import EmbeddedRedis, find_redis_server
+from rlvla3.runtime import keys
 from tests.conftest import wait_until
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3.chunk_ledger import balance
-from rlvla3.registry import Registry
+from rlvla3.runtime.chunk_ledger import balance
+from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, pid_gone, start_launcher, write_yaml
 
@@ -38,7 +38,7 @@ def cartpole_config(name: str, redis_url: str, mode: str, **algo: object) -> dic
 
 def assert_no_chunk_lost(registry: Registry, c: dict[str, int]) -> None:
     """Nothing lost: every chunk produced was trained on, dropped as stale, or still queued at
-    exit, by the counters and by the crash-proof ledger (rlvla3/chunk_ledger.py) alike."""
+    exit, by the counters and by the crash-proof ledger (rlvla3/runtime/chunk_ledger.py) alike."""
     assert c["chunks_produced"] == (
         c.get("chunks_consumed", 0)
         + c.get("chunks_dropped", 0)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from rlvla3.config import config_from_dict
+from rlvla3.config.run_config import config_from_dict
 from roles.rollout_server import RolloutServer, _all_finite
 from transport.codec import decode, encode
 from transport.messages import ActionReply, ObsRequest

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from rlvla3.config import Config, config_from_dict
-from rlvla3.registry import Registry
-from rlvla3.run_report import SOLVED, stop_condition, write_report
+from rlvla3.config.run_config import Config, config_from_dict
+from rlvla3.launch.run_report import SOLVED, stop_condition, write_report
+from rlvla3.runtime.registry import Registry
 
 
 def _summary(tmp_path, redis_url: str, name: str, stop: dict, successes: list[bool]) -> dict:

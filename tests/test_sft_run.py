@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlvla3.registry import Registry
+from rlvla3.runtime.registry import Registry
 from sft.lerobot import LeRobotDataset
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 

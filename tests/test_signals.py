@@ -10,7 +10,7 @@ from tests.launching import REPO
 
 CHILD = """
 import sys, threading
-from rlvla3.signals import install_stop_signals
+from rlvla3.runtime.signals import install_stop_signals
 stop = threading.Event()
 install_stop_signals(lambda signum, count: stop.set())
 def busy():  # GIL contention: the main thread is often switched out while holding a lock
@@ -45,7 +45,7 @@ def test_sigterm_stops_a_tight_event_polling_loop_every_time() -> None:
 def test_install_from_another_thread_installs_nothing() -> None:
     import threading
 
-    from rlvla3.signals import install_stop_signals
+    from rlvla3.runtime.signals import install_stop_signals
 
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(install_stop_signals(print)))

@@ -8,6 +8,9 @@ from tests.launching import REPO
 
 # Lower layers first: a package may import only those to its left (and itself).
 LAYERS = ["transport", "sim", "sft", "rlvla3", "roles"]
+# The same inside rlvla3: its subpackages, then its top-level modules (the CLI, the reference
+# pages), which may import any of them.
+RLVLA3_LAYERS = ["config", "runtime", "policy", "algo", "launch", "monitor", "(top level)"]
 
 
 def _imports() -> dict[str, set[str]]:
@@ -43,6 +46,31 @@ def test_packages_depend_in_one_direction() -> None:
         if rank[t.split(".")[0]] > rank[m.split(".")[0]]
     )
     assert not upward, f"imports of a higher layer ({' < '.join(LAYERS)}): {upward}"
+
+
+def _rlvla3_layer(module: str) -> int:
+    parts = module.split(".")
+    name = parts[1] if (REPO / "rlvla3" / parts[1]).is_dir() else "(top level)"
+    if name not in RLVLA3_LAYERS:
+        raise AssertionError(f"{module}: rlvla3.{name} is not in RLVLA3_LAYERS; place it there")
+    return RLVLA3_LAYERS.index(name)
+
+
+def test_rlvla3_subpackages_depend_in_one_direction() -> None:
+    graph = _imports()
+    inside = [m for m in graph if m.startswith("rlvla3.") and m != "rlvla3"]
+    upward = sorted(
+        f"{m} -> {t}"
+        for m in inside
+        for t in graph[m]
+        if t.startswith("rlvla3.") and _rlvla3_layer(t) > _rlvla3_layer(m)
+    )
+    assert not upward, f"imports of a higher rlvla3 layer ({' < '.join(RLVLA3_LAYERS)}): {upward}"
+
+
+def test_rlvla3_top_level_stays_small() -> None:
+    modules = [p.name for p in (REPO / "rlvla3").glob("*.py")]
+    assert len(modules) <= 12, f"rlvla3/ has {len(modules)} top-level modules: {sorted(modules)}"
 
 
 def test_no_import_cycles() -> None:

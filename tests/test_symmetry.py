@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlvla3.config import config_from_dict
-from rlvla3.config_sections import SymmetryConfig
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.run_config import config_from_dict
+from rlvla3.config.sections import SymmetryConfig
+from rlvla3.config.typed_load import ConfigError
 from roles.sft_trainer import planar_symmetry
 from sft.symmetry import NUM_ELEMENTS, augment, transform_image, transform_pairs
 from sim.envs import make_env

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlvla3.config import config_from_dict
-from rlvla3.rate_meter import RateMeter
+from rlvla3.config.run_config import config_from_dict
+from rlvla3.runtime.rate_meter import RateMeter
 from roles.env_runner import EnvRunner
 from roles.vector_runner import VectorRunner
 from transport.messages import ActionBatchReply, ActionReply, TrajectoryChunk

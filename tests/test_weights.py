@@ -135,7 +135,7 @@ def test_roles_get_their_own_nccl_host_id_only_when_asked(monkeypatch, tmp_path,
     user set wins; off, none is set (NCCL keeps NVLink and shared memory between GPUs)."""
     import subprocess
 
-    from rlvla3 import processes
+    from rlvla3.launch import processes
 
     envs: list[dict] = []
 

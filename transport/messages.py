@@ -144,7 +144,7 @@ class TrajectoryChunk(Message):
         bootstrap_value: value of the observation after the last step (0 if terminated).
         producer: who made it, ``worker/env#incarnation`` (unique per process start); with
             ``chunk_id`` it keeps the chunk accounting exact across crashes
-            (``rlvla3/chunk_ledger.py``).
+            (``rlvla3/runtime/chunk_ledger.py``).
         group: GRPO only (``algo.kind: grpo``): the group of the episode these steps belong to,
             shared by the ``algo.group_size`` episodes started from the same state; "" otherwise.
     """

@@ -6,7 +6,7 @@
   servers spreads its requests over them.
 
 Binding always picks a free port (or a fresh ipc path); the caller publishes the address in Redis
-(see ``rlvla3/registry.py``) and peers find it there. When ``transport.security`` is enabled
+(see ``rlvla3/runtime/registry.py``) and peers find it there. When ``transport.security`` is enabled
 (multi-host runs), every tcp socket is a CURVE server (bound) or client (connected). Receivers never raise on bad input: a frame
 that fails to decode is handed to ``on_bad_frame`` and dropped, and receiving carries on.
 """

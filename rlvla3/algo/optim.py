@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvla3.config import AlgoConfig
+from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.base import ActorCritic
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from gymnasium import spaces
 
-from rlvla3.config import Config
+from rlvla3.config.run_config import Config
+from rlvla3.config.typed_load import ConfigError, from_dict
 from rlvla3.policy.base import ActorCritic
-from rlvla3.typed_load import ConfigError, from_dict
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

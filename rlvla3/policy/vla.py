@@ -44,11 +44,11 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Normal
 
+from rlvla3.config.vla import VLAConfig
 from rlvla3.policy.attention import attention
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
 from rlvla3.policy.instruction import FiLM, InstructionEncoder
 from rlvla3.policy.keypoints import KeypointStem
-from rlvla3.policy.vla_config import VLAConfig
 
 
 def bins_to_continuous(bins: Tensor, *, low: float, high: float, num_bins: int) -> Tensor:

@@ -1,7 +1,7 @@
 """The monitor's screen: health, recent rates with sparklines, queues against their limits,
 staleness, drops, bad input, the learning curve and one row per role, in 80x24 and more.
 
-Everything shown is derived (``rlvla3.monitor_rates``): rates per second over a recent
+Everything shown is derived (``rlvla3.monitor.rates``): rates per second over a recent
 window, times in ms, shares in %, never raw microsecond totals.
 """
 
@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from rlvla3.monitor_rates import BAD_INPUT, RoleFigures, RunHistory, sparkline
+from rlvla3.monitor.rates import BAD_INPUT, RoleFigures, RunHistory, sparkline
 
 _STATUS_STYLE = {
     "running": "green",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlvla3.registry import Registry
+from rlvla3.runtime.registry import Registry
 
 
 class MetricsLog:

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlvla3.chunk_ledger import balance
-from rlvla3.config import Config
-from rlvla3.registry import Registry
+from rlvla3.config.run_config import Config
+from rlvla3.runtime.chunk_ledger import balance
+from rlvla3.runtime.registry import Registry
 
 
 def mean_recent(registry: Registry, key: str, window: int) -> float | None:
@@ -244,7 +244,7 @@ def write_report(
         summary["solved"] = meets_target(
             cfg.run.stop, evaluation["mean_return"], evaluation.get("success_rate")
         )
-    # Where every chunk went, exact across crashes (rlvla3/chunk_ledger.py): lost are those a
+    # Where every chunk went, exact across crashes (rlvla3/runtime/chunk_ledger.py): lost are those a
     # node, a killed worker's queue or a killed trainer took with it.
     chunks = balance(registry.chunk_ledger(), counters)
     summary["chunk_accounting"] = chunks.as_dict()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvla3.typed_load import bounded
+from rlvla3.config.typed_load import bounded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

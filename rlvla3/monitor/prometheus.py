@@ -1,9 +1,9 @@
 """``rlvla3 monitor --prometheus PORT``: every counter and gauge of a run for Prometheus.
 
-Each scrape reads the run's Redis once (``rlvla3.monitor.snapshot``) and serves, in the text
+Each scrape reads the run's Redis once (``rlvla3.monitor.live.snapshot``) and serves, in the text
 format of the standard client library (``prometheus_client``):
 
-- run-wide counters as ``rlvla3_<name>_total{run}`` (``rlvla3/metric_names.py``; totals kept
+- run-wide counters as ``rlvla3_<name>_total{run}`` (``rlvla3/runtime/metric_names.py``; totals kept
   in µs are served in seconds: ``action_wait_us`` -> ``rlvla3_action_wait_seconds_total``);
 - each role instance's own gauges as ``rlvla3_role_<name>{run,role,index,node}`` (ms served
   in seconds) and its share of the counters as ``rlvla3_role_<name>_total{...}``;
@@ -28,10 +28,10 @@ import redis
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rlvla3.metric_names import COUNTERS, GAUGES
-from rlvla3.monitor import snapshot
-from rlvla3.monitor_rates import role_status
-from rlvla3.registry import Registry
+from rlvla3.monitor.live import snapshot
+from rlvla3.monitor.rates import role_status
+from rlvla3.runtime.metric_names import COUNTERS, GAUGES
+from rlvla3.runtime.registry import Registry
 
 ROLE_LABELS = ["run", "role", "index", "node"]
 

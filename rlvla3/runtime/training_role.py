@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvla3.checkpoints import save_training
-from rlvla3.role import Role
+from rlvla3.runtime.checkpoints import save_training
+from rlvla3.runtime.role import Role
 
 
 class TrainingRole(Role):
@@ -111,7 +111,7 @@ class TrainingRole(Role):
     def save_checkpoint(
         self, model: Any, optimizer: Any, version: int, updates: int, **extra: Any
     ) -> None:
-        """Checkpoint into ``RUN_DIR/checkpoints`` (``rlvla3/checkpoints.py``), keeping
+        """Checkpoint into ``RUN_DIR/checkpoints`` (``rlvla3/runtime/checkpoints.py``), keeping
         ``settings.keep_checkpoints``. A failed write (a full disk) is counted and logged, and
         training goes on: the older checkpoints stay."""
         try:

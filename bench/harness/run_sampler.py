@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from rlvla3.registry import Registry
+from rlvla3.runtime.registry import Registry
 
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ import redis
 from rich.console import Console, Group
 from rich.live import Live
 
-from rlvla3.chunk_ledger import balance
-from rlvla3.monitor_rates import RunHistory
-from rlvla3.monitor_view import render
-from rlvla3.registry import LauncherRecord, Registry, RoleRecord
+from rlvla3.monitor.rates import RunHistory
+from rlvla3.monitor.view import render
+from rlvla3.runtime.chunk_ledger import balance
+from rlvla3.runtime.registry import LauncherRecord, Registry, RoleRecord
 
 _RECENT_EPISODES = 400  # the learning curve's sparkline reaches this far back
 

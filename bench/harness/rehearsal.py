@@ -17,7 +17,7 @@ import sys
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "launch" / "rehearsal" / "cluster.sh"
 SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "munged", "munge")
 

@@ -44,12 +44,12 @@ from typing import Any, ClassVar, TypeVar
 
 import redis
 
-from rlvla3 import run_secret
-from rlvla3.config import Config, load_config
-from rlvla3.metric_names import COUNTERS, GAUGES
-from rlvla3.registry import Registry
-from rlvla3.signals import install_stop_signals
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.run_config import Config, load_config
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.runtime import run_secret
+from rlvla3.runtime.metric_names import COUNTERS, GAUGES
+from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.signals import install_stop_signals
 from transport import security
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
@@ -168,26 +168,26 @@ class Role(abc.ABC):
         return deadline, what
 
     def gauge(self, name: str, value: float) -> None:
-        """Set a gauge shown by the monitor (one of ``rlvla3.metric_names.GAUGES``)."""
+        """Set a gauge shown by the monitor (one of ``rlvla3.runtime.metric_names.GAUGES``)."""
         if name not in GAUGES:
             raise KeyError(
-                f"gauge {name!r}: not in rlvla3/metric_names.py (add it with its meaning)"
+                f"gauge {name!r}: not in rlvla3/runtime/metric_names.py (add it with its meaning)"
             )
         self._gauges[name] = float(value)
 
     def count(self, name: str, amount: int = 1) -> None:
-        """Add to a run-wide Redis counter (one of ``rlvla3.metric_names.COUNTERS``; batched,
+        """Add to a run-wide Redis counter (one of ``rlvla3.runtime.metric_names.COUNTERS``; batched,
         flushed every 0.5 s and at exit)."""
         if name not in COUNTERS:
             raise KeyError(
-                f"counter {name!r}: not in rlvla3/metric_names.py (add it with its meaning)"
+                f"counter {name!r}: not in rlvla3/runtime/metric_names.py (add it with its meaning)"
             )
         with self._pending_lock:
             self._pending[name] += amount
         self._gauges[name] = self._gauges.get(name, 0.0) + amount
 
     def ledger_high(self, field: str, value: int) -> None:
-        """Raise a chunk ledger high-water mark (``rlvla3/chunk_ledger.py``); flushed with the
+        """Raise a chunk ledger high-water mark (``rlvla3/runtime/chunk_ledger.py``); flushed with the
         counters, in the same transaction."""
         with self._pending_lock:
             if value > self._pending_highs.get(field, -1):

@@ -1,13 +1,13 @@
 """The sections of a run config (``run``, ``nodes``, ``roles``, ``env``, ``policy``, ``algo``,
 ``sft``): typed dataclasses with a docstring per field, which ``docs/config.md`` is generated
-from. ``rlvla3.config.Config`` puts them together and checks them against each other."""
+from. ``rlvla3.config.run_config.Config`` puts them together and checks them against each other."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlvla3.typed_load import bounded
+from rlvla3.config.typed_load import bounded
 
 Fp8Backend = Literal["transformer_engine", "torch_scaled_mm"]
 Mode = Literal["sync", "async_rollout", "async"]
@@ -107,7 +107,7 @@ class RunConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeConfig:
-    """A group of ``count`` hosts (``rlvla3/nodes.py``): one node called ``name`` when
+    """A group of ``count`` hosts (``rlvla3/config/nodes.py``): one node called ``name`` when
     ``count`` is 1, else nodes ``name-0``, ``name-1``..."""
 
     name: str

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 _LIBRARIES = ("torch", "numpy", "pyzmq", "msgspec", "redis", "gymnasium", "mani-skill", "libero")
 
 

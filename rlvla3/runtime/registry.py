@@ -1,7 +1,7 @@
 """Run bookkeeping in Redis: role registry, heartbeats, endpoints, counters, weight version.
 
 All Redis access of roles, the launcher and the monitor goes through ``Registry``; every key comes
-from ``rlvla3/keys.py``.
+from ``rlvla3/runtime/keys.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from rlvla3 import keys
+from rlvla3.runtime import keys
 
 _MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
 
@@ -245,7 +245,7 @@ class Registry:
         pipe.execute()
 
     def chunk_ledger(self) -> dict[str, int]:
-        """The chunk ledger's fields (see ``rlvla3/chunk_ledger.py``)."""
+        """The chunk ledger's fields (see ``rlvla3/runtime/chunk_ledger.py``)."""
         return {k: int(v) for k, v in self.redis.hgetall(keys.chunk_ledger(self.run_id)).items()}
 
     def counters(self) -> dict[str, int]:

@@ -13,11 +13,11 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlvla3 import netaddr
-from rlvla3.config import Config
-from rlvla3.nodes import Node
-from rlvla3.slurm import HostListError, SlurmStep
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.nodes import Node
+from rlvla3.config.run_config import Config
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.launch import netaddr
+from rlvla3.launch.slurm import HostListError, SlurmStep
 
 LOOPBACK = "127.0.0.1"
 

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import redis
 
-from rlvla3 import run_secret
-from rlvla3.cluster import Seat, head_address, redis_port
-from rlvla3.config import Config
-from rlvla3.redis_server import EmbeddedRedis
-from rlvla3.registry import Registry
+from rlvla3.config.run_config import Config
+from rlvla3.launch.cluster import Seat, head_address, redis_port
+from rlvla3.launch.redis_server import EmbeddedRedis
+from rlvla3.runtime import run_secret
+from rlvla3.runtime.registry import Registry
 
 _RETRY_S = 0.5
 _HEAD_GRACE_S = 300.0  # on a shared Redis, a head launch mark younger than this is this run's

@@ -15,7 +15,7 @@ from typing import Protocol
 
 
 class NodeGroup(Protocol):
-    """What a ``nodes`` entry of the config provides (``rlvla3.config.NodeConfig``)."""
+    """What a ``nodes`` entry of the config provides (``rlvla3.config.run_config.NodeConfig``)."""
 
     name: str
     count: int

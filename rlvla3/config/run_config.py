@@ -1,5 +1,5 @@
 """The run configuration: typed dataclasses loaded from one YAML file (the sections in
-``rlvla3/config_sections.py``, the whole and its cross-field checks here).
+``rlvla3/config/sections.py``, the whole and its cross-field checks here).
 
 Unknown or mistyped keys fail with one line naming the key path; ``--set a.b=c`` overrides are
 applied to the raw YAML before validation, so they are checked exactly like file values.
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvla3 import nodes as node_groups
-from rlvla3.config_sections import (
+from rlvla3.config import nodes as node_groups
+from rlvla3.config.role_settings import ROLE_SETTINGS
+from rlvla3.config.sections import (
     AlgoConfig,
     EnvConfig,
     NodeConfig,
@@ -21,10 +22,9 @@ from rlvla3.config_sections import (
     RunConfig,
     SftConfig,
 )
-from rlvla3.policy.vla_config import FIELDS_FROM_ENV_SPACES, VLAConfig
-from rlvla3.role_settings import ROLE_SETTINGS
-from rlvla3.typed_load import ConfigError, from_dict, to_dict
-from rlvla3.yaml12 import YamlError, dump_yaml, parse_yaml
+from rlvla3.config.typed_load import ConfigError, from_dict, to_dict
+from rlvla3.config.vla import FIELDS_FROM_ENV_SPACES, VLAConfig
+from rlvla3.config.yaml12 import YamlError, dump_yaml, parse_yaml
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "config_from_dict", "load_config"]
 

@@ -4,9 +4,9 @@
 A role that exits with an error is restarted per its restart policy (``roles.<role>.restart``:
 exponential back-off, at most ``max_restarts``); a role out of restarts fails the run. A role
 that is alive but STALLED (it finished no step by the deadline its heartbeat carries,
-``rlvla3/role.py``, or its heartbeat stopped while its process lives) has every thread's stack
+``rlvla3/runtime/role.py``, or its heartbeat stopped while its process lives) has every thread's stack
 written to its log, is killed, and is then restarted the same way. The launcher
-(``rlvla3/launcher.py``) decides when the run ends and stops these processes in order.
+(``rlvla3/launch/launcher.py``) decides when the run ends and stops these processes in order.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import redis
 
-from rlvla3.config import Config
-from rlvla3.processes import RoleProcess, SpawnContext, dump_stacks, spawn
-from rlvla3.registry import Registry
+from rlvla3.config.run_config import Config
+from rlvla3.launch.processes import RoleProcess, SpawnContext, dump_stacks, spawn
+from rlvla3.runtime.registry import Registry
 
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _STALL_CHECK_PERIOD_S = 1.0

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rlvla3 import netaddr, run_secret
-from rlvla3.checkpoints import find_checkpoint
-from rlvla3.cluster import find_seat
-from rlvla3.config import Config, load_config
-from rlvla3.launcher import Launcher, move_aside
-from rlvla3.redis_server import RedisServerError
-from rlvla3.typed_load import ConfigError
+from rlvla3.config.run_config import Config, load_config
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.launch import netaddr
+from rlvla3.launch.cluster import find_seat
+from rlvla3.launch.launcher import Launcher, move_aside
+from rlvla3.launch.redis_server import RedisServerError
+from rlvla3.runtime import run_secret
+from rlvla3.runtime.checkpoints import find_checkpoint
 from transport import security
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvla3 import run_secret
+from rlvla3.runtime import run_secret
 
 _TICK_S = 0.2
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)

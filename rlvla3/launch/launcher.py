@@ -1,11 +1,11 @@
 """The launcher: starts the role processes of one node of a run, supervises them, stops them.
 
 One YAML describes the run. ``rlvla3 launch cfg.yaml`` runs every node's roles on this host;
-``--node NAME`` (or a Slurm step, see ``rlvla3/cluster.py``) runs one node's. The head node's
-launcher starts the run's Redis (``rlvla3/rendezvous.py``), checks the stop rules and ends the
+``--node NAME`` (or a Slurm step, see ``rlvla3/launch/cluster.py``) runs one node's. The head node's
+launcher starts the run's Redis (``rlvla3/launch/rendezvous.py``), checks the stop rules and ends the
 run; every other node's launcher joins it, follows the head's end, and stops its roles when it
 cannot reach the head for ``run.head_timeout_s``. Each launcher's ``RoleSupervisor``
-(``rlvla3/role_supervisor.py``) restarts its node's roles that exit with an error or stall. The
+(``rlvla3/launch/supervisor.py``) restarts its node's roles that exit with an error or stall. The
 first Ctrl-C (or SIGTERM) stops all roles gracefully, the second kills them.
 """
 
@@ -23,13 +23,13 @@ from urllib.parse import urlparse
 
 import redis
 
-from rlvla3 import netaddr, run_secret
-from rlvla3.cluster import Seat, own_address
-from rlvla3.config import Config, dump_config
-from rlvla3.processes import STOP_ORDER, SpawnContext, stop_group, stop_stages
-from rlvla3.redis_server import RedisServerError
-from rlvla3.registry import Registry
-from rlvla3.rendezvous import (
+from rlvla3.config.run_config import Config, dump_config
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.launch import netaddr
+from rlvla3.launch.cluster import Seat, own_address
+from rlvla3.launch.processes import STOP_ORDER, SpawnContext, stop_group, stop_stages
+from rlvla3.launch.redis_server import RedisServerError
+from rlvla3.launch.rendezvous import (
     Joined,
     JoinError,
     RunStore,
@@ -39,10 +39,16 @@ from rlvla3.rendezvous import (
     write_node_info,
     write_run_info,
 )
-from rlvla3.role_supervisor import REDIS_ERRORS, RoleSupervisor, try_bookkeeping
-from rlvla3.run_report import ProgressTracker, evaluation_episodes, stop_condition, write_report
-from rlvla3.signals import install_stop_signals
-from rlvla3.typed_load import ConfigError
+from rlvla3.launch.run_report import (
+    ProgressTracker,
+    evaluation_episodes,
+    stop_condition,
+    write_report,
+)
+from rlvla3.launch.supervisor import REDIS_ERRORS, RoleSupervisor, try_bookkeeping
+from rlvla3.runtime import run_secret
+from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.signals import install_stop_signals
 
 _TICK_S = 0.2
 _STOPPED_BY_SIGNAL = "stopped by signal"
@@ -55,7 +61,7 @@ class Launcher:
     Args:
         cfg: the validated run config.
         run_dir: where the resolved config, logs, checkpoints and reports go.
-        seat: this launcher's node (``rlvla3.cluster.find_seat``).
+        seat: this launcher's node (``rlvla3.launch.cluster.find_seat``).
         echo: where progress lines go.
     """
 

@@ -47,7 +47,7 @@ def counters(run_id: str) -> str:
 
 
 def chunk_ledger(run_id: str) -> str:
-    """Hash of the chunk accounting that survives crashes (``rlvla3/chunk_ledger.py``): the
+    """Hash of the chunk accounting that survives crashes (``rlvla3/runtime/chunk_ledger.py``): the
     highest sequence number each producer pushed and each trainer received from it, and what
     each trainer holds in its buffer."""
     return f"{run_prefix(run_id)}:chunk_ledger"

@@ -1,7 +1,7 @@
 """What the monitor derives from successive snapshots: rates per second over a recent window,
 their history for sparklines, and per-role figures in ms and shares instead of raw totals.
 
-``RunHistory`` keeps the snapshots (``rlvla3.monitor.snapshot``) of the last few minutes; every
+``RunHistory`` keeps the snapshots (``rlvla3.monitor.live.snapshot``) of the last few minutes; every
 figure is a difference between two of them divided by the time between them, so a run that
 stops moving shows 0/s within one window. A role's own counters restart from zero when its
 process restarts; such a drop counts as a restart, never as a negative rate.

@@ -1,0 +1,1 @@
+"""Launching a run: one launcher per node, its role processes, the run's Redis, multi-node rendezvous, Slurm, stop rules and the run report."""

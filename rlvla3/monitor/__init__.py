@@ -1,0 +1,1 @@
+"""Watching a run: the live terminal view, rates over a window, the Prometheus exporter."""
