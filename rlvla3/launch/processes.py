@@ -21,7 +21,7 @@ from pathlib import Path
 from rlvla3.runtime import run_secret
 
 _TICK_S = 0.2
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # Producers stop first, so every queue is drained by its consumer before the consumer stops.
 STOP_ORDER = (
     "eval_env_worker",
