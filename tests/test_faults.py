@@ -28,7 +28,8 @@ import redis
 import zmq
 
 from rlvla3.runtime.checkpoints import check, checkpoints
-from rlvla3.runtime.registry import Registry, RoleRecord
+from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.registry_records import RoleRecord
 from tests.conftest import wait_until
 from tests.fuzz_frames import draw_bad_messages
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml

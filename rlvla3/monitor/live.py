@@ -22,7 +22,8 @@ from rich.live import Live
 from rlvla3.monitor.rates import RunHistory
 from rlvla3.monitor.view import render
 from rlvla3.runtime.chunk_ledger import balance
-from rlvla3.runtime.registry import LauncherRecord, Registry, RoleRecord
+from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord
 
 _RECENT_EPISODES = 400  # the learning curve's sparkline reaches this far back
 

@@ -1,7 +1,8 @@
 """Run bookkeeping in Redis: role registry, heartbeats, endpoints, counters, weight version.
 
 All Redis access of roles, the launcher and the monitor goes through ``Registry``; every key comes
-from ``rlvla3/runtime/keys.py``.
+from ``rlvla3/runtime/keys.py``, and what it reads back about roles and launchers comes as the
+records of ``rlvla3/runtime/registry_records.py``.
 """
 
 from __future__ import annotations
@@ -9,72 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from rlvla3.runtime import keys
+from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
 _MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoleRecord:
-    """One role instance as the registry knows it.
-
-    Attributes:
-        role: role name, e.g. ``env_worker``.
-        index: instance index within the role.
-        node: node name from the config; host: the address it advertises; pid: its process id.
-        status: ``starting``, ``running``, ``stopping``, ``done`` or ``error``.
-        endpoints: name → ZeroMQ address of every socket it bound.
-        restarts: how often the launcher restarted it.
-        heartbeat_age_s: seconds since its last heartbeat.
-        alive: whether its heartbeat key has not expired.
-        stats: the role's own gauges (rates, queue depths...).
-        stalled_for_s: how long past its stall deadline the role is (0: not stalled); the
-            deadline is its last finished step plus ``run.stall_timeout_s``, or the end of
-            what it said it is busy with, whichever is later.
-        busy: what the role says it is busy with ("" when nothing).
-    """
-
-    role: str
-    index: int
-    node: str
-    host: str
-    pid: int
-    status: str
-    endpoints: dict[str, str]
-    restarts: int
-    heartbeat_age_s: float
-    alive: bool
-    stats: dict[str, float]
-    stalled_for_s: float = 0.0
-    busy: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LauncherRecord:
-    """One node's launcher as the registry knows it.
-
-    Attributes:
-        node: the node it runs on.
-        status: ``starting``, ``running``, ``stopping`` or ``done`` / ``error``.
-        address: the address its node's roles bind and advertise.
-        hostname: the host's name.
-        pid: the launcher's process id on that host.
-        heartbeat_age_s: seconds since its last heartbeat.
-        alive: whether that heartbeat is within its TTL.
-    """
-
-    node: str
-    status: str
-    address: str
-    hostname: str
-    pid: int
-    heartbeat_age_s: float
-    alive: bool
 
 
 class Registry:
@@ -202,21 +145,7 @@ class Registry:
         raw, alive, stats = pipe.execute()
         if not raw:
             return None
-        return RoleRecord(
-            role=role,
-            index=index,
-            node=raw.get("node", ""),
-            host=raw.get("host", ""),
-            pid=int(raw.get("pid", 0)),
-            status=raw.get("status", "?"),
-            endpoints=json.loads(raw.get("endpoints") or "{}"),
-            restarts=int(raw.get("restarts", 0)),
-            heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
-            alive=bool(alive),
-            stats={k: float(v) for k, v in stats.items()},
-            stalled_for_s=_stalled_for(float(raw.get("stall_at", 0) or 0), raw, now),
-            busy=raw.get("busy", ""),
-        )
+        return role_record(role, index, raw, alive=bool(alive), stats=stats, now=now)
 
     # --- counters -----------------------------------------------------------------------------
     def incr(self, name: str, amount: int = 1) -> int:
@@ -330,17 +259,7 @@ class Registry:
             pipe.exists(keys.launcher_alive(self.run_id, node))
             raw, alive = pipe.execute()
             if raw:
-                records.append(
-                    LauncherRecord(
-                        node=node,
-                        status=raw.get("status", "?"),
-                        address=raw.get("address", ""),
-                        hostname=raw.get("hostname", ""),
-                        pid=int(raw.get("pid", 0)),
-                        heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
-                        alive=bool(alive),
-                    )
-                )
+                records.append(launcher_record(node, raw, alive=bool(alive), now=now))
         return records
 
     def end_run(self, reason: str, code: int) -> None:
@@ -419,10 +338,3 @@ class Registry:
 
 
 _SERIES = {"metrics": keys.metrics, "episodes": keys.episodes, "evaluations": keys.evaluations}
-
-
-def _stalled_for(stall_at: float, raw: dict[str, str], now: float) -> float:
-    """Seconds past ``stall_at`` of a running role (0: not stalled, or not checked)."""
-    if stall_at <= 0 or raw.get("status") != "running":
-        return 0.0
-    return max(0.0, now - stall_at)
