@@ -45,7 +45,7 @@ from rlvla3.policy.attention import (  # noqa: E402
     backend_name,
     prefer_varlen_kernel,
 )
-from rlvla3.policy.vla import Transformer  # noqa: E402
+from rlvla3.policy.transformer import Transformer  # noqa: E402
 from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
 from sft.precision import Context, autocast_context, enable_fp8, fp8_backend  # noqa: E402
 

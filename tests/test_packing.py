@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvla3.policy.vla import Transformer
+from rlvla3.policy.transformer import Transformer
 from sft.packing import collate_packed, document_ids, pack, per_document_mean
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlvla3.policy.vla import Transformer
+from rlvla3.policy.transformer import Transformer
 from sft.precision import E4M3, E5M2, Float8Linear, enable_fp8, fp8_backend, quantize
 
 
