@@ -89,14 +89,14 @@ def test_publisher_resends_the_last_version_unchanged_and_follows_a_moved_broadc
 ) -> None:
     """A version whose send found no room is sent again later, same number and weights (never a
     new version without training), without blocking; a broadcaster at a new address gets it."""
-    import transport.weights as weights_mod
+    import transport.weight_publisher as publisher_mod
     from transport import sockets
     from transport.messages import WeightsUpdate
-    from transport.weights import WeightPublisher
+    from transport.weight_publisher import WeightPublisher
 
-    monkeypatch.setattr(weights_mod, "_SEND_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(weights_mod, "_RETRY_S", 0.0)
-    monkeypatch.setattr(weights_mod, "_LOOKUP_EVERY_S", 0.0)
+    monkeypatch.setattr(publisher_mod, "_SEND_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(publisher_mod, "_RETRY_S", 0.0)
+    monkeypatch.setattr(publisher_mod, "_LOOKUP_EVERY_S", 0.0)
     model = torch.nn.Linear(3, 2)
     address = {"now": "tcp://127.0.0.1:9"}  # nobody listens: the queue fills
     announced: list[int] = []

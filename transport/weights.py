@@ -7,7 +7,8 @@ breaks its own link: nobody else's broadcast hangs. The broadcaster drives all l
 threads, so a sync costs about one broadcast of the flat buffer.
 
 Weights travel as one flat float32 buffer (``FlatLayout`` says which slice is which parameter),
-sent in a few large buckets — not one call per tensor.
+sent in a few large buckets — not one call per tensor. Trainers hand each version to the
+broadcaster over ZeroMQ (``transport/weight_publisher.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import hashlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -124,99 +123,6 @@ class FlatLayout:
                 t = state[name]
                 t.copy_(flat[offset : offset + t.numel()].view(shape))
                 offset += t.numel()
-
-
-class WeightPublisher:
-    """Trainer side: flattens the model and pushes it to the broadcaster as the next version.
-
-    Args:
-        module: the model whose weights are published.
-        broadcaster: the broadcaster's ``updates`` address, or a function returning the current
-            one (None: none live); with a function the publisher follows a restarted broadcaster
-            to its new address.
-        version: the version published last (the next publish sends ``version + 1``).
-        announce: called with each version before it is sent (the trainer records it in Redis).
-
-    Publishing never blocks training for long: if the broadcaster takes nothing for
-    ``_SEND_TIMEOUT_S`` (busy, dead, or gone to a new address), that version is not sent
-    (``last_sent`` is False), and the trainer's calls of ``resend_if_due`` between updates send
-    it again once there is room or the broadcaster has moved.
-    """
-
-    def __init__(
-        self,
-        module: nn.Module,
-        broadcaster: str | Callable[[], str | None],
-        version: int = -1,
-        announce: Callable[[int], None] | None = None,
-    ) -> None:
-        from transport import sockets  # the trainer side needs zmq; receivers do not
-
-        self.layout = FlatLayout.of(module)
-        self.version = version
-        self.announce = announce
-        self.last_sent = True
-        self._last: Any = None  # the last WeightsUpdate published, for resending
-        self._lookup = broadcaster if callable(broadcaster) else None
-        self._next_check = time.monotonic() + _LOOKUP_EVERY_S
-        self._sockets = sockets
-        self.address = broadcaster if isinstance(broadcaster, str) else broadcaster()
-        if self.address is None:
-            raise ConnectionError("no live weight broadcaster")
-        self.socket = sockets.push(hwm=4)
-        self.socket.connect(self.address)
-
-    def publish(self, module: nn.Module) -> int:
-        """Send the module's current weights as a new version; returns that version."""
-        from transport.messages import WeightsUpdate
-
-        self.version += 1
-        if self.announce is not None:
-            self.announce(self.version)
-        flat = self.layout.flatten(module).detach().cpu().numpy()
-        self._last = WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
-        self.last_sent = self.socket.send(self._last, timeout_s=_SEND_TIMEOUT_S)
-        if not self.last_sent:
-            self._next_check = time.monotonic() + _RETRY_S
-        return self.version
-
-    def resend_if_due(self) -> bool:
-        """Call between publishes; never blocks. Sends the last version again (same number, same
-        weights) when its send found no room, or when the broadcaster moved (restarted: it holds
-        no weights). Checked at most every ``_RETRY_S`` after a failed send, else every
-        ``_LOOKUP_EVERY_S``. Returns True when it sent.
-
-        Without it the servers could wait for weights that never come: they keep acting with old
-        weights, their chunks grow too stale to train on, and no training means no publish."""
-        now = time.monotonic()
-        if self._last is None or now < self._next_check:
-            return False
-        self._next_check = now + (_LOOKUP_EVERY_S if self.last_sent else _RETRY_S)
-        moved = self._reconnect_if_moved()
-        if not moved and self.last_sent:
-            return False
-        self.last_sent = self.socket.send(self._last, timeout_s=0)
-        return self.last_sent
-
-    def _reconnect_if_moved(self) -> bool:
-        address = self._lookup() if self._lookup is not None else None
-        if address is None or address == self.address:
-            return False
-        # a new socket: the old one's queue holds versions for a broadcaster that is gone
-        self.socket.close()
-        self.socket = self._sockets.push(hwm=4)
-        self.socket.connect(address)
-        self.address = address
-        return True
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.socket.close()
-
-
-_SEND_TIMEOUT_S = 1.0
-_LOOKUP_EVERY_S = 2.0
-_RETRY_S = 0.5
 
 
 def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:

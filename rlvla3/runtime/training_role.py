@@ -17,10 +17,10 @@ class TrainingRole(Role):
     """A ``Role`` that trains a module and publishes its weights as versions."""
 
     def start_weight_publisher(self, module: Any, version: int) -> Any:
-        """A ``transport.weights.WeightPublisher`` to the live weight broadcaster: it follows the
-        broadcaster across restarts and records each version in Redis before sending it (the
-        broadcaster accepts no version above that)."""
-        from transport.weights import WeightPublisher  # torch: only the trainers need it
+        """A ``transport.weight_publisher.WeightPublisher`` to the live weight broadcaster: it
+        follows the broadcaster across restarts and records each version in Redis before sending
+        it (the broadcaster accepts no version above that)."""
+        from transport.weight_publisher import WeightPublisher  # torch: only the trainers need it
 
         def broadcaster() -> str | None:
             found = self.registry.endpoints("weight_broadcaster", "updates")
