@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from rlvla3.monitor import diagnosis
 from rlvla3.monitor.prometheus import metric_name, serve
 from rlvla3.monitor.rates import RunHistory, sparkline
 from rlvla3.monitor.view import render
@@ -89,7 +90,7 @@ def test_rates_come_from_the_window_and_a_restart_is_never_negative() -> None:
     assert history.role_rate("env_worker/0", "env_steps") == pytest.approx(1000.0)
     # 2 ms per action against a 0.05 ms simulator step: the envs wait on the servers
     assert history.role_ratio("env_worker/0", "action_wait_us", "action_requests") == 2000
-    assert history.waiting_share() == pytest.approx(0.5)  # 10 s waited in 5 s by 4 envs
+    assert diagnosis.waiting_share(history) == pytest.approx(0.5)  # 10 s waited in 5 s by 4 envs
     figures = {f.key: f for f in history.roles()}
     assert figures["rollout_server/0"].detail == "v5 lag 2"  # the trainer is at v7
     assert "action 2.0ms" in figures["env_worker/0"].detail
@@ -106,7 +107,7 @@ def test_rates_come_from_the_window_and_a_restart_is_never_negative() -> None:
     assert history.role_rate("env_worker/0", "env_steps") == pytest.approx(1500.0)
     history.add(_snap(17.0, 9000, later))
     assert history.rate("env_steps") == 0.0  # a run that stopped moving shows 0/s at once
-    healthy, problem = history.health(history.roles())
+    healthy, problem = diagnosis.health(history, history.roles())
     assert not healthy and "no env steps" in problem
 
 
@@ -133,17 +134,26 @@ def test_health_staleness_drops_and_the_bottleneck() -> None:
     roles = _workers(100, 100, 100)
     roles[1] = _role("rollout_server", 0, {"requests_served": 100}, alive=False)
     history.add(_snap(1.0, 100, roles, **counters))
-    assert history.staleness_shares() == [("0", 0.75), ("1", 0.25), ("2", 0.0), ("3+", 0.0)]
+    assert diagnosis.staleness_shares(history) == [
+        ("0", 0.75),
+        ("1", 0.25),
+        ("2", 0.0),
+        ("3+", 0.0),
+    ]
     # in the window: 100 of 500 samples dropped, 4 chunks too stale and 1 refused
-    assert history.drop_shares() == {"samples": 0.2, "stale_chunks": 4, "refused_chunks": 1}
-    healthy, problem = history.health(history.roles())
+    assert diagnosis.drop_shares(history) == {
+        "samples": 0.2,
+        "stale_chunks": 4,
+        "refused_chunks": 1,
+    }
+    healthy, problem = diagnosis.health(history, history.roles())
     assert not healthy and problem == "rollout_server/0 LOST"
     lost = {f.key: f for f in history.roles()}["rollout_server/0"]
     assert lost.rate is None  # a LOST role shows no rate, not its last one
-    assert history.bottleneck(history.roles()).startswith("trainer: 30/32 chunks queued")
+    assert diagnosis.bottleneck(history, history.roles()).startswith("trainer: 30/32 chunks queued")
     stopping = [dict(r, status="stopping", alive=True) for r in roles]
     history.add(_snap(5.0, 100, stopping, **counters))
-    assert history.health(history.roles()) == (True, "")  # no alarm while the run ends
+    assert diagnosis.health(history, history.roles()) == (True, "")  # no alarm while the run ends
 
 
 def test_the_screen_fits_80x24_even_with_many_roles() -> None:

@@ -4,7 +4,8 @@ their history for sparklines, and per-role figures in ms and shares instead of r
 ``RunHistory`` keeps the snapshots (``rlvla3.monitor.live.snapshot``) of the last few minutes; every
 figure is a difference between two of them divided by the time between them, so a run that
 stops moving shows 0/s within one window. A role's own counters restart from zero when its
-process restarts; such a drop counts as a restart, never as a negative rate.
+process restarts; such a drop counts as a restart, never as a negative rate. What the monitor
+concludes from these figures (health, bottleneck, staleness) is ``rlvla3.monitor.diagnosis``.
 """
 
 from __future__ import annotations
@@ -24,15 +25,6 @@ ROLE_RATE: dict[str, tuple[str, str]] = {
     "trainer": ("samples_consumed", "samples/s"),
     "sft_trainer": ("sft_samples", "samples/s"),
 }
-
-STALENESS_BUCKETS = (
-    ("0", "trained_staleness_0"),
-    ("1", "trained_staleness_1"),
-    ("2", "trained_staleness_2"),
-    ("3+", "trained_staleness_3plus"),
-)
-
-BAD_INPUT = ("bad_frames", "bad_requests", "bad_chunks", "weights_rejected", "auth_refused")
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -280,94 +272,6 @@ class RunHistory:
                 parts.append(f"sync {stats['last_sync_ms']:.0f}ms")
         return " ".join(parts)
 
-    # --- run-wide derived figures ------------------------------------------------------------
-    def staleness_shares(self) -> list[tuple[str, float]]:
-        """Share of the samples trained in the window by how many versions they lagged
-        (empty when the window trained none)."""
-        counts = [(label, self.delta(c)) for label, c in STALENESS_BUCKETS]
-        total = sum(n for _, n in counts)
-        return [(label, n / total) for label, n in counts] if total else []
-
-    def drop_shares(self) -> dict[str, float] | None:
-        """Of the samples the trainers took in the window (trained or dropped), the share
-        dropped, and the chunks dropped as too stale (or for their group) and refused by the
-        chunk checks. None when the window saw none."""
-        consumed, dropped = self.delta("samples_consumed"), self.delta("samples_dropped")
-        if consumed + dropped == 0:
-            return None
-        refused = self.delta("bad_chunks")
-        return {
-            "samples": dropped / (consumed + dropped),
-            "stale_chunks": max(0, self.delta("chunks_dropped") - refused),
-            "refused_chunks": refused,
-        }
-
-    def stopping(self) -> bool:
-        """Whether the run is ending: a stop was asked for, or its roles are stopping."""
-        snap = self.latest
-        return bool(snap.get("stop_reason")) or any(
-            r["status"] in ("stopping", "done") for r in snap["roles"]
-        )
-
-    def health(self, figures: list[RoleFigures]) -> tuple[bool, str]:
-        """(healthy, what is wrong): a LOST, STALLED or failed role, or a run that stands."""
-        bad = [f"{f.key} {f.status}" for f in figures if f.status in ("LOST", "STALLED", "error")]
-        if bad:
-            more = f" +{len(bad) - 2}" if len(bad) > 2 else ""
-            return False, ", ".join(bad[:2]) + more
-        if self.stopping():
-            return True, ""
-        moving = self.rate("env_steps") > 0 or self.rate("sft_samples") > 0
-        if len(self.snaps) >= 2 and self.latest["time"] - self.snaps[0]["time"] >= self.window_s:
-            if not moving and not self.latest.get("stop_reason"):
-                return False, "no env steps or SFT samples in the last window"
-        return True, ""
-
-    def bottleneck(self, figures: list[RoleFigures]) -> str:
-        """Where the run waits, in words: the trainer, the rollout servers or the simulators."""
-        c = self.latest["counters"]
-        queued = _max_stat(self.latest, "env_worker", "chunks_queued")
-        limit = _max_stat(self.latest, "env_worker", "max_chunks_queued")
-        drops = self.drop_shares()
-        if limit and queued is not None and queued >= 0.8 * limit:
-            return f"trainer: {queued:.0f}/{limit:.0f} chunks queued, envs held back"
-        if drops is not None and drops["samples"] > 0.1:
-            return f"trainer: {drops['samples']:.0%} of samples dropped (too stale)"
-        waits = [
-            (
-                self.role_ratio(f.key, "action_wait_us", "action_requests"),
-                self.role_ratio(f.key, "env_step_us", "env_steps"),
-            )
-            for f in figures
-            if f.role == "env_worker"
-        ]
-        waits = [(w, s) for w, s in waits if w is not None and s is not None]
-        if not waits or not c.get("env_steps"):
-            return "-"
-        wait = sum(w for w, _ in waits) / len(waits)
-        sim = sum(s for _, s in waits) / len(waits)
-        fills = [
-            self.latest_stat(f.key, "batch_fill") for f in figures if f.role == "rollout_server"
-        ]
-        fill = max((f for f in fills if f is not None), default=0.0)
-        if wait > sim:
-            busy = "saturated, " if fill >= 0.9 else ""
-            return (
-                f"rollout servers ({busy}envs wait {wait / 1000:.1f}ms per action, "
-                f"step {sim / 1000:.2f}ms)"
-            )
-        return f"simulators (step {sim / 1000:.2f}ms, action {wait / 1000:.1f}ms)"
-
-    def waiting_share(self) -> float | None:
-        """The share of the env workers' env time spent waiting for an action in the window
-        (their action round trips per second over their envs; None without env workers)."""
-        workers = [r for r in self.latest["roles"] if r["role"] == "env_worker" and r["alive"]]
-        envs = sum(r["stats"].get("envs", 0) for r in workers)
-        if not envs:
-            return None
-        waited_s = sum(self.role_rate(role_key(r), "action_wait_us") for r in workers) / 1e6
-        return min(1.0, waited_s / envs)
-
     def latest_stat(self, key: str, stat: str) -> float | None:
         stats = self._role_stats(self.latest, key)
         return None if stats is None else stats.get(stat)
@@ -397,8 +301,3 @@ def _trainer_version(snap: dict[str, Any]) -> int | None:
     if not versions:
         return None
     return max(*versions, int(snap["weight_version"]))
-
-
-def _max_stat(snap: dict[str, Any], role: str, stat: str) -> float | None:
-    values = [r["stats"][stat] for r in snap["roles"] if r["role"] == role and stat in r["stats"]]
-    return max(values) if values else None

@@ -1,8 +1,8 @@
 """The monitor's screen: health, recent rates with sparklines, queues against their limits,
 staleness, drops, bad input, the learning curve and one row per role, in 80x24 and more.
 
-Everything shown is derived (``rlvla3.monitor.rates``): rates per second over a recent
-window, times in ms, shares in %, never raw microsecond totals.
+Everything shown is derived (``rlvla3.monitor.rates``, ``rlvla3.monitor.diagnosis``): rates per
+second over a recent window, times in ms, shares in %, never raw microsecond totals.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from rlvla3.monitor.rates import BAD_INPUT, RoleFigures, RunHistory, sparkline
+from rlvla3.monitor import diagnosis
+from rlvla3.monitor.rates import RoleFigures, RunHistory, sparkline
 
 _STATUS_STYLE = {
     "running": "green",
@@ -28,8 +29,8 @@ def render(history: RunHistory, width: int = 80, height: int = 24) -> Group:
     """One screen of the run for a terminal of ``width`` x ``height`` (at least 80x24)."""
     snap = history.latest
     figures = history.roles(spark_points=8)
-    healthy, problem = history.health(figures)
-    lines: list[Text] = [_header(snap, healthy, problem, history.stopping())]
+    healthy, problem = diagnosis.health(history, figures)
+    lines: list[Text] = [_header(snap, healthy, problem, diagnosis.stopping(history))]
     lines.append(
         _rate_line("env steps", history, "env_steps", "/s")
         + _rate_line("  trained", history, "samples_consumed", "/s")
@@ -47,7 +48,7 @@ def render(history: RunHistory, width: int = 80, height: int = 24) -> Group:
     lines.append(_bad_input_line(snap["counters"]))
     lines.append(_learning_line(history))
     lines.append(_evaluation_line(snap.get("evaluations") or []))
-    lines.append(Text(f"bottleneck: {history.bottleneck(figures)}", style="cyan"))
+    lines.append(Text(f"bottleneck: {diagnosis.bottleneck(history, figures)}", style="cyan"))
     for line in lines:  # one line each, whatever the figures: the role table keeps its room
         line.no_wrap, line.overflow = True, "ellipsis"
         line.truncate(width, overflow="ellipsis")
@@ -100,7 +101,7 @@ def _queue_line(history: RunHistory) -> Text:
     else:
         text.append(f"{q:.0f} (no limit)")
     text.append(f"  in flight {snap['chunks_in_flight']}")
-    waiting = history.waiting_share()
+    waiting = diagnosis.waiting_share(history)
     if waiting is not None:
         text.append(f"  envs waiting {waiting:.0%} ")
         text.append(_bar(waiting, 1.0, 8), style="yellow")
@@ -108,10 +109,10 @@ def _queue_line(history: RunHistory) -> Text:
 
 
 def _staleness_line(history: RunHistory) -> Text:
-    shares = history.staleness_shares()
+    shares = diagnosis.staleness_shares(history)
     text = Text("staleness ")
     text.append(" ".join(f"{label}:{share:.0%}" for label, share in shares) or "-")
-    drops = history.drop_shares()
+    drops = diagnosis.drop_shares(history)
     if drops is not None:
         style = "red" if drops["samples"] > 0.02 else ""
         text.append(
@@ -123,7 +124,7 @@ def _staleness_line(history: RunHistory) -> Text:
 
 
 def _bad_input_line(counters: dict[str, int]) -> Text:
-    bad = [f"{name}={counters[name]}" for name in BAD_INPUT if counters.get(name)]
+    bad = [f"{name}={counters[name]}" for name in diagnosis.BAD_INPUT if counters.get(name)]
     return Text("bad input: " + (" ".join(bad) if bad else "none"), style="red" if bad else "")
 
 
