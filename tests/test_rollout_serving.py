@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from rlvla3.config.run_config import config_from_dict
-from roles.rollout_server import RolloutServer, _all_finite
+from roles.request_batch import all_finite, stack_observations, without_nonfinite
+from roles.rollout_server import RolloutServer
 from transport.codec import decode, encode
-from transport.messages import ActionReply, ObsRequest
+from transport.messages import ActionReply, ObsBatchRequest, ObsRequest
 
 
 @pytest.fixture
@@ -92,12 +93,32 @@ def test_the_torch_path_serves_a_received_request_without_warnings(server) -> No
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("size", [4, 1000])  # summed as Python floats, and np.isfinite
 def test_the_finite_check_sees_every_nan_and_inf_and_no_large_finite_value(dtype, size) -> None:
-    """``_all_finite`` takes a Python-float sum of small float arrays: a NaN or inf anywhere, or
+    """``all_finite`` takes a Python-float sum of small float arrays: a NaN or inf anywhere, or
     infinities that cancel, must still fail it; the largest finite values must not."""
     big = np.full((1, size), np.finfo(dtype).max, dtype)
-    assert _all_finite({"state": big, "image": np.full((1, 3), 255, np.uint8)})
-    assert _all_finite({"state": -big})
+    assert all_finite({"state": big, "image": np.full((1, 3), 255, np.uint8)})
+    assert all_finite({"state": -big})
     for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
         arr = np.zeros((1, size), dtype)
         arr[0, : len(bad)] = bad
-        assert not _all_finite({"image": np.zeros((1, 3), np.uint8), "state": arr}), bad
+        assert not all_finite({"image": np.zeros((1, 3), np.uint8), "state": arr}), bad
+
+
+def test_a_mixed_batch_stacks_in_order_and_loses_only_the_non_finite_requests() -> None:
+    """Single and group requests stack row after row; a group with one non-finite row is taken
+    out whole, its rows with it, and the other requests keep their rows in order."""
+    states = np.arange(6 * 2, dtype=np.float32).reshape(6, 2)
+    bad_group = states[3:5].copy()
+    bad_group[1, 0] = np.inf
+    batch = [
+        (b"a", ObsRequest(env_key="0/0", request_id=0, obs={"state": states[0]})),
+        (b"b", ObsBatchRequest(env_key="0/1+2", request_id=1, obs={"state": states[1:3]})),
+        (b"c", ObsBatchRequest(env_key="0/3+2", request_id=2, obs={"state": bad_group})),
+        (b"d", ObsRequest(env_key="0/5", request_id=3, obs={"state": states[5]})),
+    ]
+    obs, rows = stack_observations(batch, ["state"])
+    assert rows == [1, 2, 2, 1] and obs["state"].shape == (6, 2)
+    kept, obs, rows, refused = without_nonfinite(batch, obs, rows)
+    assert [identity for identity, _ in kept] == [b"a", b"b", b"d"] and rows == [1, 2, 1]
+    assert [req.request_id for req in refused] == [2]
+    np.testing.assert_array_equal(obs["state"], states[[0, 1, 2, 5]])
