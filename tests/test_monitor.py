@@ -134,18 +134,11 @@ def test_health_staleness_drops_and_the_bottleneck() -> None:
     roles = _workers(100, 100, 100)
     roles[1] = _role("rollout_server", 0, {"requests_served": 100}, alive=False)
     history.add(_snap(1.0, 100, roles, **counters))
-    assert diagnosis.staleness_shares(history) == [
-        ("0", 0.75),
-        ("1", 0.25),
-        ("2", 0.0),
-        ("3+", 0.0),
-    ]
+    shares = diagnosis.staleness_shares(history)
+    assert shares == [("0", 0.75), ("1", 0.25), ("2", 0.0), ("3+", 0.0)]
     # in the window: 100 of 500 samples dropped, 4 chunks too stale and 1 refused
-    assert diagnosis.drop_shares(history) == {
-        "samples": 0.2,
-        "stale_chunks": 4,
-        "refused_chunks": 1,
-    }
+    drops = diagnosis.drop_shares(history)
+    assert drops == {"samples": 0.2, "stale_chunks": 4, "refused_chunks": 1}
     healthy, problem = diagnosis.health(history, history.roles())
     assert not healthy and problem == "rollout_server/0 LOST"
     lost = {f.key: f for f in history.roles()}["rollout_server/0"]
