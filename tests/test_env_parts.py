@@ -16,25 +16,9 @@ from roles.env.eval_rounds import EvalRounds
 from roles.env.pacing import Pacing
 from roles.env.peers import Peers
 from roles.env.policy_client import PolicyClient
+from tests.env_fakes import RecordingCounters
 from transport import sockets
 from transport.messages import ActionReply
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def count(self, name: str, amount: int = 1) -> None:
-        self.counts[name] = self.counts.get(name, 0) + amount
-
-    def drop(self, counter: str, reason: str) -> None:
-        self.count(counter)
-
-    def count_bad_frame(self, err: Exception) -> None:
-        self.count("bad_frames")
-
-    def ledger_high(self, field: str, value: int) -> None:
-        pass
 
 
 def _reply(request_id: int, action: int) -> ActionReply:
@@ -48,7 +32,7 @@ def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
     timeout, and of the two replies to come, the one to the first request is skipped."""
     server = sockets.RouterSocket()
     address = server.bind()
-    counters, stop = _Counters(), threading.Event()
+    counters, stop = RecordingCounters(), threading.Event()
 
     def serve() -> None:
         first = server.recv_from(timeout_s=10)
@@ -76,8 +60,8 @@ def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
         thread.join(timeout=10)
         server.close()
     assert [int(a.action) for a in acts] == [2] and acts[0].version == 3
-    assert counters.counts["request_timeouts"] == 1
-    assert counters.counts["action_requests"] == 1  # one ask, however many sends
+    assert counters.counters["request_timeouts"] == 1
+    assert counters.counters["action_requests"] == 1  # one ask, however many sends
 
 
 def test_pacing_holds_runners_during_back_pressure_and_asks_again_after() -> None:
@@ -139,7 +123,7 @@ class _Registry:
 
 
 def test_the_episode_queue_keeps_episodes_a_failed_write_did_not_record() -> None:
-    counters = _Counters()
+    counters = RecordingCounters()
     queue = EpisodeQueue(worker_index=3, counters=counters)
     queue.record(
         FinishedEpisode(episode_return=2.0, length=5, success=None, versions=(1, 2), greedy=False)
@@ -147,7 +131,7 @@ def test_the_episode_queue_keeps_episodes_a_failed_write_did_not_record() -> Non
     queue.record(
         FinishedEpisode(episode_return=1.0, length=4, success=True, versions=(2, 2), greedy=True)
     )
-    assert counters.counts["episodes"] == 2
+    assert counters.counters["episodes"] == 2
     with pytest.raises(ConnectionError):
         queue.write(_Registry(fail=True))  # type: ignore[arg-type]
     assert len(queue) == 2

@@ -23,31 +23,20 @@ from roles.env.policy_client import PolicyClient
 from roles.env.runner_thread import RunnerParts, make_env_group
 from roles.env.sim_meter import SimMeter
 from roles.env.vector_runner import VectorRunner
+from tests.env_fakes import RecordingCounters
 from transport.messages import ActionBatchReply, ActionReply, TrajectoryChunk
 
 
-class _Host:
+class _Host(RecordingCounters):
     """A stand-in env worker: records what its runner reports and sends."""
 
     def __init__(self, steps: int) -> None:
+        super().__init__()
         self.steps = steps  # requests until the stop
         self.stop_event = threading.Event()
-        self.counters: dict[str, int] = {}
         self.episodes: list[tuple] = []
         self.requests: list[int] = []
         self.chunks: list[TrajectoryChunk] = []
-
-    def count(self, name: str, amount: int = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + amount
-
-    def drop(self, counter: str, reason: str) -> None:
-        self.count(counter)
-
-    def count_bad_frame(self, err: Exception) -> None:
-        self.count("bad_frames")
-
-    def ledger_high(self, field: str, value: int) -> None:
-        pass
 
 
 class _Client(PolicyClient):
