@@ -1,4 +1,4 @@
-"""Env worker role: N simulators in groups, one thread per group (``roles/env_runner.py``),
+"""Env worker role: N simulators in groups, one runner thread per group (``roles/env/``),
 asking rollout servers for actions.
 
 In ``async`` and ``async_rollout`` modes every env sends its own observation request the moment
@@ -15,22 +15,29 @@ an unanswered request is re-sent after ``request_timeout_s``, so losing a server
 
 from __future__ import annotations
 
-import threading
+import functools
 import time
 import uuid
-from typing import Any
 
 from rlvla3.algo.grpo import GroupRounds
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role, main
-from roles.env_runner import EnvRunner
-from roles.vector_runner import VectorRunner
+from roles.env.chunk_sink import ChunkSink, ChunkStream
+from roles.env.env_runner import EnvRunner
+from roles.env.env_slot import EnvSlot
+from roles.env.episode_queue import EpisodeQueue
+from roles.env.pacing import Pacing
+from roles.env.peers import Peers
+from roles.env.policy_client import PolicyClient
+from roles.env.runner_thread import Runner, RunnerParts, RunnerThread, make_env_group
+from roles.env.sim_meter import SimMeter
+from roles.env.vector_runner import VectorRunner
 
 _PEER_SCAN_PERIOD_S = 1.0
 
 
 class EnvWorker(Role):
-    """Runs ``env.num_envs_per_worker`` envs, one ``EnvRunner`` thread each."""
+    """Runs ``env.num_envs_per_worker`` envs in groups, one ``RunnerThread`` each."""
 
     name = "env_worker"
     server_role = "rollout_server"
@@ -40,14 +47,15 @@ class EnvWorker(Role):
 
     def setup(self) -> None:
         self.incarnation = uuid.uuid4().hex[:8]  # this process start, in every chunk's producer
-        self.servers = self.wait_for_endpoints(self.server_role, "requests")
+        servers = self.wait_for_endpoints(self.server_role, "requests")
         # Without an RL trainer (e.g. evaluating an SFT policy) envs only act and record episodes.
         self.trains = (
             self.serves_training
             and "trainer" in self.cfg.roles
             and self.cfg.roles["trainer"].count > 0
         )
-        self.trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
+        trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
+        self.peers = Peers(servers, trainers)
         self.step_rate = RateMeter()
         grpo = self.trains and self.cfg.algo.kind == "grpo"
         self.group_rounds = (
@@ -58,18 +66,12 @@ class EnvWorker(Role):
         num_envs = self.cfg.env.num_envs_per_worker
         sync = self.cfg.run.mode == "sync" and self.serves_training
         groups = -(-num_envs // self.cfg.env.envs_per_request)
-        self.barrier = threading.Barrier(groups) if sync else None
-        self.version_seen = threading.Condition()
-        self.latest_version = self.registry.weight_version()
-        self.may_produce = threading.Event()  # cleared while too many chunks are in flight
-        self.may_produce.set()
-        # Finished episodes wait here for the main loop to write them to Redis in one call:
-        # an env thread never waits on Redis between two steps.
-        self.episode_lock = threading.Lock()
-        self.finished_episodes: list[dict[str, Any]] = []
+        version = self.registry.weight_version()
+        self.pacing = Pacing(self.stop_event, groups, lock_step=sync, version=version)
+        self.episodes = EpisodeQueue(self.index, self)
         per = self.cfg.env.envs_per_request if self.serves_training else 1
         self.runners = [
-            self.runner(list(range(first, min(first + per, num_envs))))
+            RunnerThread(self.runner(list(range(first, min(first + per, num_envs)))), self.log)
             for first in range(0, num_envs, per)
         ]
         for runner in self.runners:
@@ -80,37 +82,79 @@ class EnvWorker(Role):
         self.gauge("envs", num_envs)
 
     def step(self) -> None:
-        sync = self.barrier is not None
+        sync = self.pacing.lock_step
         if self.stop_event.wait(0.01 if sync else 0.2):
             return
         if sync:
-            self._watch_version()
+            self.pacing.see_version(self.registry.weight_version())
         if self.trains:
             self._watch_trainer_backlog(limit=not sync and self.settings.max_chunks_queued > 0)
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
-            self.servers = self.registry.endpoints(self.server_role, "requests") or self.servers
+            peers = self.peers
+            peers.servers = self.registry.endpoints(self.server_role, "requests") or peers.servers
             if self.trains:
-                self.trainers = self.registry.endpoints("trainer", "chunks") or self.trainers
+                peers.trainers = self.registry.endpoints("trainer", "chunks") or peers.trainers
             self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
         self.gauge("steps_per_s", self.step_rate.rate())
-        self._write_episodes()
+        self.episodes.write(self.registry)
         for runner in self.runners:
             if runner.error is not None:
                 raise RuntimeError(f"env {runner.env_index} failed") from runner.error
 
-    def runner(self, env_indices: list[int]) -> EnvRunner:
-        """The thread that runs the envs ``env_indices`` (one group): a vector env's group keeps
+    def runner(self, env_indices: list[int]) -> Runner:
+        """The loop that runs the envs ``env_indices`` (one group): a vector env's group keeps
         its steps as arrays."""
+        parts = self.runner_parts(env_indices)
+        chunk_len = self.cfg.env.chunk_len
         if self.cfg.env.vectorized:
-            return VectorRunner(self, env_indices)
-        return EnvRunner(self, env_indices)
+            streams = [self.chunk_stream(i) for i in env_indices]
+            return VectorRunner(parts, streams, chunk_len)
+        slots = [
+            EnvSlot(position, self.chunk_stream(i), self.group_rounds)
+            for position, i in enumerate(env_indices)
+        ]
+        return EnvRunner(parts, slots, chunk_len)
 
-    def _watch_version(self) -> None:
-        version = self.registry.weight_version()
-        if version > self.latest_version:
-            with self.version_seen:
-                self.latest_version = version
-                self.version_seen.notify_all()
+    def chunk_stream(self, env_index: int) -> ChunkStream:
+        """Env ``env_index``'s chunks, numbered from 0 in this process start."""
+        return ChunkStream(env_index, f"{self.index}/{env_index}#{self.incarnation}")
+
+    def runner_parts(self, env_indices: list[int]) -> RunnerParts:
+        """The simulators, sockets and meter of the group of envs ``env_indices``."""
+        first = env_indices[0]
+        key = f"{self.index}/{first}"
+        if len(env_indices) > 1:
+            key += f"+{len(env_indices)}"
+        vector = self.cfg.env.vectorized and self.serves_training
+        client = PolicyClient(
+            env_key=key,
+            env_index=first,
+            peers=self.peers,
+            timeout_s=self.settings.request_timeout_s,
+            counters=self,
+            stop_event=self.stop_event,
+            log=self.log,
+        )
+        sink = ChunkSink(
+            worker_index=self.index,
+            trains=self.trains,
+            peers=self.peers,
+            queue_hwm=self.settings.chunk_queue_hwm,
+            counters=self,
+            stop_event=self.stop_event,
+        )
+        return RunnerParts(
+            env_indices=env_indices,
+            make_envs=functools.partial(make_env_group, self.cfg, self.index, env_indices, vector),
+            client=client,
+            sink=sink,
+            meter=SimMeter(self, self.step_rate),
+            pacing=self.pacing,
+            episodes=self.episodes,
+            counters=self,
+            stop_event=self.stop_event,
+            env_id=self.cfg.env.id,
+        )
 
     def _watch_trainer_backlog(self, limit: bool) -> None:
         """Publish how many chunks wait for the trainers; with ``limit`` (back-pressure), let
@@ -122,30 +166,10 @@ class EnvWorker(Role):
         if not limit:
             return
         if queued > self.settings.max_chunks_queued:
-            if self.may_produce.is_set():
-                self.may_produce.clear()
+            if self.pacing.pause():
                 self.count("backpressure_pauses")
         else:
-            self.may_produce.set()
-
-    def wait_for_credit(self) -> bool:
-        """Block while too many chunks wait for the trainer (see ``max_chunks_queued``); return
-        whether it did."""
-        if self.may_produce.is_set():
-            return False
-        while not self.may_produce.wait(0.1):
-            if self.stop_event.is_set():
-                raise InterruptedError
-        return True
-
-    def wait_for_version_after(self, version: int) -> bool:
-        """Sync mode: block until a weight version newer than ``version`` is published."""
-        with self.version_seen:
-            while self.latest_version <= version:
-                if self.stop_event.is_set():
-                    return False
-                self.version_seen.wait(0.1)
-        return True
+            self.pacing.resume()
 
     def stuck_work(self) -> tuple[float, str] | None:
         """The env longest inside its simulator (step or reset), if one is: a simulator that
@@ -158,63 +182,13 @@ class EnvWorker(Role):
 
     def shutdown(self) -> None:
         self.stop_event.set()
-        if self.barrier is not None:
-            self.barrier.abort()
+        self.pacing.abort()
         for runner in self.runners:
             runner.thread.join(timeout=30)
         try:
-            self._write_episodes()  # the last ones too: a stop loses no finished episode
+            self.episodes.write(self.registry)  # the last ones too: a stop loses no episode
         except Exception as err:  # Redis already gone: say what was lost, stop cleanly
-            self.log.warning(
-                "%d finished episodes not recorded: %s", len(self.finished_episodes), err
-            )
-
-    def record_episode(
-        self,
-        ret: float,
-        length: int,
-        success: bool | None,
-        versions: tuple[int, int],
-        greedy: bool,
-    ) -> None:
-        """Count a finished episode and queue it for the run's learning curve.
-
-        ``versions``: the oldest and newest weight version that chose its actions; ``greedy``:
-        every one of them was the policy's mode. The end-of-run evaluation counts only episodes
-        acted on entirely, and greedily, by the evaluated version. Called from env threads; the
-        main loop writes the queue to Redis (``_write_episodes``).
-        """
-        point: dict[str, Any] = {
-            "return": ret,
-            "length": length,
-            "worker": self.index,
-            "t": time.time(),
-            "min_version": versions[0],
-            "max_version": versions[1],
-            "greedy": greedy,
-        }
-        if success is not None:
-            point["success"] = success
-        with self.episode_lock:
-            self.finished_episodes.append(point)
-        self.count("episodes")
-
-    def _write_episodes(self) -> None:
-        """Append the queued episodes to the run's ``episodes`` series, stamped with the
-        run-wide env step count (read once per write; it lags by a counter flush anyway)."""
-        with self.episode_lock:
-            points, self.finished_episodes = self.finished_episodes, []
-        if not points:
-            return
-        try:
-            env_steps = self.registry.counters().get("env_steps", 0)
-            for point in points:
-                point["env_steps"] = env_steps
-            self.registry.append("episodes", points)
-        except Exception:
-            with self.episode_lock:  # back in the queue, oldest first, for the next write
-                self.finished_episodes[:0] = points
-            raise
+            self.log.warning("%d finished episodes not recorded: %s", len(self.episodes), err)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@ arrive in any order, the staleness bound per sample, and same-seed groups of env
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -12,7 +10,8 @@ import torch
 from rlvla3.algo.batch import build_grpo_batch
 from rlvla3.algo.grpo import GroupAssembler, GroupRounds, group_advantages
 from rlvla3.config.run_config import AlgoConfig, ConfigError, config_from_dict
-from roles.env_runner import EnvRunner, EnvSlot
+from roles.env.chunk_sink import ChunkStream
+from roles.env.env_slot import EnvSlot
 from transport.messages import TrajectoryChunk
 
 
@@ -124,13 +123,9 @@ def test_one_env_may_run_several_episodes_of_a_group() -> None:
     np.testing.assert_allclose([a for _, a in done.episodes], [-1.2247449, 0, 1.2247449], atol=1e-5)
 
 
-def _slot(cfg, env_index: int, worker_index: int = 0) -> tuple[EnvSlot, SimpleNamespace]:
-    rounds = GroupRounds(cfg.algo.group_size, cfg.run.seed, worker_index, "inc")
-    worker = SimpleNamespace(
-        cfg=cfg, index=worker_index, incarnation="inc", trains=True, group_rounds=rounds
-    )
-    runner = EnvRunner(worker, [env_index])  # (its thread is never started)
-    return runner.slots[0], worker
+def _slot(rounds: GroupRounds, env_index: int) -> EnvSlot:
+    stream = ChunkStream(env_index, f"0/{env_index}#inc")
+    return EnvSlot(0, stream, rounds)
 
 
 def test_a_groups_episodes_start_from_one_seed_and_fast_envs_do_not_run_ahead() -> None:
@@ -157,10 +152,10 @@ def test_env_slots_take_their_group_and_seed_from_the_worker() -> None:
     cfg = config_from_dict(
         {"env": {"num_envs_per_worker": 4}, "algo": {"kind": "grpo", "group_size": 2}}
     )
-    (first, worker), (second, _) = _slot(cfg, 0), _slot(cfg, 1)
-    second_worker = SimpleNamespace(**{**vars(worker)})  # the same worker's rounds
-    assert first.next_group_seed(worker) == second.next_group_seed(second_worker)
-    assert first.group == second.group == "0/0#inc:0"
+    rounds = GroupRounds(cfg.algo.group_size, cfg.run.seed, 0, "inc")  # the worker's rounds
+    first, second = _slot(rounds, 0), _slot(rounds, 1)
+    assert first.next_group_seed() == second.next_group_seed()
+    assert first.stream.group == second.stream.group == "0/0#inc:0"
 
 
 @pytest.mark.parametrize(

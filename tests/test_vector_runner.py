@@ -1,4 +1,4 @@
-"""The array runner of vector env groups (``roles/vector_runner.py``) records exactly what the
+"""The array runner of vector env groups (``roles/env/vector_runner.py``) records exactly what the
 per-env runner records for the same vector env, actions and replies: the same chunks (every
 field, numbering and bootstrap value), the same episodes, the same requests."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,46 +13,101 @@ import pytest
 
 from rlvla3.config.run_config import config_from_dict
 from rlvla3.runtime.rate_meter import RateMeter
-from roles.env_runner import EnvRunner
-from roles.vector_runner import VectorRunner
+from roles.env.chunk_sink import ChunkSink, ChunkStream
+from roles.env.env_runner import EnvRunner
+from roles.env.env_slot import EnvSlot
+from roles.env.episode_queue import EpisodeQueue, FinishedEpisode
+from roles.env.pacing import Pacing
+from roles.env.peers import Peers
+from roles.env.policy_client import PolicyClient
+from roles.env.runner_thread import RunnerParts, make_env_group
+from roles.env.sim_meter import SimMeter
+from roles.env.vector_runner import VectorRunner
+from tests.env_fakes import RecordingCounters
 from transport.messages import ActionBatchReply, ActionReply, TrajectoryChunk
 
 
-class _Host(SimpleNamespace):
-    """A stand-in env worker: records what its runner reports."""
+class _Host(RecordingCounters):
+    """A stand-in env worker: records what its runner reports and sends."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps  # requests until the stop
+        self.stop_event = threading.Event()
+        self.episodes: list[tuple] = []
+        self.requests: list[int] = []
+        self.chunks: list[TrajectoryChunk] = []
+
+
+class _Client(PolicyClient):
+    """A deterministic policy that looks random (so episodes are short); log-prob, value and
+    the weight version follow from the observation and the request count."""
+
+    def __init__(self, host: _Host) -> None:
         super().__init__(
-            cfg=cfg,
-            settings=SimpleNamespace(request_timeout_s=5.0),
-            index=0,
-            incarnation="test",
+            env_key="0/0",
+            env_index=0,
+            peers=Peers([], []),
+            timeout_s=5.0,
+            counters=host,
+            stop_event=host.stop_event,
             log=logging.getLogger("test"),
-            stop_event=threading.Event(),
-            serves_training=True,
-            trains=True,
-            servers=[],
-            trainers=[],
-            barrier=None,
-            latest_version=0,
-            step_rate=RateMeter(),
-            counters={},
-            episodes=[],
+        )
+        self.host = host
+
+    def ask(self, obs: dict[str, np.ndarray], rows: int | None) -> Any:
+        host = self.host
+        state = np.asarray(obs["state"])
+        state = state.reshape(len(state) if rows else 1, -1)
+        host.requests.append(len(state))
+        if len(host.requests) >= host.steps:
+            host.stop_event.set()
+        actions = (np.abs(state[:, 2]) * 1e4 % 2 > 1).astype(np.int64)  # (Acrobot: 0 or 1 of 3)
+        log_probs = (-np.abs(state[:, 0]) - 0.1).astype(np.float32)
+        values = state[:, 1].astype(np.float32)
+        version = len(host.requests) // 5
+        if rows is None:
+            return ActionReply(
+                request_id=1,
+                action=actions[0],
+                log_prob=float(log_probs[0]),
+                value=float(values[0]),
+                policy_version=version,
+            )
+        return ActionBatchReply(
+            request_id=1,
+            actions=actions,
+            log_probs=log_probs,
+            values=values,
+            policy_version=version,
         )
 
-    def count(self, name: str, amount: int = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + amount
 
-    def drop(self, counter: str, reason: str) -> None:
-        self.count(counter)
+class _Sink(ChunkSink):
+    def __init__(self, host: _Host) -> None:
+        super().__init__(
+            worker_index=0,
+            trains=True,
+            peers=Peers([], []),
+            queue_hwm=1,
+            counters=host,
+            stop_event=host.stop_event,
+        )
+        self.host = host
 
-    def record_episode(
-        self, ret: float, length: int, success: Any, versions: Any, greedy: bool
-    ) -> None:
-        self.episodes.append((ret, length, success, versions))
+    def send(self, stream: ChunkStream, chunk: TrajectoryChunk) -> None:
+        self.host.chunks.append(chunk)
+        stream.chunk_id += 1
 
-    def wait_for_credit(self) -> bool:
-        return False
+
+class _Episodes(EpisodeQueue):
+    def __init__(self, host: _Host) -> None:
+        super().__init__(0, host)
+        self.host = host
+
+    def record(self, episode: FinishedEpisode) -> None:
+        e = episode
+        self.host.episodes.append((e.episode_return, e.length, e.success, e.versions))
 
 
 def _run(
@@ -77,48 +131,30 @@ def _run(
             "roles": {"env_worker": {"count": 1}},
         }
     )
-    host = _Host(cfg)
-    if lock_step:  # sync mode: a barrier (of this one group) and a new version every round
-        host.barrier = threading.Barrier(1)
-        host.wait_for_version_after = lambda version: True
-    runner = runner_class(host, list(range(envs)))
-    host.requests, host.chunks = [], []
-
-    def ask(obs: dict[str, np.ndarray], rows: int | None) -> Any:
-        """A deterministic policy that looks random (so episodes are short); log-prob, value and
-        the weight version follow from the observation and the request count."""
-        state = np.asarray(obs["state"])
-        state = state.reshape(len(state) if rows else 1, -1)
-        host.requests.append(len(state))
-        if len(host.requests) >= steps:
-            host.stop_event.set()
-        actions = (np.abs(state[:, 2]) * 1e4 % 2 > 1).astype(np.int64)  # (Acrobot: 0 or 1 of 3)
-        log_probs = (-np.abs(state[:, 0]) - 0.1).astype(np.float32)
-        values = state[:, 1].astype(np.float32)
-        version = len(host.requests) // 5
-        if rows is None:
-            return ActionReply(
-                request_id=1,
-                action=actions[0],
-                log_prob=float(log_probs[0]),
-                value=float(values[0]),
-                policy_version=version,
-            )
-        return ActionBatchReply(
-            request_id=1,
-            actions=actions,
-            log_probs=log_probs,
-            values=values,
-            policy_version=version,
-        )
-
-    def send_chunk(slot: Any, chunk: TrajectoryChunk) -> None:
-        host.chunks.append(chunk)
-        slot.chunk_id += 1
-
-    runner._ask, runner.send_chunk = ask, send_chunk
-    runner.group = runner._make_group()
-    runner._loop()
+    host = _Host(steps)
+    # sync mode: a barrier (of this one group) and a new version every round
+    pacing = Pacing(host.stop_event, groups=1, lock_step=lock_step, version=0)
+    pacing.wait_for_version_after = lambda version: True  # type: ignore[method-assign]
+    indices = list(range(envs))
+    parts = RunnerParts(
+        env_indices=indices,
+        make_envs=lambda: make_env_group(cfg, 0, indices, vector=True),
+        client=_Client(host),
+        sink=_Sink(host),
+        meter=SimMeter(host, RateMeter()),
+        pacing=pacing,
+        episodes=_Episodes(host),
+        counters=host,
+        stop_event=host.stop_event,
+        env_id=env_id,
+    )
+    streams = [ChunkStream(i, f"0/{i}#test") for i in indices]
+    if runner_class is EnvRunner:
+        slots = [EnvSlot(i, stream, None) for i, stream in enumerate(streams)]
+        runner: Any = EnvRunner(parts, slots, chunk_len=8)
+    else:
+        runner = VectorRunner(parts, streams, chunk_len=8)
+    runner.run(parts.make_envs())
     return host
 
 

@@ -1,0 +1,105 @@
+"""Where a runner's trajectory chunks go: a PUSH socket to the trainers, and the chunk ledger's
+count of what was pushed (``rlvla3/runtime/chunk_ledger.py``)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from rlvla3.runtime.chunk_ledger import pushed_field
+from roles.env.peers import Peers
+from roles.env.role_counters import RoleCounters
+from transport import sockets
+from transport.messages import TrajectoryChunk
+
+
+@dataclass(slots=True)
+class ChunkStream:
+    """One env's chunks: who produces them, their numbering and (GRPO) their group."""
+
+    env_index: int
+    """The env's index in its worker."""
+    producer: str
+    """``worker/env#incarnation``: the ledger's name for this env in this process start."""
+    chunk_id: int = 0
+    """Number of the env's next chunk (advanced only when one is sent)."""
+    group: str = ""
+    """GRPO: the group of the env's current episode ("" outside GRPO)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transitions:
+    """One env's consecutive transitions, ``T`` of them, as a chunk carries them: what the
+    policy gave for each step, then what the env gave back."""
+
+    obs: dict[str, np.ndarray]
+    """Observations acted on, ``[T, ...]`` per key."""
+    actions: np.ndarray
+    """``[T, ...]``: the policy's actions."""
+    log_probs: np.ndarray
+    """float32 ``[T]``: log-probabilities of the actions under the acting weights."""
+    values: np.ndarray
+    """float32 ``[T]``: the critic's values of the observations."""
+    policy_versions: np.ndarray
+    """int64 ``[T]``: weight version of each action."""
+    rewards: np.ndarray
+    """float32 ``[T]``."""
+    terminated: np.ndarray
+    """bool ``[T]``."""
+    truncated: np.ndarray
+    """bool ``[T]`` (a simulator fault counts as a truncation)."""
+
+
+@dataclass(kw_only=True, eq=False)
+class ChunkSink:
+    """Sends a runner's chunks to any trainer (PUSH round-robins), waiting while they are all
+    busy (back-pressure), and counts each chunk sent; its socket lives in the runner's thread
+    (``open``/``close`` there)."""
+
+    counters: RoleCounters
+    stop_event: threading.Event
+    """The worker's stop: a chunk still waiting for a trainer then is given up."""
+    peers: Peers
+    worker_index: int
+    trains: bool
+    """Chunks reach a trainer (False: the worker only acts and records episodes)."""
+    queue_hwm: int
+    """Chunks queued towards the trainers before a send blocks (``chunk_queue_hwm``)."""
+    socket: sockets.MessageSocket | None = field(default=None, init=False)
+
+    def open(self) -> None:
+        self.socket = sockets.push(hwm=self.queue_hwm)
+        self.socket.raw.setsockopt(sockets.zmq.LINGER, 10_000)  # deliver pushed chunks at exit
+        self.socket.connect(self.peers.trainers)
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.raw.close()
+
+    def push(self, stream: ChunkStream, steps: Transitions, bootstrap_value: float) -> None:
+        """Send ``stream``'s next chunk: ``steps`` and the value of the observation after them."""
+        chunk = TrajectoryChunk(
+            worker_index=self.worker_index,
+            env_index=stream.env_index,
+            chunk_id=stream.chunk_id,
+            bootstrap_value=bootstrap_value,
+            producer=stream.producer,
+            group=stream.group,
+            **{f.name: getattr(steps, f.name) for f in fields(Transitions)},
+        )
+        self.send(stream, chunk)
+
+    def send(self, stream: ChunkStream, chunk: TrajectoryChunk) -> None:
+        """Push ``chunk`` to a trainer (waiting while they are all busy), then count it and
+        advance ``stream``'s numbering; a chunk not sent by the stop is not counted."""
+        assert self.socket is not None, "ChunkSink.open() first"
+        self.socket.sync_peers(self.peers.trainers)
+        while not self.socket.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
+            if self.stop_event.is_set():
+                return  # never sent: not counted as produced, its number not used
+            self.socket.sync_peers(self.peers.trainers)
+        self.counters.count("chunks_produced")
+        self.counters.ledger_high(pushed_field(stream.producer), stream.chunk_id)
+        stream.chunk_id += 1

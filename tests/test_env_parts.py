@@ -1,0 +1,144 @@
+"""The parts env runners are made of (``roles/env/``): the policy client's retry and reply
+matching against a real server socket, the pacing's pauses and sync rounds, the evaluation
+rounds' bookkeeping, and the episode queue's writes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from roles.env.episode_queue import EpisodeQueue, FinishedEpisode
+from roles.env.eval_rounds import EvalRounds
+from roles.env.pacing import Pacing
+from roles.env.peers import Peers
+from roles.env.policy_client import PolicyClient
+from tests.env_fakes import RecordingCounters
+from transport import sockets
+from transport.messages import ActionReply
+
+
+def _reply(request_id: int, action: int) -> ActionReply:
+    return ActionReply(
+        request_id=request_id, action=np.array(action), log_prob=-0.1, value=0.5, policy_version=3
+    )
+
+
+def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
+    """The server leaves the first request unanswered; the client re-sends it after its
+    timeout, and of the two replies to come, the one to the first request is skipped."""
+    server = sockets.RouterSocket()
+    address = server.bind()
+    counters, stop = RecordingCounters(), threading.Event()
+
+    def serve() -> None:
+        first = server.recv_from(timeout_s=10)
+        second = server.recv_from(timeout_s=10)
+        assert first is not None and second is not None
+        server.send_to(second[0], _reply(first[1].request_id, action=7))  # late: skipped
+        server.send_to(second[0], _reply(second[1].request_id, action=2))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = PolicyClient(
+        env_key="0/0",
+        env_index=0,
+        timeout_s=0.5,
+        peers=Peers([address], []),
+        counters=counters,
+        log=logging.getLogger("test"),
+        stop_event=stop,
+    )
+    client.open()
+    try:
+        acts = client.act([{"state": np.zeros(3, np.float32)}])
+    finally:
+        client.close()
+        thread.join(timeout=10)
+        server.close()
+    assert [int(a.action) for a in acts] == [2] and acts[0].version == 3
+    assert counters.counters["request_timeouts"] == 1
+    assert counters.counters["action_requests"] == 1  # one ask, however many sends
+
+
+def test_pacing_holds_runners_during_back_pressure_and_asks_again_after() -> None:
+    pacing = Pacing(threading.Event(), groups=1, lock_step=False, version=0)
+    asked: list[int] = []
+
+    def ask() -> int:
+        asked.append(1)
+        return 5
+
+    assert pacing.hold(4, round_over=False, ask=ask, version_of=int) is None and not asked
+    assert pacing.pause() and not pacing.pause()  # one pause, counted once
+    threading.Timer(0.2, pacing.resume).start()
+    assert pacing.hold(4, round_over=False, ask=ask, version_of=int) == 5 and len(asked) == 1
+
+
+def test_a_sync_round_waits_for_a_newer_version_and_acts_on_the_newest() -> None:
+    pacing = Pacing(threading.Event(), groups=1, lock_step=True, version=0)
+    assert pacing.round_over(8, chunk_len=8) and not pacing.round_over(7, chunk_len=8)
+    versions = iter([1, 2, 2])  # the server swaps weights in between two batches
+    threading.Timer(0.2, pacing.see_version, args=(2,)).start()
+    assert pacing.hold(0, round_over=True, ask=lambda: next(versions), version_of=int) == 2
+    pacing.stop_event.set()
+    with pytest.raises(InterruptedError):  # stopped while waiting for a version after 2
+        pacing.hold(2, round_over=True, ask=lambda: 2, version_of=int)
+
+
+def test_eval_rounds_hand_out_episodes_and_void_an_unfinished_round() -> None:
+    rounds = EvalRounds()
+    assert not rounds.start(1, version=5, episodes=2)
+    first, second = rounds.take(), rounds.take()
+    assert first is not None and second is not None and rounds.take() is None
+    rounds.finish(first, {"return": 1.0, "length": 3})
+    assert rounds.collect(2) is None  # one of two in
+    assert rounds.start(2, version=6, episodes=1)  # round 1 voided
+    assert not rounds.still_current(second)
+    rounds.finish(second, {"return": 9.0, "length": 9})  # an old round's: dropped
+    third = rounds.take()
+    assert third is not None and (third.round, third.version, third.index) == (2, 6, 0)
+    rounds.finish(third, {"return": 2.0, "length": 4})
+    done = rounds.collect(1)
+    assert done is not None and (done.round, done.version) == (2, 6)
+    assert done.results == [{"return": 2.0, "length": 4}]
+    assert rounds.collect(1) is None  # collected once
+
+
+class _Registry:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.series: list[dict[str, Any]] = []
+
+    def counters(self) -> dict[str, int]:
+        if self.fail:
+            raise ConnectionError("redis gone")
+        return {"env_steps": 40}
+
+    def append(self, series: str, points: list[dict[str, Any]]) -> None:
+        self.series.extend(points)
+
+
+def test_the_episode_queue_keeps_episodes_a_failed_write_did_not_record() -> None:
+    counters = RecordingCounters()
+    queue = EpisodeQueue(worker_index=3, counters=counters)
+    queue.record(
+        FinishedEpisode(episode_return=2.0, length=5, success=None, versions=(1, 2), greedy=False)
+    )
+    queue.record(
+        FinishedEpisode(episode_return=1.0, length=4, success=True, versions=(2, 2), greedy=True)
+    )
+    assert counters.counters["episodes"] == 2
+    with pytest.raises(ConnectionError):
+        queue.write(_Registry(fail=True))  # type: ignore[arg-type]
+    assert len(queue) == 2
+    registry = _Registry(fail=False)
+    queue.write(registry)  # type: ignore[arg-type]
+    assert len(queue) == 0 and [p["return"] for p in registry.series] == [2.0, 1.0]
+    first, second = registry.series
+    assert (first["worker"], first["min_version"], first["max_version"]) == (3, 1, 2)
+    assert "success" not in first and second["success"] is True and second["greedy"] is True
+    assert first["env_steps"] == second["env_steps"] == 40
