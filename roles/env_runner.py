@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlvla3.algo.grpo import GroupRounds
+from rlvla3.config.role_settings import EnvWorkerSettings
 from rlvla3.config.run_config import Config
 from rlvla3.runtime.chunk_ledger import pushed_field
 from rlvla3.runtime.rate_meter import RateMeter
@@ -40,7 +41,7 @@ class EnvHost(Protocol):
     peers, its counters and logs, and the pauses it decides (lock-step, back-pressure)."""
 
     cfg: Config
-    settings: Any  # the worker's ``EnvWorkerSettings``
+    settings: EnvWorkerSettings
     index: int
     incarnation: str
     log: logging.Logger

@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from rlvla3.algo.grpo import GroupRounds
+from rlvla3.config.role_settings import EnvWorkerSettings
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role, main
 from roles.env_runner import EnvRunner
@@ -29,7 +30,7 @@ from roles.vector_runner import VectorRunner
 _PEER_SCAN_PERIOD_S = 1.0
 
 
-class EnvWorker(Role):
+class EnvWorker(Role[EnvWorkerSettings]):
     """Runs ``env.num_envs_per_worker`` envs, one ``EnvRunner`` thread each."""
 
     name = "env_worker"

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
 from rlvla3.runtime.checkpoints import resume_training
@@ -36,7 +37,7 @@ from sft.symmetry import PlanarSymmetry, augment
 _FINAL_BROADCAST_WAIT_S = 60.0
 
 
-class SftTrainer(TrainingRole):
+class SftTrainer(TrainingRole[SftTrainerSettings]):
     """Supervised (behaviour-cloning) training with packed batches; publishes weight versions."""
 
     name = "sft_trainer"

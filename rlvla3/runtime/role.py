@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 import redis
 
@@ -55,14 +55,16 @@ from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
 T = TypeVar("T")
+SettingsT = TypeVar("SettingsT")
 _FLUSH_PERIOD_S = 0.5
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _OUTAGE_RETRY_S = 1.0
 _DROP_LOG_EVERY_S = 10.0  # a counter's dropped-message warnings are at most this frequent
 
 
-class Role(abc.ABC):
-    """Base of every role process. Subclasses set ``name`` and implement ``step()``."""
+class Role(abc.ABC, Generic[SettingsT]):
+    """Base of every role process. Subclasses set ``name`` and implement ``step()``;
+    ``SettingsT`` is the dataclass of their ``roles.<name>.settings`` (``EnvWorkerSettings``...)."""
 
     name: ClassVar[str]
 
@@ -81,7 +83,9 @@ class Role(abc.ABC):
         self.node = cfg.node(node)
         self.address = address or self.node.host or "127.0.0.1"
         self.run_dir = run_dir
-        self.settings: Any = cfg.role_settings(self.name)
+        # The role table ties ``name`` to its settings class; a type checker cannot follow a
+        # name, so the subclass's declared ``SettingsT`` is taken on trust here, once.
+        self.settings = cast(SettingsT, cfg.role_settings(self.name))
         self.log = logging.getLogger(f"{self.name}/{index}")
         self.stop_event = threading.Event()
         if cfg.run.redis_url is None:
