@@ -44,58 +44,28 @@ class RoleSpec(Generic[SettingsT]):
     its unit (None: the role has none)."""
 
 
-ROLES: tuple[RoleSpec, ...] = (
-    RoleSpec(
-        name="sft_trainer",
-        module="roles.sft_trainer",
-        settings=SftTrainerSettings,
-        stop_stage=5,
-        headline_rate=("sft_samples", "samples/s"),
-    ),
-    RoleSpec(
-        name="env_worker",
-        module="roles.env_worker",
-        settings=EnvWorkerSettings,
-        stop_stage=1,
-        headline_rate=("env_steps", "steps/s"),
-    ),
-    RoleSpec(
-        name="rollout_server",
-        module="roles.rollout_server",
-        settings=RolloutServerSettings,
-        stop_stage=3,
-        headline_rate=("requests_served", "req/s"),
-    ),
-    RoleSpec(
-        name="eval_env_worker",
-        module="roles.eval_env_worker",
-        settings=EnvWorkerSettings,
-        stop_stage=0,
-        evaluation=True,
-        headline_rate=("eval_env_steps", "steps/s"),
-    ),
-    RoleSpec(
-        name="eval_rollout_server",
-        module="roles.eval_rollout_server",
-        settings=RolloutServerSettings,
-        stop_stage=2,
-        evaluation=True,
-        headline_rate=("requests_served", "req/s"),
-    ),
-    RoleSpec(
-        name="trainer",
-        module="roles.trainer",
-        settings=TrainerSettings,
-        stop_stage=4,
-        headline_rate=("samples_consumed", "samples/s"),
-    ),
-    RoleSpec(
-        name="weight_broadcaster",
-        module="roles.weight_broadcaster",
-        settings=WeightBroadcasterSettings,
-        stop_stage=6,
-    ),
+# name, settings, stop stage, evaluation role, headline rate: one row per role
+_ROWS = (
+    ("eval_env_worker", EnvWorkerSettings, 0, True, ("eval_env_steps", "steps/s")),
+    ("env_worker", EnvWorkerSettings, 1, False, ("env_steps", "steps/s")),
+    ("eval_rollout_server", RolloutServerSettings, 2, True, ("requests_served", "req/s")),
+    ("rollout_server", RolloutServerSettings, 3, False, ("requests_served", "req/s")),
+    ("trainer", TrainerSettings, 4, False, ("samples_consumed", "samples/s")),
+    ("sft_trainer", SftTrainerSettings, 5, False, ("sft_samples", "samples/s")),
+    ("weight_broadcaster", WeightBroadcasterSettings, 6, False, None),
 )
+ROLES: tuple[RoleSpec, ...] = tuple(
+    RoleSpec(
+        name=name,
+        module=f"roles.{name}",
+        settings=settings,
+        stop_stage=stop_stage,
+        evaluation=evaluation,
+        headline_rate=rate,
+    )
+    for name, settings, stop_stage, evaluation, rate in _ROWS
+)
+"""Every role, in the order the launcher stops them."""
 
 ROLE_TABLE: dict[str, RoleSpec] = {spec.name: spec for spec in ROLES}
 """Role name -> its row."""
