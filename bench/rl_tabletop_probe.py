@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reference = None
     if cfg.policy.init_checkpoint and a.ref_kl_coef > 0:  # the trainer's frozen KL reference
         reference = frozen_reference(policy)  # (it holds the init weights now)
-    workers = cfg.roles["env_worker"].count if "env_worker" in cfg.roles else 1
+    workers = max(cfg.num_processes("env_worker"), 1)
     rollouts = Rollouts(cfg, workers * cfg.env.num_envs_per_worker)
     started, updates, curve = time.perf_counter(), 0, []
     act_s = train_s = 0.0

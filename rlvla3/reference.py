@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from rlvla3.config import run_config as c
 from rlvla3.config import sections
-from rlvla3.config.role_settings import ROLE_SETTINGS
+from rlvla3.config.role_table import ROLES
 from rlvla3.config.vla import VLAConfig
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 
@@ -50,7 +50,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _sections() -> list[tuple[str, type]]:
-    roles = [(f"roles.{name}.settings", cls) for name, cls in sorted(ROLE_SETTINGS.items())]
+    roles = [(f"roles.{s.name}.settings", s.settings) for s in sorted(ROLES, key=lambda s: s.name)]
     return [
         ("(top level)", c.Config),
         ("run", sections.RunConfig),
@@ -100,6 +100,8 @@ def _default(field: dataclasses.Field, section: str) -> str:
         value = field.default_factory()
     else:
         return "required"
+    if "without_env" in field.metadata:  # rlvla3.config.vla.from_env
+        return f"from the env, else `{field.metadata['without_env']!r}`".replace("'", "")
     if dataclasses.is_dataclass(value):
         return (
             f"see `{section}.{field.name}`" if section != "(top level)" else f"see `{field.name}`"

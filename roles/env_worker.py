@@ -20,6 +20,7 @@ import time
 import uuid
 
 from rlvla3.algo.grpo import GroupRounds
+from rlvla3.config.role_settings import EnvWorkerSettings
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role, main
 from roles.env.chunk_sink import ChunkSink, ChunkStream
@@ -36,7 +37,7 @@ from roles.env.vector_runner import VectorRunner
 _PEER_SCAN_PERIOD_S = 1.0
 
 
-class EnvWorker(Role):
+class EnvWorker(Role[EnvWorkerSettings]):
     """Runs ``env.num_envs_per_worker`` envs in groups, one ``RunnerThread`` each."""
 
     name = "env_worker"
@@ -49,11 +50,7 @@ class EnvWorker(Role):
         self.incarnation = uuid.uuid4().hex[:8]  # this process start, in every chunk's producer
         servers = self.wait_for_endpoints(self.server_role, "requests")
         # Without an RL trainer (e.g. evaluating an SFT policy) envs only act and record episodes.
-        self.trains = (
-            self.serves_training
-            and "trainer" in self.cfg.roles
-            and self.cfg.roles["trainer"].count > 0
-        )
+        self.trains = self.serves_training and self.cfg.num_processes("trainer") > 0
         trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
         self.peers = Peers(servers, trainers)
         self.step_rate = RateMeter()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from rlvla3.algo.chunk_check import obs_problem
+from rlvla3.config.role_settings import RolloutServerSettings
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.runtime.checkpoints import load_checkpoint
@@ -48,7 +49,7 @@ _STORE_TIMEOUT_S = 60.0  # reaching the broadcaster's store, and each rendezvous
 _RELINK_MIN_S, _RELINK_MAX_S = 0.1, 5.0  # backoff between relinks after a broken link
 
 
-class RolloutServer(Role):
+class RolloutServer(Role[RolloutServerSettings]):
     """Serves actions from the newest weights it has, swapping versions between batches."""
 
     name = "rollout_server"
@@ -88,8 +89,7 @@ class RolloutServer(Role):
         self.rng = np.random.default_rng([self.cfg.run.seed, self.index])  # act_numpy's sampling
         self.greedy, self.next_eval_check = False, 0.0
         self.link_generation = 0
-        broadcaster = self.cfg.roles.get("weight_broadcaster")
-        if broadcaster is None or broadcaster.count == 0:
+        if self.cfg.num_processes("weight_broadcaster") == 0:
             self._serve_initial_weights()
             return
         threading.Thread(target=self._receive_weights, name="weights", daemon=True).start()
@@ -114,7 +114,8 @@ class RolloutServer(Role):
 
     def _requests_per_round(self) -> int:
         """Requests of one sync-mode step: one per env group (``env.envs_per_request``)."""
-        workers = self.cfg.roles["env_worker"].count if "env_worker" in self.cfg.roles else 1
+        # a run without env workers (a benchmark driving the servers itself) counts as one
+        workers = self.cfg.num_processes("env_worker") if "env_worker" in self.cfg.roles else 1
         env = self.cfg.env
         return max(1, workers * -(-env.num_envs_per_worker // env.envs_per_request))
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
+from rlvla3.config.vla import VLAConfig
 from rlvla3.policy.factory import build_policy
 from rlvla3.runtime.checkpoints import resume_training
 from rlvla3.runtime.metrics_log import MetricsLog
@@ -36,7 +37,7 @@ from sft.symmetry import PlanarSymmetry, augment
 _FINAL_BROADCAST_WAIT_S = 60.0
 
 
-class SftTrainer(TrainingRole):
+class SftTrainer(TrainingRole[SftTrainerSettings]):
     """Supervised (behaviour-cloning) training with packed batches; publishes weight versions."""
 
     name = "sft_trainer"
@@ -228,7 +229,7 @@ def planar_symmetry(cfg: SymmetryConfig) -> PlanarSymmetry | None:
     return PlanarSymmetry(cfg.image_key, cfg.obs_pairs, cfg.action_pairs)
 
 
-def _vla_config(policy: torch.nn.Module) -> Any:
+def _vla_config(policy: torch.nn.Module) -> VLAConfig:
     """The policy's ``VLAConfig`` (token counts for packing); SFT trains only the VLA."""
     config = getattr(policy, "config", None)
     if config is None or not hasattr(config, "num_fixed_tokens"):

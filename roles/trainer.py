@@ -30,6 +30,7 @@ from rlvla3.algo.chunk_check import chunk_problem
 from rlvla3.algo.grpo import GroupAssembler
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference, ppo_update
+from rlvla3.config.role_settings import TrainerSettings
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
@@ -53,7 +54,7 @@ _STALENESS_COUNTERS = (
 )
 
 
-class Trainer(TrainingRole):
+class Trainer(TrainingRole[TrainerSettings]):
     """Consumes chunks, updates the policy with PPO or GRPO, publishes weights, checkpoints."""
 
     name = "trainer"

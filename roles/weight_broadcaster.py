@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import torch
 
+from rlvla3.config.role_settings import WeightBroadcasterSettings
 from rlvla3.runtime.role import Role, main
 from transport import sockets
 from transport.messages import WeightsRequest, WeightsUpdate
@@ -24,7 +25,7 @@ from transport.weights import Broadcaster, start_store
 _LINK_SCAN_PERIOD_S = 0.5
 
 
-class WeightBroadcaster(Role):
+class WeightBroadcaster(Role[WeightBroadcasterSettings]):
     """Owns the versioned copy of the latest weights and fans it out to rollout servers."""
 
     name = "weight_broadcaster"

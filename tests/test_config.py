@@ -253,3 +253,13 @@ def test_env_groups_and_the_weight_path_are_checked_at_load(sets: list[str], mes
         load_config("launch/cartpole.yaml", sets)
     inference_only = ["roles.trainer.count=0", "roles.weight_broadcaster.count=0"]
     assert load_config("launch/cartpole.yaml", inference_only).roles["trainer"].count == 0
+
+
+def test_policy_vla_is_typed_and_the_env_decides_what_it_leaves_out() -> None:
+    cfg = load_config(None, ["policy.kind=vla", "policy.vla={d_model: 32, channels: 1}"])
+    vla = cfg.policy.vla
+    assert vla.d_model == 32 and vla.channels == 1 and vla.image_size is None
+    built = vla.resolved({"image_size": 96, "channels": 3, "action_head": "categorical"})
+    assert (built.image_size, built.channels, built.action_head) == (96, 1, "categorical")
+    assert built.proprio_dim == 8  # the env has no such space: the value without an env
+    assert config_from_dict(yaml.safe_load(dump_config(cfg))) == cfg

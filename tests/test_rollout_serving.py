@@ -73,7 +73,7 @@ def test_non_finite_observations_are_refused_alone_and_in_a_batch(server) -> Non
     good = [(f"env{i}".encode(), _request(i, np.zeros(4))) for i in range(3)]
     assert role._serve([good[0], bad, *good[1:]]) == 3
     assert [identity for identity, _ in sent] == [b"env0", b"env1", b"env2"]
-    assert role._pending["bad_requests"] == 2
+    assert role.stats()["bad_requests"] == 2
 
 
 def test_the_torch_path_serves_a_received_request_without_warnings(server) -> None:

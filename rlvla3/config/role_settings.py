@@ -85,12 +85,11 @@ class SftTrainerSettings:
     """Newest checkpoints kept."""
 
 
-ROLE_SETTINGS: dict[str, type] = {
-    "sft_trainer": SftTrainerSettings,
-    "env_worker": EnvWorkerSettings,
-    "rollout_server": RolloutServerSettings,
-    "eval_env_worker": EnvWorkerSettings,
-    "eval_rollout_server": RolloutServerSettings,
-    "trainer": TrainerSettings,
-    "weight_broadcaster": WeightBroadcasterSettings,
-}
+RoleSettings = (
+    EnvWorkerSettings
+    | RolloutServerSettings
+    | TrainerSettings
+    | WeightBroadcasterSettings
+    | SftTrainerSettings
+)
+"""The settings of any role (``rlvla3.config.role_table`` says which role has which)."""

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvla3.config import nodes as node_groups
-from rlvla3.config.role_settings import ROLE_SETTINGS
+from rlvla3.config.role_settings import RoleSettings
+from rlvla3.config.role_table import EVAL_ROLES, ROLE_TABLE, known_roles
 from rlvla3.config.sections import (
     AlgoConfig,
     EnvConfig,
@@ -23,7 +24,7 @@ from rlvla3.config.sections import (
     SftConfig,
 )
 from rlvla3.config.typed_load import ConfigError, from_dict, to_dict
-from rlvla3.config.vla import FIELDS_FROM_ENV_SPACES, VLAConfig
+from rlvla3.config.vla import VLAConfig
 from rlvla3.config.yaml12 import YamlError, dump_yaml, parse_yaml
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "config_from_dict", "load_config"]
@@ -48,10 +49,14 @@ class Config:
     sft: SftConfig = field(default_factory=SftConfig)
     """Supervised pretraining."""
 
-    def role_settings(self, role: str) -> Any:
+    def role_settings(self, role: str) -> RoleSettings:
         """The typed settings dataclass of ``role``, validated against its schema."""
         raw = self.roles[role].settings if role in self.roles else {}
-        return from_dict(ROLE_SETTINGS[role], raw, f"roles.{role}.settings")
+        return from_dict(ROLE_TABLE[role].settings, raw, f"roles.{role}.settings")
+
+    def num_processes(self, role: str) -> int:
+        """How many processes of ``role`` the run has (0: the role is not in ``roles``)."""
+        return self.roles[role].count if role in self.roles else 0
 
     def all_nodes(self) -> list[node_groups.Node]:
         """Every node of the run (groups expanded), in the order an allocation fills them."""
@@ -129,22 +134,29 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 def dump_config(cfg: Config) -> str:
     """The resolved config as YAML, as saved beside the run's logs."""
-    return dump_yaml(to_dict(cfg))  # read back by the roles: the same YAML 1.2 rules both ways
+    return dump_yaml(_plain(cfg))  # read back by the roles: the same YAML 1.2 rules both ways
 
 
 def dump_config_with_defaults(cfg: Config) -> str:
     """``dump_config`` plus every default the roles will apply: each role's ``settings`` in
-    full and, for a VLA policy, every ``policy.vla`` field but those the env's spaces decide
-    (``FIELDS_FROM_ENV_SPACES``). What ``rlvla3 config`` prints; loads back to the same run."""
-    raw = to_dict(cfg)
+    full and, for a VLA policy, every ``policy.vla`` field but those the env's spaces will
+    decide (left null). What ``rlvla3 config`` prints; loads back to the same run."""
+    raw = _plain(cfg)
     for role in cfg.roles:
         raw["roles"][role]["settings"] = to_dict(cfg.role_settings(role))
     if cfg.policy.kind == "vla":
-        defaults = {
-            k: v for k, v in to_dict(VLAConfig()).items() if k not in FIELDS_FROM_ENV_SPACES
-        }
-        raw["policy"]["vla"] = {**defaults, **cfg.policy.vla}
+        vla = to_dict(cfg.policy.vla)
+        raw["policy"]["vla"] = {k: v for k, v in vla.items() if v is not None}
     return dump_yaml(raw)
+
+
+def _plain(cfg: Config) -> dict[str, Any]:
+    """``cfg`` as plain data, ``policy.vla`` with only the fields that differ from their defaults
+    (an MLP run's config does not list the VLA's architecture)."""
+    raw = to_dict(cfg)
+    defaults = to_dict(VLAConfig())
+    raw["policy"]["vla"] = {k: v for k, v in raw["policy"]["vla"].items() if v != defaults[k]}
+    return raw
 
 
 def _validate(cfg: Config) -> None:
@@ -158,9 +170,8 @@ def _validate(cfg: Config) -> None:
     _validate_nodes(cfg)
     names = sorted({n.name for n in cfg.nodes} | {n.name for n in cfg.all_nodes()})
     for role, rc in cfg.roles.items():
-        if role not in ROLE_SETTINGS:
-            known = ", ".join(sorted(ROLE_SETTINGS))
-            raise ConfigError(f"roles.{role}: unknown role (known roles: {known})")
+        if role not in ROLE_TABLE:
+            raise ConfigError(f"roles.{role}: unknown role (known roles: {known_roles()})")
         placed = [rc.node] if isinstance(rc.node, str) else (rc.node or [])
         for node in placed:
             if node not in names:
@@ -170,7 +181,6 @@ def _validate(cfg: Config) -> None:
         if rc.cpus is not None and (not rc.cpus or any(c < 0 for c in rc.cpus)):
             raise ConfigError(f"roles.{role}.cpus: a non-empty list of CPU ids >= 0, got {rc.cpus}")
         cfg.role_settings(role)
-    _validate_vla(cfg.policy.vla)
     if cfg.algo.ref_kl_coef > 0 and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "algo.ref_kl_coef: needs policy.init_checkpoint (the reference policy's weights)"
@@ -187,11 +197,12 @@ def _validate(cfg: Config) -> None:
 
 
 def _validate_weight_path(cfg: Config) -> None:
-    def count(role: str) -> int:
-        return cfg.roles[role].count if role in cfg.roles else 0
-
-    trainers = count("trainer") + count("sft_trainer")
-    if trainers and count("rollout_server") and not count("weight_broadcaster"):
+    trainers = cfg.num_processes("trainer") + cfg.num_processes("sft_trainer")
+    if (
+        trainers
+        and cfg.num_processes("rollout_server")
+        and not cfg.num_processes("weight_broadcaster")
+    ):
         raise ConfigError(
             "roles.weight_broadcaster: a trainer's weights reach the rollout servers through "
             "a weight broadcaster (a run without trainers serves policy.init_checkpoint)"
@@ -219,12 +230,8 @@ def _validate_env_groups(cfg: Config) -> None:
         raise ConfigError("env.vectorized: the straggler wrapper steps single envs only")
 
 
-EVAL_ROLES = ("eval_env_worker", "eval_rollout_server")
-"""The roles of periodic evaluation (``run.eval``): one of each."""
-
-
 def _validate_eval(cfg: Config) -> None:
-    counts = {role: cfg.roles[role].count if role in cfg.roles else 0 for role in EVAL_ROLES}
+    counts = {role: cfg.num_processes(role) for role in EVAL_ROLES}
     if cfg.run.eval.every_versions == 0:
         for role, count in counts.items():
             if count:
@@ -243,7 +250,7 @@ def _validate_eval(cfg: Config) -> None:
                 f"roles.{role}.count: run.eval.every_versions > 0 needs exactly one {role} "
                 f"(has {count})"
             )
-    if "trainer" not in cfg.roles or cfg.roles["trainer"].count == 0:
+    if cfg.num_processes("trainer") == 0:
         raise ConfigError("run.eval.every_versions: periodic evaluation needs a trainer")
 
 
@@ -261,17 +268,6 @@ def _validate_grpo(cfg: Config) -> None:
         )
     if a.correction == "vtrace":
         raise ConfigError("algo.correction: vtrace needs a critic; grpo has none (truncated_is)")
-
-
-def _validate_vla(raw: dict[str, Any]) -> None:
-    """``policy.vla`` at load time: keys, types, ranges (a typo is a config error, not a role
-    that keeps restarting). The image size usually comes from the env's spaces when the policy
-    is built, so here it only has to fit the patch size."""
-    probe = dict(raw)
-    patch = probe.get("patch_size", 8)
-    if "image_size" not in probe and isinstance(patch, int) and patch > 0:
-        probe["image_size"] = 8 * patch
-    from_dict(VLAConfig, probe, "policy.vla")
 
 
 def _validate_nodes(cfg: Config) -> None:

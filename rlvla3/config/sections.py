@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlvla3.config.typed_load import bounded
+from rlvla3.config.vla import VLAConfig
 
 Fp8Backend = Literal["transformer_engine", "torch_scaled_mm"]
 Mode = Literal["sync", "async_rollout", "async"]
@@ -190,8 +191,8 @@ class PolicyConfig:
     """``mlp`` (state observations) or ``vla`` (image + instruction + proprio)."""
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     """The MLP's hidden layer widths."""
-    vla: dict[str, Any] = field(default_factory=dict)
-    """Fields of ``VLAConfig`` (``policy.vla`` below); those left out follow the env's spaces."""
+    vla: VLAConfig = field(default_factory=VLAConfig)
+    """The VLA's architecture (``policy.vla`` below); the fields left null follow the env's spaces."""
     init_checkpoint: str | None = None
     """A run dir or checkpoint whose model weights a trainer starts from when it has none of its own."""
     init_launch: str | None = None

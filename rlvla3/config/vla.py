@@ -1,10 +1,17 @@
-"""``VLAConfig``, the VLA's architecture, apart from the model so that the run config can check
-``policy.vla`` without importing torch."""
+"""``VLAConfig``, the VLA's architecture and the type of ``policy.vla``, apart from the model so
+that the run config can check it without importing torch.
+
+The fields that describe the env (image size, action dimensions...) are null until the policy is
+built: then the env's observation and action spaces decide them, unless the YAML set them
+(``VLAConfig.resolved``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -12,28 +19,24 @@ from sim.tokenizer import InstructionTokens, instruction_token_counts
 
 ActionHead = Literal["discrete_bins", "gaussian", "categorical"]
 
-# Fields that follow the env's observation and action spaces when ``policy.vla`` leaves them out.
-FIELDS_FROM_ENV_SPACES = (
-    "image_size",
-    "channels",
-    "max_instruction_len",
-    "proprio_dim",
-    "num_actions",
-    "action_dim",
-    "action_low",
-    "action_high",
-)
+
+def from_env(without_env: Any) -> Any:
+    """A field the env's spaces decide when ``policy.vla`` leaves it out (null until then), and
+    ``without_env`` when there is no env to ask (a model built directly, as the tests do)."""
+    return dataclasses.field(default=None, metadata={"without_env": without_env})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VLAConfig:
-    """Architecture of ``VLAPolicy``. Defaults are the tiny CPU test model."""
+    """Architecture of ``VLAPolicy``. Defaults are the tiny CPU test model. A field whose default
+    is "from the env" follows the env's observation and action spaces when left out (null), and
+    takes the value after "else" when the env has no such space."""
 
-    image_size: int = 64
+    image_size: int | None = from_env(64)
     """Square image side in pixels (obs["image"] is uint8[B, S, S, channels])."""
     patch_size: int = 8
     """Side of a square patch in pixels; must divide ``image_size``."""
-    channels: int = 3
+    channels: int | None = from_env(3)
     """Image channels."""
     d_model: int = 64
     """Transformer width."""
@@ -43,21 +46,22 @@ class VLAConfig:
     """Attention heads; must divide ``d_model``."""
     mlp_ratio: float = 4.0
     """MLP hidden width / ``d_model``."""
-    max_instruction_len: int = 32
+    max_instruction_len: int | None = from_env(32)
     """Longest instruction in tokens (obs["instruction"] is int32[B, <=this])."""
-    proprio_dim: int = 8
+    proprio_dim: int | None = from_env(8)
     """Proprioceptive state size (obs["proprio"] is float32[B, P]); 0 = no token."""
-    action_head: ActionHead = "discrete_bins"
-    """``"discrete_bins"``, ``"gaussian"`` or ``"categorical"``."""
-    action_dim: int = 7
+    action_head: ActionHead | None = from_env("discrete_bins")
+    """``"discrete_bins"``, ``"gaussian"`` or ``"categorical"`` (from the env: ``categorical``
+    for a discrete action space)."""
+    action_dim: int | None = from_env(7)
     """Continuous action dimensions D (bins and Gaussian heads)."""
     num_bins: int = 256
     """Bins per action dimension (bins head)."""
-    action_low: float = -1.0
+    action_low: float | None = from_env(-1.0)
     """Lower bound of every action dimension (bins head; Gaussian ``to_env_action``)."""
-    action_high: float = 1.0
+    action_high: float | None = from_env(1.0)
     """Upper bound of every action dimension."""
-    num_actions: int = 2
+    num_actions: int | None = from_env(2)
     """Number of discrete actions (categorical head)."""
     init_log_std: float = -0.5
     """Initial log standard deviation (Gaussian head)."""
@@ -78,28 +82,20 @@ class VLAConfig:
     the critic's loss cannot move the features the actor uses (RL from a pretrained trunk)."""
 
     def __post_init__(self) -> None:
-        checks = {
-            "image_size must be divisible by patch_size": self.image_size % self.patch_size == 0,
-            "d_model must be divisible by num_heads": self.d_model % self.num_heads == 0,
-            "action_head must be discrete_bins, gaussian or categorical": self.action_head
-            in ("discrete_bins", "gaussian", "categorical"),
-            "num_bins must be >= 2": self.num_bins >= 2,
-            "num_actions must be >= 1": self.num_actions >= 1,
-            "action_low must be < action_high": self.action_low < self.action_high,
-            "num_layers, action_dim, max_instruction_len must be >= 1": min(
-                self.num_layers, self.action_dim, self.max_instruction_len
-            )
-            >= 1,
-            "proprio_dim, keypoints must be >= 0": min(self.proprio_dim, self.keypoints) >= 0,
-            "stem_channels must be >= 1": self.stem_channels >= 1,
-            "value_hidden must be >= 0": self.value_hidden >= 0,
-            "dropout must be in [0, 1)": 0.0 <= self.dropout < 1.0,
-            "instruction_tokens must be bytes or words": self.instruction_tokens
-            in ("bytes", "words"),
-        }
-        failed = [msg for msg, ok in checks.items() if not ok]
+        failed = _problems(self)
         if failed:
             raise ValueError(f"invalid VLAConfig: {'; '.join(failed)}")
+
+    def resolved(self, env_fields: Mapping[str, Any]) -> VLAConfig:
+        """This config with every field left to the env set: from ``env_fields`` (what the env's
+        spaces say, ``rlvla3.policy.factory``) where it has the field, else to its value without
+        an env. Fields the YAML set stay as they are."""
+        unset = {
+            name: env_fields.get(name, f.metadata["without_env"])
+            for name, f in _ENV_FIELDS.items()
+            if getattr(self, name) is None
+        }
+        return dataclasses.replace(self, **unset) if unset else self
 
     @property
     def num_patches(self) -> int:
@@ -115,3 +111,35 @@ class VLAConfig:
     def instruction_token_counts(self, instructions: np.ndarray) -> np.ndarray:
         """Instruction tokens of each sample, from its byte tokens int[N, L]: int64[N]."""
         return instruction_token_counts(instructions, self.instruction_tokens)
+
+
+_ENV_FIELDS = {f.name: f for f in dataclasses.fields(VLAConfig) if "without_env" in f.metadata}
+FIELDS_FROM_ENV_SPACES = tuple(_ENV_FIELDS)
+"""The fields the env's observation and action spaces decide when ``policy.vla`` leaves them out."""
+
+
+def _problems(config: VLAConfig) -> list[str]:
+    """What is wrong with ``config``. A field the env decides is checked with its value without
+    an env until then, except the image size: it must divide by the patch size only once known."""
+    c = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    c |= {k: f.metadata["without_env"] for k, f in _ENV_FIELDS.items() if c[k] is None}
+    checks = {
+        "image_size must be divisible by patch_size": config.image_size is None
+        or config.image_size % c["patch_size"] == 0,
+        "d_model must be divisible by num_heads": c["d_model"] % c["num_heads"] == 0,
+        "action_head must be discrete_bins, gaussian or categorical": c["action_head"]
+        in ("discrete_bins", "gaussian", "categorical"),
+        "num_bins must be >= 2": c["num_bins"] >= 2,
+        "num_actions must be >= 1": c["num_actions"] >= 1,
+        "action_low must be < action_high": c["action_low"] < c["action_high"],
+        "num_layers, action_dim, max_instruction_len must be >= 1": min(
+            c["num_layers"], c["action_dim"], c["max_instruction_len"]
+        )
+        >= 1,
+        "proprio_dim, keypoints must be >= 0": min(c["proprio_dim"], c["keypoints"]) >= 0,
+        "stem_channels must be >= 1": c["stem_channels"] >= 1,
+        "value_hidden must be >= 0": c["value_hidden"] >= 0,
+        "dropout must be in [0, 1)": 0.0 <= c["dropout"] < 1.0,
+        "instruction_tokens must be bytes or words": c["instruction_tokens"] in ("bytes", "words"),
+    }
+    return [msg for msg, ok in checks.items() if not ok]

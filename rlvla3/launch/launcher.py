@@ -23,11 +23,12 @@ from urllib.parse import urlparse
 
 import redis
 
+from rlvla3.config.role_table import STOP_ORDER
 from rlvla3.config.run_config import Config, dump_config
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.launch import netaddr
 from rlvla3.launch.cluster import Seat, own_address
-from rlvla3.launch.processes import STOP_ORDER, SpawnContext, stop_group, stop_stages
+from rlvla3.launch.processes import SpawnContext, stop_group, stop_stages
 from rlvla3.launch.redis_server import RedisServerError
 from rlvla3.launch.rendezvous import (
     Joined,
@@ -335,8 +336,7 @@ class Launcher:
     def _evaluate(self, ctx: SpawnContext, reason: str, store: RunStore) -> str:
         """Freeze training and wait for ``eval_episodes`` fresh episodes of the final weights."""
         wanted = self.cfg.run.stop.eval_episodes
-        env_workers = self.cfg.roles.get("env_worker")
-        if not wanted or env_workers is None or env_workers.count == 0:
+        if not wanted or self.cfg.num_processes("env_worker") == 0:
             return reason
         version = self.registry.weight_version()
         self.registry.start_evaluation(version)
@@ -385,10 +385,7 @@ class Launcher:
         one host drains what env workers on another pushed until they stopped."""
         timeout_s = self.cfg.run.stop_timeout_s
         local = dict(stop_stages(self.roles.procs))
-        stages = [r for r in STOP_ORDER if r in self.cfg.roles] + [
-            r for r in local if r not in STOP_ORDER
-        ]
-        for role in stages:
+        for role in (r for r in STOP_ORDER if r in self.cfg.roles):
             stop_group(
                 local.get(role, []),
                 timeout_s,

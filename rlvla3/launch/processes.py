@@ -1,6 +1,6 @@
 """Role processes of one node: start them, see them exit, stop them in order.
 
-Processes start with ``Popen([sys.executable, "-m", "roles.<name>", ...])``, never a shell, each
+Processes start with ``Popen([sys.executable, "-m", <the role's module>, ...])``, never a shell, each
 in its own session (the terminal's Ctrl-C reaches the launcher only, which decides how they
 stop) with its own log file.
 """
@@ -18,20 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvla3.config.role_table import STOP_ORDER, role_spec
 from rlvla3.runtime import run_secret
 
 _TICK_S = 0.2
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-# Producers stop first, so every queue is drained by its consumer before the consumer stops.
-STOP_ORDER = (
-    "eval_env_worker",
-    "env_worker",
-    "eval_rollout_server",
-    "rollout_server",
-    "trainer",
-    "sft_trainer",
-    "weight_broadcaster",
-)
 
 
 @dataclass(slots=True)
@@ -80,7 +71,7 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
     args = [
         sys.executable,
         "-m",
-        f"roles.{proc.role}",
+        role_spec(proc.role).module,
         "--config",
         str(ctx.config_path),
         "--index",
@@ -172,9 +163,8 @@ def stop_group(
 
 
 def stop_stages(procs: list[RoleProcess]) -> list[tuple[str, list[subprocess.Popen]]]:
-    """The running processes grouped by role, in ``STOP_ORDER`` (roles not listed last)."""
-    rank = {role: i for i, role in enumerate(STOP_ORDER)}
+    """The running processes grouped by role, in ``STOP_ORDER``."""
     stages: dict[str, list[subprocess.Popen]] = {}
-    for p in sorted(running(procs), key=lambda p: rank.get(p.role, len(STOP_ORDER))):
+    for p in sorted(running(procs), key=lambda p: STOP_ORDER.index(p.role)):
         stages.setdefault(p.role, []).append(p.popen)
     return list(stages.items())

@@ -134,8 +134,7 @@ class ProgressTracker:
         self._moved_at = 0.0
         self._updates = 0
         self._learned_at = 0.0  # when the trainers' update count last moved
-        trainer = cfg.roles.get("trainer")
-        self._learns = trainer is not None and trainer.count > 0
+        self._learns = cfg.num_processes("trainer") > 0
 
     def line(self, registry: Registry, elapsed_s: float, restarts: int) -> str:
         """E.g. ``[  30s] env_steps=41200 (1373/s) episodes=310 mean_return=212.5 version=57

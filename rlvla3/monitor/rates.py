@@ -14,17 +14,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-SPARK = "▁▂▃▄▅▆▇█"
+from rlvla3.config.role_table import ROLE_TABLE
 
-# The counter whose rate is each role's headline figure, and its unit.
-ROLE_RATE: dict[str, tuple[str, str]] = {
-    "env_worker": ("env_steps", "steps/s"),
-    "eval_env_worker": ("eval_env_steps", "steps/s"),
-    "rollout_server": ("requests_served", "req/s"),
-    "eval_rollout_server": ("requests_served", "req/s"),
-    "trainer": ("samples_consumed", "samples/s"),
-    "sft_trainer": ("sft_samples", "samples/s"),
-}
+SPARK = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -36,6 +28,13 @@ def sparkline(values: list[float], width: int) -> str:
     return "".join(
         SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values
     )
+
+
+def headline_rate(role: str) -> tuple[str, str]:
+    """The counter whose rate is ``role``'s headline figure, and its unit (``("", "")``: none,
+    or a role the table does not know)."""
+    spec = ROLE_TABLE.get(role)
+    return spec.headline_rate if spec is not None and spec.headline_rate else ("", "")
 
 
 def role_status(role: dict[str, Any]) -> str:
@@ -68,7 +67,7 @@ class RoleFigures:
     status: str
     restarts: int
     rate: float | None
-    """Its headline rate (``ROLE_RATE``) over the window, None for roles without one."""
+    """Its headline rate (``RoleSpec.headline_rate``) over the window, None for roles without one."""
     unit: str
     spark: str
     """Its rate over the last minutes."""
@@ -207,7 +206,7 @@ class RunHistory:
         out = []
         for role in snap["roles"]:
             key = role_key(role)
-            counter, unit = ROLE_RATE.get(role["role"], ("", ""))
+            counter, unit = headline_rate(role["role"])
             rate = self.role_rate(key, counter) if counter and role["alive"] else None
             spark = (
                 sparkline(

@@ -8,7 +8,7 @@ from typing import Any
 from gymnasium import spaces
 
 from rlvla3.config.run_config import Config
-from rlvla3.config.typed_load import ConfigError, from_dict
+from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import ActorCritic
 
 
@@ -44,11 +44,13 @@ def build_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
             )
         obs_dim = int(env.observation["state"].shape[0])
         return MLPPolicy(obs_dim, env.action, tuple(cfg.policy.hidden_sizes))
-    from rlvla3.policy.vla import VLAConfig, VLAPolicy
+    from rlvla3.policy.vla import VLAPolicy
 
-    derived = _vla_fields_from_spaces(env)
-    derived.update(cfg.policy.vla)
-    return VLAPolicy(from_dict(VLAConfig, derived, "policy.vla"))
+    try:
+        vla = cfg.policy.vla.resolved(_vla_fields_from_spaces(env))
+    except ValueError as err:  # the env's spaces do not fit what the YAML set
+        raise ConfigError(f"policy.vla: {err}") from None
+    return VLAPolicy(vla)
 
 
 def _vla_fields_from_spaces(env: EnvSpaces) -> dict[str, Any]:

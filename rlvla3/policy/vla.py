@@ -71,8 +71,9 @@ class VLAPolicy(ActorCritic):
     """
 
     def __init__(self, config: VLAConfig) -> None:
+        """``config``'s fields left to the env take their values without one (``resolved``)."""
         super().__init__()
-        self.config = c = config
+        self.config = c = config.resolved({})
         d = c.d_model
         self.patch_embed = nn.Conv2d(c.channels, d, kernel_size=c.patch_size, stride=c.patch_size)
         self.instruction = InstructionEncoder(c.instruction_tokens, d, c.max_instruction_len)

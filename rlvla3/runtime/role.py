@@ -3,33 +3,29 @@
 A role implements ``setup()``, ``step()`` (one bounded unit of work) and ``shutdown()``; what
 ``setup()`` opens it hands to ``own()``, and the base closes it at exit (also when ``setup()``
 failed half-way), so ``shutdown()`` runs only after a complete setup. The base alone owns the
-loop, Redis registration, TTL heartbeats, counters, status transitions
+loop, Redis registration, heartbeats (``rlvla3/runtime/heartbeat.py``), counters
+(``rlvla3/runtime/counter_batch.py``), status transitions
 (``starting → running → stopping → done | error``) and signals: the first SIGINT/SIGTERM stops
 gracefully after the current step, the second exits at once.
 
-Liveness is progress: the heartbeat carries the time by which the next step must have finished
-(the last one plus ``run.stall_timeout_s``). A role whose loop hangs keeps its heartbeat thread
-going but misses that deadline; its launcher then has every thread's stack written to the
-role's log (SIGUSR1, ``faulthandler``), kills it and restarts it. Work that is slow by nature
-says so (``with self.busy("PPO update"): ...``) and moves the deadline, up to
-``run.busy_timeout_s``. Work done by threads beside the loop is held to the same timeout
-(``stuck_work``): an env thread stuck inside its simulator stalls the env worker.
+Liveness is progress (``rlvla3/runtime/heartbeat.py``): a role whose loop hangs keeps its
+heartbeat thread going but misses its step deadline; its launcher then has every thread's stack
+written to the role's log (SIGUSR1, ``faulthandler``), kills it and restarts it. Work that is
+slow by nature says so (``with self.busy("PPO update"): ...``); work done by threads beside the
+loop is held to the same timeout (``stuck_work``).
 
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run the launcher hands over the run secret in the
 environment: the role then authenticates to Redis with it and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
-hosts) for ``run.head_timeout_s``, then stops with an error; when Redis answers again in time,
-its heartbeat resumes and it is part of the run again. A Redis that refuses the run's secret
-is no outage: the role stops at once.
+hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
+secret is no outage: the role stops at once.
 """
 
 from __future__ import annotations
 
 import abc
 import argparse
-import collections
-import contextlib
 import faulthandler
 import json
 import logging
@@ -38,15 +34,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 import redis
 
 from rlvla3.config.run_config import Config, load_config
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.runtime import run_secret
+from rlvla3.runtime.counter_batch import CounterBatch, DropReports
+from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.signals import install_stop_signals
@@ -55,14 +54,14 @@ from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
 T = TypeVar("T")
-_FLUSH_PERIOD_S = 0.5
+SettingsT = TypeVar("SettingsT")
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _OUTAGE_RETRY_S = 1.0
-_DROP_LOG_EVERY_S = 10.0  # a counter's dropped-message warnings are at most this frequent
 
 
-class Role(abc.ABC):
-    """Base of every role process. Subclasses set ``name`` and implement ``step()``."""
+class Role(abc.ABC, Generic[SettingsT]):
+    """Base of every role process. Subclasses set ``name`` and implement ``step()``;
+    ``SettingsT`` is the dataclass of their ``roles.<name>.settings`` (``EnvWorkerSettings``...)."""
 
     name: ClassVar[str]
 
@@ -81,29 +80,21 @@ class Role(abc.ABC):
         self.node = cfg.node(node)
         self.address = address or self.node.host or "127.0.0.1"
         self.run_dir = run_dir
-        self.settings: Any = cfg.role_settings(self.name)
+        # The role table ties ``name`` to its settings class; a type checker cannot follow a
+        # name, so the subclass's declared ``SettingsT`` is taken on trust here, once.
+        self.settings = cast(SettingsT, cfg.role_settings(self.name))
         self.log = logging.getLogger(f"{self.name}/{index}")
         self.stop_event = threading.Event()
         if cfg.run.redis_url is None:
             raise ValueError("run.redis_url: not set; roles are started by the launcher")
         self.registry = Registry(cfg.run.redis_url, cfg.run.name, redis_password)
-        # monotonic time since which Redis has failed us (None: reachable); the main loop and
-        # the heartbeat thread both set it, under _redis_lock
-        self._redis_lost_since: float | None = None
-        self._redis_lock = threading.Lock()
+        self._outage = RedisOutage(cfg.run.head_timeout_s)
         self._gauges: dict[str, float] = {}
-        self._pending: collections.Counter[str] = collections.Counter()
-        self._pending_highs: dict[str, int] = {}  # chunk ledger high-water marks to flush
-        self._pending_ledger: collections.Counter[str] = collections.Counter()
-        self._pending_lock = threading.Lock()
-        self._drop_log: dict[str, tuple[float, int]] = {}  # counter -> (last logged, suppressed)
-        self._heartbeat_stop = threading.Event()
+        self._counters = CounterBatch()
+        self._drop_reports = DropReports()
         self._owned: list[Callable[[], object]] = []  # closers of what setup() opened
         self._set_up = False
-        # liveness (wall clock: the launcher compares it with its own): when the last step
-        # finished (0: not running yet), and what the role is busy with, until when
-        self._progress_at = 0.0
-        self._busy: tuple[str, float] | None = None
+        self._liveness = Liveness(cfg.run.stall_timeout_s, cfg.run.busy_timeout_s)
 
     # --- the interface subclasses implement ----------------------------------------------------
     def setup(self) -> None:
@@ -132,40 +123,18 @@ class Role(abc.ABC):
     def progress(self) -> None:
         """Note that the role is making progress (the loop does after every step; long work
         with natural milestones may call it in between)."""
-        self._progress_at = time.time()
+        self._liveness.progress()
 
-    @contextlib.contextmanager
-    def busy(self, what: str, up_to_s: float | None = None) -> Iterator[None]:
+    def busy(self, what: str, up_to_s: float | None = None) -> AbstractContextManager[None]:
         """Say that the enclosed work is slow by nature, so the role is not taken for stalled
         while it runs, for up to ``up_to_s`` (default ``run.busy_timeout_s``)."""
-        limit = self.cfg.run.busy_timeout_s if up_to_s is None else up_to_s
-        self._busy = (what, time.time() + limit)
-        try:
-            yield
-        finally:
-            self._busy = None
-            self.progress()
+        return self._liveness.busy(what, up_to_s)
 
     def stuck_work(self) -> tuple[float, str] | None:
         """The oldest unfinished work done beside the loop: (wall time it began, what it is), or
         None when there is none. Roles whose threads work apart from ``step()`` (the env
         worker's env threads) override it, so that a thread stuck there stalls the role too."""
         return None
-
-    def _stall_deadline(self) -> tuple[float, str]:
-        """(wall time after which this role counts as stalled, 0 when not running; what it is
-        busy with, or where it is stuck)."""
-        if not self._progress_at:
-            return 0.0, ""
-        timeout = self.cfg.run.stall_timeout_s
-        deadline, what = self._progress_at + timeout, ""
-        busy = self._busy
-        if busy is not None:
-            deadline, what = max(deadline, busy[1]), busy[0]
-        stuck = self.stuck_work()
-        if stuck is not None and stuck[0] + timeout < deadline:
-            deadline, what = stuck[0] + timeout, stuck[1]
-        return deadline, what
 
     def gauge(self, name: str, value: float) -> None:
         """Set a gauge shown by the monitor (one of ``rlvla3.runtime.metric_names.GAUGES``)."""
@@ -182,37 +151,28 @@ class Role(abc.ABC):
             raise KeyError(
                 f"counter {name!r}: not in rlvla3/runtime/metric_names.py (add it with its meaning)"
             )
-        with self._pending_lock:
-            self._pending[name] += amount
+        self._counters.add(name, amount)
         self._gauges[name] = self._gauges.get(name, 0.0) + amount
 
     def ledger_high(self, field: str, value: int) -> None:
         """Raise a chunk ledger high-water mark (``rlvla3/runtime/chunk_ledger.py``); flushed with the
         counters, in the same transaction."""
-        with self._pending_lock:
-            if value > self._pending_highs.get(field, -1):
-                self._pending_highs[field] = value
+        self._counters.raise_high(field, value)
 
     def ledger_add(self, field: str, amount: int) -> None:
         """Add to a chunk ledger field; flushed with the counters, in the same transaction."""
-        with self._pending_lock:
-            self._pending_ledger[field] += amount
+        self._counters.add_to_ledger(field, amount)
 
     def count_bad_frame(self, err: CodecError) -> None:
         """Count and log a message that failed to decode; the role carries on."""
         self.drop("bad_frames", f"dropped a bad message: {type(err).__name__}: {err}")
 
     def drop(self, counter: str, reason: str) -> None:
-        """Count a dropped message in ``counter`` and log why. Logged at most once per
-        ``_DROP_LOG_EVERY_S`` per counter, with how many were dropped since, so that a flood of
-        bad input cannot flood the log."""
+        """Count a dropped message in ``counter`` and log why (``DropReports``: at most every
+        10 s per counter, with how many were dropped since)."""
         self.count(counter)
-        now = time.monotonic()
-        with self._pending_lock:  # env threads drop concurrently
-            last, suppressed = self._drop_log.get(counter, (-_DROP_LOG_EVERY_S, 0))
-            report = now - last >= _DROP_LOG_EVERY_S
-            self._drop_log[counter] = (now, 0) if report else (last, suppressed + 1)
-        if report:
+        suppressed = self._drop_reports.due(counter)
+        if suppressed is not None:
             more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
             self.log.warning("%s%s", reason, more)
 
@@ -246,7 +206,14 @@ class Role(abc.ABC):
             self.name, self.index, node=self.node.name, host=self.address, pid=os.getpid()
         )
         self.registry.heartbeat(self.name, self.index, self.cfg.run.heartbeat_ttl_s, {})
-        heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        heartbeat = Heartbeat(
+            beat=self._beat,
+            flush=self._flush_counters,
+            ttl_s=self.cfg.run.heartbeat_ttl_s,
+            outage=self._outage,
+            stop_event=self.stop_event,
+            log=self.log,
+        )
         heartbeat.start()
         code = 0
         try:
@@ -266,15 +233,14 @@ class Role(abc.ABC):
         except Exception:
             self.log.exception("failed")
             code = 1
-        if self._redis_gone_for_good():
+        if self._outage.gone_for_good():
             code = 1
         code = self._finish(code)
-        self._heartbeat_stop.set()
-        heartbeat.join(timeout=5)
+        heartbeat.stop()
         return code
 
     def _finish(self, code: int) -> int:
-        self._progress_at = 0.0  # stopping: no longer held to the step deadline
+        self._liveness.stopping()
         self._set_status("stopping")
         try:
             if self._set_up:
@@ -302,34 +268,17 @@ class Role(abc.ABC):
         (then raise: the role stops with an error)."""
         if isinstance(err, redis.exceptions.AuthenticationError):
             raise RuntimeError(f"the run's Redis refused the run secret: {err}") from err
-        now = time.monotonic()
-        if self._mark_redis_lost(now):
+        if self._outage.mark_lost(time.monotonic()):
             self.log.warning(
                 "Redis unreachable (%s); riding it out for up to %.0fs",
                 err,
                 self.cfg.run.head_timeout_s,
             )
-        if self._redis_gone_for_good():
+        if self._outage.gone_for_good():
             raise RuntimeError(
-                f"Redis unreachable for {self._redis_outage_s():.0f}s (run.head_timeout_s)"
+                f"Redis unreachable for {self._outage.duration_s():.0f}s (run.head_timeout_s)"
             ) from err
         self.stop_event.wait(_OUTAGE_RETRY_S)
-
-    def _mark_redis_lost(self, now: float) -> bool:
-        """Note that Redis failed at ``now``; True when this starts an outage."""
-        with self._redis_lock:
-            if self._redis_lost_since is not None:
-                return False
-            self._redis_lost_since = now
-            return True
-
-    def _redis_outage_s(self) -> float:
-        """How long Redis has been failing us (0: it has not)."""
-        lost = self._redis_lost_since
-        return 0.0 if lost is None else time.monotonic() - lost
-
-    def _redis_gone_for_good(self) -> bool:
-        return self._redis_outage_s() >= self.cfg.run.head_timeout_s
 
     def _set_status(self, status: str) -> None:
         try:
@@ -337,56 +286,20 @@ class Role(abc.ABC):
         except Exception as err:  # Redis gone at exit: the exit code still tells the launcher
             self.log.warning("could not record status %s: %s", status, err)
 
-    def _heartbeat_loop(self) -> None:
-        ttl = self.cfg.run.heartbeat_ttl_s
-        last_beat = last_success = time.monotonic()
-        parent = os.getppid()
-        while not self._heartbeat_stop.wait(_FLUSH_PERIOD_S):
-            if os.getppid() != parent:  # the launcher died without stopping us: do not linger
-                self.log.error("launcher (pid %d) is gone: stopping", parent)
-                self.stop_event.set()
-            self._flush_counters()
-            if time.monotonic() - last_beat < min(ttl / 3, 1.0):
-                continue
-            last_beat = time.monotonic()
-            try:
-                stall_at, busy = self._stall_deadline()
-                self.registry.heartbeat(
-                    self.name, self.index, ttl, self.stats(), stall_at=stall_at, busy=busy
-                )
-                with self._redis_lock:
-                    self._redis_lost_since = None
-                now = time.monotonic()
-                if now - last_success > ttl:
-                    # beats failed, or hung on a dead link until it came back: either way the
-                    # role was shown LOST meanwhile, and is back now
-                    self.log.info(
-                        "Redis reachable again after %.0fs: rejoined the run", now - last_success
-                    )
-                last_success = now
-            except Exception as err:  # an outage: ride it out up to run.head_timeout_s
-                if self._mark_redis_lost(last_beat):
-                    self.log.warning("heartbeat failed: %s", err)
-                if self._redis_gone_for_good():
-                    self.log.error("Redis unreachable for %.0fs: stopping", self._redis_outage_s())
-                    self.stop_event.set()
+    def _beat(self) -> None:
+        """Publish one heartbeat: the gauges and the time by which the next step is due."""
+        stall_at, busy = self._liveness.deadline(self.stuck_work)
+        self.registry.heartbeat(
+            self.name,
+            self.index,
+            self.cfg.run.heartbeat_ttl_s,
+            self.stats(),
+            stall_at=stall_at,
+            busy=busy,
+        )
 
     def _flush_counters(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, collections.Counter()
-            highs, self._pending_highs = self._pending_highs, {}
-            ledger, self._pending_ledger = self._pending_ledger, collections.Counter()
-        if pending or highs or ledger:
-            try:
-                self.registry.flush(dict(pending), highs, dict(ledger))
-            except Exception as err:  # none of it landed (one transaction): all of it again
-                self.log.warning("counter flush failed, will retry: %s", err)
-                with self._pending_lock:
-                    self._pending.update(pending)
-                    self._pending_ledger.update(ledger)
-                    for field, value in highs.items():
-                        if value > self._pending_highs.get(field, -1):
-                            self._pending_highs[field] = value
+        self._counters.flush(self.registry, self.log)
 
     def _install_signal_handlers(self) -> None:
         def on_signal(signum: int, count: int) -> None:  # on the signal watcher thread

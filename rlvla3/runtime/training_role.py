@@ -7,13 +7,16 @@ cannot turn into a crash.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
+from rlvla3.config.role_settings import SftTrainerSettings, TrainerSettings
 from rlvla3.runtime.checkpoints import save_training
 from rlvla3.runtime.role import Role
 
+TrainingSettingsT = TypeVar("TrainingSettingsT", TrainerSettings, SftTrainerSettings)
 
-class TrainingRole(Role):
+
+class TrainingRole(Role[TrainingSettingsT]):
     """A ``Role`` that trains a module and publishes its weights as versions."""
 
     def start_weight_publisher(self, module: Any, version: int) -> Any:

@@ -1,0 +1,94 @@
+"""The role table: every kind of role process a run can have, and what the rest of rlvla3
+knows about it (the module a process runs, its settings, when it stops, what the monitor shows).
+
+A role's name is its key under ``roles:`` in the launch YAML, the name of its Redis records and
+of its log files. Everything that is keyed by role name reads this table, so adding a role means
+adding one row here (and its module under ``roles/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from rlvla3.config.role_settings import (
+    EnvWorkerSettings,
+    RolloutServerSettings,
+    SftTrainerSettings,
+    TrainerSettings,
+    WeightBroadcasterSettings,
+)
+
+SettingsT = TypeVar("SettingsT")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoleSpec(Generic[SettingsT]):
+    """One kind of role process."""
+
+    name: str
+    """Its key under ``roles:``, its Redis records' and log files' name (``env_worker``)."""
+    module: str
+    """The module a process of this role runs with ``python -m`` (a string: ``roles/`` is a
+    higher layer than ``rlvla3/``)."""
+    settings: type[SettingsT]
+    """The dataclass of its ``roles.<name>.settings``."""
+    stop_stage: int
+    """When the launcher stops it, lower first: producers stop before their consumers, so every
+    queue is drained by its consumer before the consumer stops."""
+    evaluation: bool = False
+    """One of the roles of periodic evaluation (``run.eval``), which a run has one of each of
+    while evaluation is on and none of otherwise."""
+    headline_rate: tuple[str, str] | None = None
+    """The counter whose rate per second the monitor shows as the role's headline figure, and
+    its unit (None: the role has none)."""
+
+
+# name, settings, stop stage, evaluation role, headline rate: one row per role
+_ROWS = (
+    ("eval_env_worker", EnvWorkerSettings, 0, True, ("eval_env_steps", "steps/s")),
+    ("env_worker", EnvWorkerSettings, 1, False, ("env_steps", "steps/s")),
+    ("eval_rollout_server", RolloutServerSettings, 2, True, ("requests_served", "req/s")),
+    ("rollout_server", RolloutServerSettings, 3, False, ("requests_served", "req/s")),
+    ("trainer", TrainerSettings, 4, False, ("samples_consumed", "samples/s")),
+    ("sft_trainer", SftTrainerSettings, 5, False, ("sft_samples", "samples/s")),
+    ("weight_broadcaster", WeightBroadcasterSettings, 6, False, None),
+)
+ROLES: tuple[RoleSpec, ...] = tuple(
+    RoleSpec(
+        name=name,
+        module=f"roles.{name}",
+        settings=settings,
+        stop_stage=stop_stage,
+        evaluation=evaluation,
+        headline_rate=rate,
+    )
+    for name, settings, stop_stage, evaluation, rate in _ROWS
+)
+"""Every role, in the order the launcher stops them."""
+
+ROLE_TABLE: dict[str, RoleSpec] = {spec.name: spec for spec in ROLES}
+"""Role name -> its row."""
+
+STOP_ORDER: tuple[str, ...] = tuple(s.name for s in sorted(ROLES, key=lambda s: s.stop_stage))
+"""Role names in the order the launcher stops them."""
+
+EVAL_ROLES: tuple[str, ...] = tuple(s.name for s in ROLES if s.evaluation)
+"""The roles of periodic evaluation (``run.eval``): one of each."""
+
+
+def role_spec(name: str) -> RoleSpec:
+    """The row of role ``name``.
+
+    Raises:
+        KeyError: no role is called ``name`` (the message lists the known roles).
+    """
+    try:
+        return ROLE_TABLE[name]
+    except KeyError:
+        raise KeyError(f"{name!r}: unknown role (known roles: {known_roles()})") from None
+
+
+def known_roles() -> str:
+    """Every role name, sorted and comma-separated (for error messages)."""
+    return ", ".join(sorted(ROLE_TABLE))

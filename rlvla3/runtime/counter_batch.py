@@ -1,0 +1,85 @@
+"""A role's counting: counter increments and chunk-ledger changes gathered between flushes,
+and how often a dropped message is worth a log line.
+
+Roles count events by the thousand per second (env steps, requests served); Redis sees them as
+one transaction every half second (``Role``'s heartbeat thread flushes), so the counters and
+the chunk ledger (``rlvla3/runtime/chunk_ledger.py``) always move together.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+from rlvla3.runtime.registry import Registry
+
+
+class CounterBatch:
+    """What a role counted since the last flush. Thread-safe: env threads count concurrently."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._highs: dict[str, int] = {}  # chunk ledger high-water marks
+        self._ledger: collections.Counter[str] = collections.Counter()
+
+    def add(self, counter: str, amount: int) -> None:
+        """Add ``amount`` to run-wide counter ``counter``."""
+        with self._lock:
+            self._counts[counter] += amount
+
+    def raise_high(self, field: str, value: int) -> None:
+        """Raise chunk ledger high-water mark ``field`` to ``value`` (never lower it)."""
+        with self._lock:
+            self._raise(field, value)
+
+    def add_to_ledger(self, field: str, amount: int) -> None:
+        """Add ``amount`` to chunk ledger field ``field``."""
+        with self._lock:
+            self._ledger[field] += amount
+
+    def flush(self, registry: Registry, log: logging.Logger) -> None:
+        """Send everything gathered in one transaction; when it fails, none of it landed, so all
+        of it is kept for the next flush."""
+        with self._lock:
+            counts, self._counts = self._counts, collections.Counter()
+            highs, self._highs = self._highs, {}
+            ledger, self._ledger = self._ledger, collections.Counter()
+        if not (counts or highs or ledger):
+            return
+        try:
+            registry.flush(dict(counts), highs, dict(ledger))
+        except Exception as err:
+            log.warning("counter flush failed, will retry: %s", err)
+            with self._lock:
+                self._counts.update(counts)
+                self._ledger.update(ledger)
+                for field, value in highs.items():
+                    self._raise(field, value)
+
+    def _raise(self, field: str, value: int) -> None:
+        if value > self._highs.get(field, -1):
+            self._highs[field] = value
+
+
+class DropReports:
+    """When a dropped message is logged: at most once per ``every_s`` per counter, with how many
+    were dropped since, so that a flood of bad input cannot flood the log. Thread-safe: env
+    threads drop concurrently."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}  # counter -> (last logged, suppressed)
+
+    def due(self, counter: str) -> int | None:
+        """None: stay quiet about this drop of ``counter``; else log it, saying how many were
+        dropped unreported since the last report."""
+        now = time.monotonic()
+        with self._lock:
+            last, suppressed = self._last.get(counter, (-self.every_s, 0))
+            report = now - last >= self.every_s
+            self._last[counter] = (now, 0) if report else (last, suppressed + 1)
+        return suppressed if report else None

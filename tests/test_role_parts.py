@@ -1,0 +1,68 @@
+"""The parts a role is built from: its liveness deadline, its Redis outage clock, its counter
+batch and its drop reports."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rlvla3.runtime.counter_batch import CounterBatch, DropReports
+from rlvla3.runtime.heartbeat import Liveness, RedisOutage
+
+
+def test_the_deadline_follows_progress_busy_work_and_stuck_work() -> None:
+    live = Liveness(stall_timeout_s=10.0, busy_timeout_s=100.0)
+    assert live.deadline(lambda: None) == (0.0, "")  # not running: never stalled
+    live.progress()
+    at, what = live.deadline(lambda: None)
+    assert what == "" and abs(at - (time.time() + 10.0)) < 1.0
+    with live.busy("PPO update"):
+        at, what = live.deadline(lambda: None)
+        assert what == "PPO update" and at > time.time() + 90.0
+    stuck_since = time.time() - 8.0
+    at, what = live.deadline(lambda: (stuck_since, "env 3"))
+    assert what == "env 3" and at == stuck_since + 10.0
+    live.stopping()
+    assert live.deadline(lambda: (stuck_since, "env 3")) == (0.0, "")
+
+
+def test_an_outage_starts_once_and_ends_when_redis_answers() -> None:
+    outage = RedisOutage(limit_s=0.0)
+    assert outage.duration_s() == 0.0
+    assert outage.mark_lost(time.monotonic()) and not outage.mark_lost(time.monotonic())
+    assert outage.gone_for_good()
+    outage.clear()
+    assert outage.duration_s() == 0.0
+
+
+class _Registry:
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.flushed = fail, []
+
+    def flush(self, amounts, highs, ledger) -> None:
+        if self.fail:
+            raise ConnectionError("down")
+        self.flushed.append((amounts, highs, ledger))
+
+
+def test_a_failed_flush_keeps_everything_for_the_next() -> None:
+    batch, log = CounterBatch(), logging.getLogger("test")
+    batch.add("env_steps", 3)
+    batch.raise_high("pushed", 5)
+    batch.raise_high("pushed", 4)  # a high-water mark never falls
+    batch.add_to_ledger("buffered", 2)
+    batch.flush(_Registry(fail=True), log)  # type: ignore[arg-type]
+    batch.add("env_steps", 1)
+    registry = _Registry(fail=False)
+    batch.flush(registry, log)  # type: ignore[arg-type]
+    batch.flush(registry, log)  # type: ignore[arg-type]  (nothing new: no write)
+    assert registry.flushed == [({"env_steps": 4}, {"pushed": 5}, {"buffered": 2})]
+
+
+def test_drops_are_reported_at_most_once_per_period() -> None:
+    reports = DropReports(every_s=0.5)
+    assert reports.due("bad_frames") == 0
+    assert reports.due("bad_frames") is None and reports.due("bad_frames") is None
+    assert reports.due("bad_chunks") == 0  # each counter on its own
+    time.sleep(0.6)
+    assert reports.due("bad_frames") == 2
