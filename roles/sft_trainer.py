@@ -24,7 +24,6 @@ import torch
 
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
-from rlvla3.runtime.checkpoints import resume_training
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
@@ -42,9 +41,7 @@ class SftTrainer(TrainingRole):
     name = "sft_trainer"
 
     def setup(self) -> None:
-        torch.manual_seed(self.cfg.run.seed)
-        torch.set_num_threads(self.settings.num_threads)
-        self.device = torch.device(self.settings.device)
+        self.device = self.start_torch()
         self.policy = build_policy(self.cfg).to(self.device).train()
         vla = _vla_config(self.policy)
         s = self.cfg.sft
@@ -86,7 +83,6 @@ class SftTrainer(TrainingRole):
         self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
             self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
         )
-        self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
         self.last_loss: float | None = None
         self.finish_deadline: float | None = None
@@ -207,13 +203,7 @@ class SftTrainer(TrainingRole):
         )
 
     def _resume(self) -> None:
-        resumed = resume_training(
-            self.ckpt_dir,
-            model=self.policy,
-            optimizer=self.optimizer,
-            device=self.device,
-            log=self.log,
-        )
+        resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)
         if resumed is None:
             return
         self.steps = resumed.updates
