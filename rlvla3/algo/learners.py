@@ -1,9 +1,10 @@
 """The trainer's learners: what PPO and GRPO do with the chunks the trainer accepts.
 
 A learner holds the accepted chunks until it has enough to train (``ready``), turns them into one
-batch (``take_batch``) and runs the update on it (``update``). The trainer picks one learner from
-``algo.kind`` at start (``build_learner``) and calls only this interface; the chunk accounting
-(what was received, dropped, trained) stays with the trainer.
+batch (``take_batch``), and trains on it with its ``objective`` (the loss's terms, and
+``Objective.update`` that minimises it). The trainer picks one learner from ``algo.kind`` at
+start (``build_learner``) and calls only this interface; the chunk accounting (what was
+received, dropped, trained: ``rlvla3/runtime/chunk_accounting.py``) stays with the trainer.
 
 - ``PpoLearner``: chunks are buffered as they come; advantages from GAE (or V-trace) on the
   critic; a chunk beyond ``algo.max_staleness`` is refused on arrival.
