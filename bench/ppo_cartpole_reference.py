@@ -40,7 +40,8 @@ import numpy as np
 import torch
 from harness.provenance import write_result
 
-from rlvla3.algo.ppo import compute_gae, ppo_update, truncated_importance_weights
+from rlvla3.algo.advantages import compute_gae, truncated_importance_weights
+from rlvla3.algo.ppo import ppo_update
 from rlvla3.policy.mlp import MLPPolicy
 
 

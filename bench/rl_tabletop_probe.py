@@ -31,8 +31,9 @@ from harness.provenance import write_result  # noqa: E402
 
 from bench.sft_tabletop_probe import evaluate  # noqa: E402
 from rlvla3.algo.batch import build_batch  # noqa: E402
+from rlvla3.algo.learners import Objective  # noqa: E402
 from rlvla3.algo.optim import build_optimizer  # noqa: E402
-from rlvla3.algo.ppo import frozen_reference, ppo_update  # noqa: E402
+from rlvla3.algo.ppo import frozen_reference  # noqa: E402
 from rlvla3.config.run_config import Config, load_config  # noqa: E402
 from rlvla3.policy.factory import build_policy  # noqa: E402
 from rlvla3.runtime.checkpoints import load_checkpoint  # noqa: E402
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             policy.log_std.fill_(args.log_std)
     a = cfg.algo
     optimizer = build_optimizer(policy, a)
+    objective = Objective(a, vf_coef=a.vf_coef, norm_adv=True)  # the trainer's PPO update
     reference = None
     if cfg.policy.init_checkpoint and a.ref_kl_coef > 0:  # the trainer's frozen KL reference
         reference = frozen_reference(policy)  # (it holds the init weights now)
@@ -163,19 +165,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         chunks = rollouts.collect(policy, cfg.env.chunk_len)
         t1 = time.perf_counter()
         batch = build_batch(chunks, policy, a, torch.device("cpu"))
-        metrics = ppo_update(
+        metrics = objective.update(
             policy,
             optimizer,
             batch,
-            epochs=a.epochs,
-            minibatch_size=a.minibatch_size,
-            clip_coef=a.clip_coef,
-            vf_coef=a.vf_coef,
-            ent_coef=a.ent_coef,
-            max_grad_norm=a.max_grad_norm,
             policy_coef=0.0 if updates < a.value_warmup_updates else 1.0,
             reference=reference,
-            ref_kl_coef=a.ref_kl_coef,
         )
         act_s += t1 - t0
         train_s += time.perf_counter() - t1

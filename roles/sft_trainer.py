@@ -25,7 +25,6 @@ from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.config.vla import VLAConfig
 from rlvla3.policy.factory import build_policy
-from rlvla3.runtime.checkpoints import resume_training
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
@@ -43,9 +42,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
     name = "sft_trainer"
 
     def setup(self) -> None:
-        torch.manual_seed(self.cfg.run.seed)
-        torch.set_num_threads(self.settings.num_threads)
-        self.device = torch.device(self.settings.device)
+        self.device = self.start_torch()
         self.policy = build_policy(self.cfg).to(self.device).train()
         vla = _vla_config(self.policy)
         s = self.cfg.sft
@@ -87,7 +84,6 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
             self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
         )
-        self.ckpt_dir = self.run_dir / "checkpoints"
         self.steps, self.version = 0, -1
         self.last_loss: float | None = None
         self.finish_deadline: float | None = None
@@ -208,13 +204,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         )
 
     def _resume(self) -> None:
-        resumed = resume_training(
-            self.ckpt_dir,
-            model=self.policy,
-            optimizer=self.optimizer,
-            device=self.device,
-            log=self.log,
-        )
+        resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)
         if resumed is None:
             return
         self.steps = resumed.updates

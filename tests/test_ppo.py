@@ -11,15 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvla3.algo.ppo import (
+from rlvla3.algo.advantages import (
     compute_gae,
     normalize_advantages,
-    ppo_loss,
-    ppo_update,
-    reference_kl,
     truncated_importance_weights,
     vtrace,
 )
+from rlvla3.algo.ppo import ppo_loss, ppo_update, reference_kl
 from rlvla3.policy.mlp import MLPPolicy
 
 torch.set_num_threads(1)

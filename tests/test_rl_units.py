@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from rlvla3.algo.advantages import compute_gae
 from rlvla3.algo.batch import build_batch, chunk_staleness, keep_chunk
-from rlvla3.algo.ppo import compute_gae
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.mlp import MLPPolicy
 from transport.messages import TrajectoryChunk

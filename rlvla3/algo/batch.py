@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rlvla3.algo.ppo import compute_gae, truncated_importance_weights, vtrace
+from rlvla3.algo.advantages import compute_gae, truncated_importance_weights, vtrace
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.base import ActorCritic
 from transport.messages import TrajectoryChunk

@@ -7,10 +7,11 @@ cannot turn into a crash.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rlvla3.config.role_settings import SftTrainerSettings, TrainerSettings
-from rlvla3.runtime.checkpoints import save_training
+from rlvla3.runtime.checkpoints import Resumed, resume_training, save_training
 from rlvla3.runtime.role import Role
 
 TrainingSettingsT = TypeVar("TrainingSettingsT", TrainerSettings, SftTrainerSettings)
@@ -18,6 +19,15 @@ TrainingSettingsT = TypeVar("TrainingSettingsT", TrainerSettings, SftTrainerSett
 
 class TrainingRole(Role[TrainingSettingsT]):
     """A ``Role`` that trains a module and publishes its weights as versions."""
+
+    def start_torch(self) -> Any:
+        """Seed torch with ``run.seed`` and give it ``settings.num_threads`` CPU threads; returns
+        the ``torch.device`` of ``settings.device``, where the role trains."""
+        import torch  # only the trainers need it
+
+        torch.manual_seed(self.cfg.run.seed)
+        torch.set_num_threads(self.settings.num_threads)
+        return torch.device(self.settings.device)
 
     def start_weight_publisher(self, module: Any, version: int) -> Any:
         """A ``transport.weight_publisher.WeightPublisher`` to the live weight broadcaster: it
@@ -111,15 +121,27 @@ class TrainingRole(Role[TrainingSettingsT]):
             )
         return version
 
+    @property
+    def checkpoint_dir(self) -> Path:
+        """``RUN_DIR/checkpoints``: where the role's checkpoints go, and where it resumes from."""
+        return self.run_dir / "checkpoints"
+
+    def resume_checkpoint(self, model: Any, optimizer: Any, device: Any) -> Resumed | None:
+        """Load the newest complete checkpoint of ``checkpoint_dir`` into ``model`` and
+        ``optimizer`` (``rlvla3/runtime/checkpoints.py``); None when there is none."""
+        return resume_training(
+            self.checkpoint_dir, model=model, optimizer=optimizer, device=device, log=self.log
+        )
+
     def save_checkpoint(
         self, model: Any, optimizer: Any, version: int, updates: int, **extra: Any
     ) -> None:
-        """Checkpoint into ``RUN_DIR/checkpoints`` (``rlvla3/runtime/checkpoints.py``), keeping
+        """Checkpoint into ``checkpoint_dir`` (``rlvla3/runtime/checkpoints.py``), keeping
         ``settings.keep_checkpoints``. A failed write (a full disk) is counted and logged, and
         training goes on: the older checkpoints stay."""
         try:
             save_training(
-                self.run_dir / "checkpoints",
+                self.checkpoint_dir,
                 model=model,
                 optimizer=optimizer,
                 version=version,

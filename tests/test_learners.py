@@ -1,0 +1,190 @@
+"""The trainer's learners (PPO, GRPO: admission, holding, batches, eviction) and its chunk
+accounting (counters and ledger entries for each fate of a chunk), without processes."""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import gymnasium as gym
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+from rlvla3.algo.learners import GrpoLearner, PpoLearner, build_learner
+from rlvla3.config.run_config import AlgoConfig
+from rlvla3.policy.mlp import MLPPolicy
+from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
+from rlvla3.runtime.chunk_ledger import buffered_field, received_field
+from tests.test_grpo import chunk
+from transport.messages import TrajectoryChunk
+
+CPU = torch.device("cpu")
+
+
+def grouped(
+    versions: list[int], group: str, producer: str, *, ends: bool = True
+) -> TrajectoryChunk:
+    """A chunk of ``len(versions)`` reward-1 steps (2-dim observations) of ``group``."""
+    return chunk(producer, group, [1.0] * len(versions), ends=ends, versions=versions)
+
+
+def ungrouped(versions: list[int], producer: str = "0/0#x") -> TrajectoryChunk:
+    return grouped(versions, "", producer)
+
+
+def test_the_learner_follows_algo_kind() -> None:
+    ppo = build_learner(AlgoConfig(), on_policy_only=False, batch_steps=4, device=CPU)
+    grpo = build_learner(AlgoConfig(kind="grpo"), on_policy_only=False, batch_steps=4, device=CPU)
+    assert isinstance(ppo, PpoLearner) and ppo.objective.vf_coef == AlgoConfig().vf_coef
+    assert isinstance(grpo, GrpoLearner)
+    assert (grpo.objective.vf_coef, grpo.objective.norm_adv) == (0.0, False)  # no critic
+
+
+def test_ppo_buffers_until_batch_steps_and_bounds_staleness_on_arrival() -> None:
+    learner = PpoLearner(AlgoConfig(max_staleness=2), False, batch_steps=4, device=CPU)
+    assert learner.admits(2) and not learner.admits(3) and not learner.admits(-1)
+    per_round = PpoLearner(AlgoConfig(max_staleness=2), True, batch_steps=4, device=CPU)
+    assert per_round.admits(0) and not per_round.admits(1)
+    assert learner.chunk_problem(ungrouped([5])) is None
+    assert learner.accept(ungrouped([5, 5])) is None and not learner.ready
+    assert learner.accept(ungrouped([4, 5])) is None and learner.ready and learner.held == 2
+    policy = MLPPolicy(2, gym.spaces.Discrete(2))
+    taken = learner.take_batch(policy, version=5)
+    assert taken.samples == 4 and taken.left_out == 0
+    assert taken.batch is not None and taken.batch["advantages"].shape == (4,)
+    assert taken.trained_lags.tolist() == [0, 0, 1, 0]
+    assert learner.held == 0 and not learner.ready
+    assert learner.evict_stale(version=100) == []
+
+
+def test_grpo_holds_groups_and_bounds_staleness_per_sample() -> None:
+    algo = AlgoConfig(kind="grpo", group_size=2, max_staleness=2, correction="none")
+    learner = GrpoLearner(algo, False, batch_steps=3, device=CPU)
+    assert learner.admits(50)  # held: the bound applies when the group is trained
+    assert not GrpoLearner(algo, True, 3, CPU).admits(1)
+    assert "group: empty" in learner.chunk_problem(ungrouped([0]))
+    assert learner.accept(grouped([1, 5], "g", "a")) is None
+    assert learner.held == 1 and not learner.ready
+    assert learner.accept(grouped([6], "g", "b")) is None
+    assert learner.held == 2 and learner.ready
+    assert learner.accept(grouped([6], "g2", "c", ends=False)) is None
+    assert learner.accept(grouped([6], "g2", "d", ends=False)) is None
+    third_episode = learner.accept(grouped([6], "g2", "e"))
+    assert third_episode is not None and "algo.group_size is 2" in third_episode
+    assert learner.held == 4  # not the refused chunk
+    taken = learner.take_batch(MLPPolicy(2, gym.spaces.Discrete(2)), version=6)
+    assert taken.left_out == 1 and taken.samples == 2  # the step of version 1
+    assert taken.trained_lags.tolist() == [1, 0]
+    assert learner.held == 2  # group g2 still waits
+    assert learner.evict_stale(version=8) == []
+    assert len(learner.evict_stale(version=9)) == 2 and learner.held == 0
+
+
+def test_grpo_takes_a_batch_of_nothing_when_every_step_is_too_stale() -> None:
+    learner = GrpoLearner(AlgoConfig(kind="grpo", group_size=1, max_staleness=1), False, 1, CPU)
+    assert learner.accept(grouped([1], "g", "a")) is None
+    taken = learner.take_batch(MLPPolicy(2, gym.spaces.Discrete(2)), version=9)
+    assert taken.batch is None and taken.left_out == 1 and taken.samples == 0
+
+
+class FakeTrainer:
+    """The part of a Role the accounting uses, recording what it was told."""
+
+    name, index = "trainer", 0
+
+    def __init__(self, ledger: dict[str, int] | None = None, backlog: int = 0) -> None:
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.ledger: collections.Counter[str] = collections.Counter()
+        self.highs: dict[str, int] = {}
+        self.flushes = 0
+        self.log = logging.getLogger("fake-trainer")
+        stored = dict(ledger or {})
+        self.registry = type(
+            "Registry", (), {"chunk_ledger": lambda _: stored, "chunk_backlog": lambda _: backlog}
+        )()
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] += amount
+
+    def drop(self, counter: str, reason: str) -> None:
+        self.count(counter)
+
+    def ledger_add(self, field: str, amount: int) -> None:
+        self.ledger[field] += amount
+
+    def ledger_high(self, field: str, value: int) -> None:
+        self.highs[field] = max(self.highs.get(field, -1), value)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def _accounting(role: FakeTrainer) -> ChunkAccounting:
+    return ChunkAccounting(role, flush_counters=role.flush)  # type: ignore[arg-type]
+
+
+def test_each_fate_of_a_chunk_is_counted() -> None:
+    role = FakeTrainer()
+    accounting = _accounting(role)
+    buffered = buffered_field("trainer/0")
+    assert accounting.receive(b"not a chunk") is None and role.counters["bad_frames"] == 1
+    received = accounting.receive(ungrouped([1, 1]))
+    assert received is not None and role.counters["chunks_received"] == 1
+    accounting.refuse(received, "obs: not finite")
+    assert role.counters["bad_chunks"] == 1 and role.counters["samples_dropped"] == 2
+    accounting.record(received)
+    assert role.highs == {received_field("0/0#x", "trainer/0"): 0}
+    accounting.drop_received(received, "too stale")
+    assert role.counters["chunks_dropped"] == 2 and role.counters["samples_dropped"] == 4
+    for _ in range(3):
+        accounting.hold()
+    accounting.drop_held([received, received], "incomplete group")
+    assert role.counters["chunks_dropped"] == 4 and role.ledger[buffered] == 1
+    accounting.trained([received], samples=1, left_out=1, lags=np.array([0, 1, 3, 7]))
+    assert role.ledger[buffered] == 0
+    assert role.counters["chunks_consumed"] == 1 and role.counters["samples_consumed"] == 1
+    assert role.counters["samples_dropped"] == 9
+    staleness = {k: v for k, v in role.counters.items() if k.startswith("trained_staleness")}
+    assert staleness == {
+        "trained_staleness_0": 1,
+        "trained_staleness_1": 1,
+        "trained_staleness_3plus": 2,
+    }
+
+
+def test_what_no_trainer_will_see_is_written_off() -> None:
+    role = FakeTrainer(ledger={buffered_field("trainer/0"): 5}, backlog=7)
+    accounting = _accounting(role)
+    accounting.write_off_dead_buffer()
+    assert role.counters["chunks_lost_in_trainer"] == 5
+    assert role.ledger[buffered_field("trainer/0")] == -5
+    accounting.write_off_lost_chunks()
+    assert role.counters["chunks_written_off"] == 7 and role.flushes == 2
+
+
+def test_draining_counts_queued_and_held_chunks_in_flight() -> None:
+    role = FakeTrainer()
+    queue = collections.deque([ungrouped([1]), "junk", ungrouped([1], producer=""), None])
+
+    class Queue:
+        def recv(self, timeout_s: float) -> object:
+            return queue.popleft()
+
+    _accounting(role).drain(Queue(), held=4)  # type: ignore[arg-type]
+    assert role.counters["chunks_received"] == 2
+    assert role.counters["chunks_in_flight_at_exit"] == 6
+    assert list(role.highs) == [received_field("0/0#x", "trainer/0")]  # not the producerless
+    assert role.ledger[buffered_field("trainer/0")] == -4
+
+
+@pytest.mark.parametrize(
+    ("producer", "chunk_id", "problem"),
+    [("0/0#x", 0, None), ("", 0, "producer: empty"), ("0/0#x", -1, "chunk_id: -1")],
+)
+def test_the_ledger_takes_only_chunks_with_a_producer_and_sequence_number(
+    producer: str, chunk_id: int, problem: str | None
+) -> None:
+    found = producer_problem(msgspec.structs.replace(ungrouped([0], producer), chunk_id=chunk_id))
+    assert found is None if problem is None else problem in found
