@@ -11,8 +11,9 @@ from rlvla3.config.run_config import Config, load_config
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.launch import netaddr
 from rlvla3.launch.cluster import find_seat
-from rlvla3.launch.launcher import Launcher, move_aside
+from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.redis_server import RedisServerError
+from rlvla3.launch.run_dir import move_aside
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.checkpoints import find_checkpoint
 from transport import security
