@@ -143,24 +143,8 @@ def measured_summary(
     counters = registry.counters()
     recent = episodes[-cfg.run.stop.return_window :]
     final_mean = sum(e["return"] for e in recent) / len(recent) if recent else None
-    success_rate = (
-        sum(bool(e.get("success")) for e in recent) / len(recent)
-        if recent and "success" in recent[-1]
-        else None
-    )
-    # Either target reached over a full window of the last episodes (what stops the run).
-    # The stop rule's verdict stands: episodes that finish while the roles are stopping
-    # come after it and must not undo it.
-    full_window = len(recent) >= cfg.run.stop.return_window
-    solved = reason.solved or (full_window and meets_target(cfg.run.stop, final_mean, success_rate))
     evaluation = evaluation_summary(registry)
-    if evaluation is not None and evaluation["episodes"]:
-        # Measured on fresh episodes of the final weights: it decides, over all of them (the
-        # last-window rule would judge only the last return_window of them).
-        success_rate = evaluation.get("success_rate", success_rate)
-        solved = meets_target(
-            cfg.run.stop, evaluation["mean_return"], evaluation.get("success_rate")
-        )
+    solved, success_rate = _verdict(cfg.run.stop, reason, recent, final_mean, evaluation)
     # Where every chunk went, exact across crashes (rlvla3/runtime/chunk_ledger.py): lost are
     # those a node, a killed worker's queue or a killed trainer took with it.
     chunks = balance(registry.chunk_ledger(), counters)
@@ -181,19 +165,39 @@ def measured_summary(
             {"node": n.node, "address": n.address, "hostname": n.hostname, "status": n.status}
             for n in registry.launchers()
         ],
-        final_loss=last_metrics[-1]["loss"]
-        if last_metrics and "loss" in last_metrics[-1]
-        else None,
+        final_loss=last_metrics[-1].get("loss") if last_metrics else None,
         evaluations=[{k: e[k] for k in _EVALUATION_KEYS if k in e} for e in evaluations] or None,
     )
-    return RunSummary(
-        run_id=cfg.run.name,
-        mode=cfg.run.mode,
-        stop_reason=reason.text,
-        solved=solved,
-        wall_s=round(wall_s, 3),
-        measures=measures,
+    unmeasured = unmeasured_summary(cfg, wall_s, reason)
+    return dataclasses.replace(
+        unmeasured, solved=solved, wall_s=round(wall_s, 3), measures=measures
     )
+
+
+def _verdict(
+    stop: Any,
+    reason: StopReason,
+    recent: list[dict[str, Any]],
+    final_mean: float | None,
+    evaluation: dict[str, Any] | None,
+) -> tuple[bool, float | None]:
+    """Whether the run is solved, and its success rate (None where the env reports none)."""
+    success_rate = (
+        sum(bool(e.get("success")) for e in recent) / len(recent)
+        if recent and "success" in recent[-1]
+        else None
+    )
+    # Either target reached over a full window of the last episodes (what stops the run).
+    # The stop rule's verdict stands: episodes that finish while the roles are stopping
+    # come after it and must not undo it.
+    full_window = len(recent) >= stop.return_window
+    solved = reason.solved or (full_window and meets_target(stop, final_mean, success_rate))
+    if evaluation is not None and evaluation["episodes"]:
+        # Measured on fresh episodes of the final weights: it decides, over all of them (the
+        # last-window rule would judge only the last return_window of them).
+        success_rate = evaluation.get("success_rate", success_rate)
+        solved = meets_target(stop, evaluation["mean_return"], evaluation.get("success_rate"))
+    return solved, success_rate
 
 
 def _roles(registry: Registry) -> list[dict[str, Any]]:
