@@ -13,8 +13,8 @@ from rlvla3.config.run_config import load_config
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.launch import netaddr
 from rlvla3.launch.cluster import find_seat, own_address, redis_port
+from rlvla3.launch.progress import ProgressTracker
 from rlvla3.launch.redis_server import EmbeddedRedis
-from rlvla3.launch.run_report import ProgressTracker
 from rlvla3.launch.slurm import HostListError, SlurmStep, expand_host_list
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.registry import Registry

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 
 from rlvla3.config.run_config import Config, config_from_dict
-from rlvla3.launch.run_report import SOLVED, stop_condition, write_report
+from rlvla3.launch.run_summary import unmeasured_summary, write_report
+from rlvla3.launch.stop_reason import StopKind, StopReason
+from rlvla3.launch.stop_rules import stop_condition
 from rlvla3.runtime.registry import Registry
+
+_ENDED = StopReason(StopKind.ROLES_FINISHED, "test")
 
 
 def _summary(tmp_path, redis_url: str, name: str, stop: dict, successes: list[bool]) -> dict:
@@ -20,7 +24,7 @@ def _summary(tmp_path, redis_url: str, name: str, stop: dict, successes: list[bo
             for i, ok in enumerate(successes)
         ],
     )
-    write_report(registry, cfg, tmp_path, 1.0, "test")
+    write_report(registry, cfg, tmp_path, 1.0, _ENDED)
     return json.loads((tmp_path / "summary.json").read_text())
 
 
@@ -69,7 +73,7 @@ def test_an_evaluation_decides_over_all_its_episodes(tmp_path, redis_url) -> Non
             for i, ok in enumerate(outcomes)
         ],
     )
-    summary = write_report(registry, cfg, tmp_path, 1.0, "test")
+    summary = write_report(registry, cfg, tmp_path, 1.0, _ENDED).as_json()
     assert summary["success_rate"] == 0.75 and summary["evaluation"]["episodes"] == 200
     assert summary["solved"] is False
 
@@ -100,7 +104,7 @@ def test_an_evaluation_counts_only_greedy_episodes_of_its_version(tmp_path, redi
     older = [episode(6 + i, False, 6, greedy=True) for i in range(2)]
     evaluated = [episode(8 + i, i < 3, 7, greedy=True) for i in range(4)]
     registry.append("episodes", sampled + older + evaluated)
-    summary = write_report(registry, cfg, tmp_path, 1.0, "test")
+    summary = write_report(registry, cfg, tmp_path, 1.0, _ENDED).as_json()
     assert summary["evaluation"]["episodes"] == 4
     assert summary["success_rate"] == 0.75
 
@@ -129,10 +133,11 @@ def test_the_stop_rules_verdict_stands_against_episodes_that_finish_while_stoppi
             for i, r in enumerate(returns)
         ],
     )
-    late = write_report(registry, cfg, tmp_path, 1.0, "solved: mean return 5.0 over 4 episodes")
-    assert late["solved"] is True and late["final_mean_return"] == 3.0
-    other = write_report(registry, cfg, tmp_path, 1.0, "wall time 10s reached run.stop.max_wall_s")
-    assert other["solved"] is False
+    target = StopReason(StopKind.TARGET_REACHED, "solved: mean return 5.0 over 4 episodes")
+    late = write_report(registry, cfg, tmp_path, 1.0, target)
+    assert late.solved is True and late.measures.final_mean_return == 3.0
+    wall = StopReason(StopKind.MAX_WALL_S, "wall time 10s reached run.stop.max_wall_s")
+    assert write_report(registry, cfg, tmp_path, 1.0, wall).solved is False
 
 
 def test_the_evaluated_success_rate_stop_rule_reads_the_newest_evaluation(redis_url) -> None:
@@ -151,7 +156,7 @@ def test_the_evaluated_success_rate_stop_rule_reads_the_newest_evaluation(redis_
     point = {"version": 4, "episodes": 4, "mean_return": 1.0, "env_steps": 10}
     registry.append("evaluations", [{**point, "success_rate": 0.75}])
     reason = stop_condition(registry, cfg, 1.0)
-    assert reason is not None and reason.startswith(SOLVED) and "v4" in reason
+    assert reason is not None and reason.solved and "v4" in reason.text
     registry.append("evaluations", [{**point, "version": 6, "success_rate": 0.5}])
     assert stop_condition(registry, cfg, 1.0) is None  # the newest evaluation decides
 
@@ -186,8 +191,8 @@ def test_an_evaluation_window_stops_on_the_mean_of_the_newest_evaluations(redis_
     assert reason is None
     registry.append("evaluations", [{**point, "version": 10, "success_rate": 0.97}])
     reason = stop_condition(registry, cfg, 1.0)  # 0.80, 0.94, 0.97: mean 0.903
-    assert reason is not None and reason.startswith(SOLVED)
-    assert "mean of 3 evaluations up to weights v10" in reason
+    assert reason is not None and reason.solved
+    assert "mean of 3 evaluations up to weights v10" in reason.text
 
 
 def test_an_evaluation_window_whose_rates_all_equal_the_target_stops(redis_url) -> None:
@@ -203,5 +208,42 @@ def test_an_evaluation_window_whose_rates_all_equal_the_target_stops(redis_url) 
         assert stop_condition(registry, cfg, 1.0) is None  # 0.94 still in the window
     registry.append("evaluations", [{**point, "version": 12, "success_rate": 0.95}])
     reason = stop_condition(registry, cfg, 1.0)
-    assert reason is not None and reason.startswith(SOLVED)
-    assert "rate 0.95, the mean of 3 evaluations up to weights v12" in reason
+    assert reason is not None and reason.solved
+    assert "rate 0.95, the mean of 3 evaluations up to weights v12" in reason.text
+
+
+def test_a_summary_without_the_runs_redis_says_it_is_incomplete(tmp_path) -> None:
+    """The summary written when Redis is gone keeps only what the launcher knows itself."""
+    cfg = config_from_dict({"run": {"name": "rep_gone"}})
+    lost = StopReason(StopKind.REDIS_LOST, "lost the run's Redis at redis://x (gone)")
+    unmeasured_summary(cfg, 12.3456, lost).write(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {
+        "run_id": "rep_gone",
+        "mode": cfg.run.mode,
+        "stop_reason": lost.text,
+        "solved": False,
+        "wall_s": 12.35,
+        "complete": False,
+    }
+
+
+def test_a_measured_summary_writes_every_key_and_leaves_out_what_the_run_lacks(
+    tmp_path, redis_url
+) -> None:
+    summary = _summary(tmp_path, redis_url, "rep_keys", {"return_window": 3}, [True] * 5)
+    assert set(summary) == {
+        "run_id", "mode", "stop_reason", "solved", "env_steps", "wall_s", "final_mean_return",
+        "episodes", "weight_version", "counters", "finished_at", "success_rate",
+        "chunk_accounting", "chunks_lost", "roles", "nodes",
+    }  # fmt: skip
+    assert "complete" not in summary
+
+
+def test_a_stop_reasons_kind_decides_the_exit_code() -> None:
+    assert StopReason(StopKind.SIGNAL, "stopped by signal").exit_code == 130
+    assert StopReason(StopKind.ROLE_FAILED, "trainer/0 failed").exit_code == 1
+    assert StopReason(StopKind.MAX_ENV_STEPS, "100 env steps reached").exit_code == 0
+    ended = StopReason(StopKind.HEAD_ENDED, "the head ended the run: x", head_exit_code=130)
+    assert ended.exit_code == 130 and ended.noted("more").text == "the head ended the run: x; more"
+    assert ended.noted("more").kind is StopKind.HEAD_ENDED

@@ -58,6 +58,10 @@ class Config:
         """How many processes of ``role`` the run has (0: the role is not in ``roles``)."""
         return self.roles[role].count if role in self.roles else 0
 
+    def total_processes(self) -> int:
+        """How many role processes the run has, every role on every node together."""
+        return sum(rc.count for rc in self.roles.values())
+
     def all_nodes(self) -> list[node_groups.Node]:
         """Every node of the run (groups expanded), in the order an allocation fills them."""
         return node_groups.expand(self.nodes)

@@ -10,9 +10,10 @@ from pathlib import Path
 from rlvla3.config.run_config import Config, load_config
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.launch import netaddr
-from rlvla3.launch.cluster import find_seat
-from rlvla3.launch.launcher import Launcher, move_aside
+from rlvla3.launch.cluster import Seat, find_seat
+from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.redis_server import RedisServerError
+from rlvla3.launch.run_dir import move_aside
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.checkpoints import find_checkpoint
 from transport import security
@@ -36,21 +37,7 @@ def launch(
     """
     cfg = load_config(config_path, overrides)
     seat = find_seat(cfg, node)
-    if (
-        seat.node is not None
-        and cfg.policy.init_launch
-        and not find_checkpoint(cfg.policy.init_checkpoint or "")
-    ):
-        raise ConfigError(
-            f"policy.init_launch: a multi-node launch does not run the first stage; "
-            f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
-            f"{cfg.policy.init_checkpoint})"
-        )
-    if seat.multi_host and not security.available():
-        raise ConfigError(
-            "this pyzmq's libzmq has no CURVE, which a multi-node run needs "
-            "(pip install --force-reinstall pyzmq)"
-        )
+    _check_multi_node(cfg, seat)
     if seat.node is None and cfg.policy.init_launch:
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
@@ -83,6 +70,25 @@ def launch(
     except RedisServerError as err:
         hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
         raise ConfigError(f"the run's redis-server: {err}{hint}") from None
+
+
+def _check_multi_node(cfg: Config, seat: Seat) -> None:
+    """What a launch of one node of several needs before it starts anything."""
+    if (
+        seat.node is not None
+        and cfg.policy.init_launch
+        and not find_checkpoint(cfg.policy.init_checkpoint or "")
+    ):
+        raise ConfigError(
+            f"policy.init_launch: a multi-node launch does not run the first stage; "
+            f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
+            f"{cfg.policy.init_checkpoint})"
+        )
+    if seat.multi_host and not security.available():
+        raise ConfigError(
+            "this pyzmq's libzmq has no CURVE, which a multi-node run needs "
+            "(pip install --force-reinstall pyzmq)"
+        )
 
 
 def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str], None]) -> int:
