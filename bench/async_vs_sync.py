@@ -22,19 +22,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from harness.provenance import write_result
+from harness.report import Column, Table, benchmark_parser
+from harness.run_sampler import sample_run
 
-from harness.provenance import write_result  # noqa: E402
-from harness.run_sampler import sample_run  # noqa: E402
-
-from rlvla3.launch.redis_server import EmbeddedRedis  # noqa: E402
+from rlvla3.launch.redis_server import EmbeddedRedis
 
 MODES = ("sync", "async_rollout", "async")
+TABLE = Table(
+    (
+        Column("mode", 14, align="<"),
+        Column("env steps/s", 12, ".1f"),
+        Column("vs sync", 8),
+        Column("of bound", 9, ".1%"),
+        Column("ms/step: env", 13, ".2f"),
+        Column("action", 7, ".2f"),
+        Column("other", 6, ".2f"),
+    )
+)
 
 
 def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
@@ -116,9 +124,7 @@ _COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--latency-mean-ms", type=float, default=20.0)
@@ -145,8 +151,6 @@ def main() -> None:
         help="pin roles to CPUs (roles.<role>.cpus), e.g. env_worker=0 rollout_server=1",
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
     if args.smoke:
         args.duration_s, args.warmup_s, args.num_envs = 3.0, 2.0, 4
@@ -186,16 +190,13 @@ def main() -> None:
         "bound_measured_env_steps_per_s": measured_bound,
         "efficiency_async_measured": rates["async"] / measured_bound if measured_bound else None,
     }
-    print(
-        f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}"
-        f" {'ms/step: env':>13s} {'action':>7s} {'other':>6s}"
-    )
+    print()
+    print(TABLE.header())
     for mode, rate in rates.items():
         vs = f"{rate / rates['sync']:.2f}x" if "sync" in rates else "-"
         ms = results[mode]["per_step_ms"]
         print(
-            f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%} {ms['env_step']:13.2f}"
-            f" {ms['action_wait']:7.2f} {ms['other']:6.2f}"
+            TABLE.row(mode, rate, vs, rate / bound, ms["env_step"], ms["action_wait"], ms["other"])
         )
     print(f"{'no-wait bound':14s} {bound:12.1f}   (configured latency)")
     if measured_bound:

@@ -27,7 +27,6 @@ a shared 2-core CPU, one torch thread, env steps until solved (CPU seconds), see
 
 from __future__ import annotations
 
-import argparse
 import collections
 import copy
 import json
@@ -39,6 +38,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from harness.provenance import write_result
+from harness.report import benchmark_parser
 
 from rlvla3.algo.ppo import compute_gae, ppo_update, truncated_importance_weights
 from rlvla3.policy.mlp import MLPPolicy
@@ -263,11 +263,9 @@ def train(s: Settings, seed: int, verbose: bool = False) -> Result:
 
 def _parse() -> tuple[Settings, list[int], bool, Path | None]:
     """Settings from the command line (every ``Settings`` field is a flag)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__, smoke_help="one seed, 2,000 env steps (CI)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--verbose", action="store_true")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true", help="one seed, 2,000 env steps (CI)")
     for name, default in asdict(Settings()).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):
