@@ -26,22 +26,15 @@ import tempfile
 from pathlib import Path
 
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, add_straggler_flags, benchmark_parser
 from harness.run_sampler import sample_run
 
 from rlvla3.launch.redis_server import EmbeddedRedis
 
 MODES = ("sync", "async_rollout", "async")
-TABLE = Table(
-    (
-        Column("mode", 14, align="<"),
-        Column("env steps/s", 12, ".1f"),
-        Column("vs sync", 8),
-        Column("of bound", 9, ".1%"),
-        Column("ms/step: env", 13, ".2f"),
-        Column("action", 7, ".2f"),
-        Column("other", 6, ".2f"),
-    )
+TABLE = Table.from_layout(
+    "mode:<14 | env steps/s:>12.1f | vs sync:>8 | of bound:>9.1%"
+    " | ms/step: env:>13.2f | action:>7.2f | other:>6.2f"
 )
 
 
@@ -123,13 +116,9 @@ def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: P
 _COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "action_requests")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
-    parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--latency-mean-ms", type=float, default=20.0)
-    parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--duration-s", type=float, default=30.0)
+    add_straggler_flags(parser, latency_mean_ms=20.0, duration_s=30.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--chunk-len", type=int, default=32)
     parser.add_argument(
@@ -156,19 +145,20 @@ def main() -> None:
         args.duration_s, args.warmup_s, args.num_envs = 3.0, 2.0, 4
     if args.num_envs % args.num_workers:
         parser.error("--num-envs must be a multiple of --num-workers")
+    return args
+
+
+def summarise(args: argparse.Namespace, results: dict[str, dict]) -> dict:
+    """The JSON's results: the workload, each mode's figures, and the modes against each other
+    and against the no-wait bound (configured, and as async's simulators took it)."""
     bound = args.num_envs / (args.envs_per_request * args.latency_mean_ms / 1000)
-    results: dict[str, dict] = {}
-    with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-bench-") as tmp:
-        for mode in args.modes:
-            results[mode] = measure_mode(args, mode, redis.url, Path(tmp))
-            print(f"{mode:14s} {results[mode]['env_steps_per_s']:8.1f} env steps/s", flush=True)
     rates = {m: r["env_steps_per_s"] for m, r in results.items()}
     measured_bound = (
         args.num_envs / (args.envs_per_request * results["async"]["per_step_ms"]["env_step"] / 1000)
         if "async" in results
         else None
     )
-    report = {
+    return {
         "workload": {
             "env": args.env,
             "num_envs": args.num_envs,
@@ -190,11 +180,16 @@ def main() -> None:
         "bound_measured_env_steps_per_s": measured_bound,
         "efficiency_async_measured": rates["async"] / measured_bound if measured_bound else None,
     }
-    print()
+
+
+def print_table(report: dict) -> None:
+    """One line per mode, then the no-wait bounds."""
+    rates, bound = report["env_steps_per_s"], report["bound_env_steps_per_s"]
+    measured_bound = report["bound_measured_env_steps_per_s"]
     print(TABLE.header())
     for mode, rate in rates.items():
         vs = f"{rate / rates['sync']:.2f}x" if "sync" in rates else "-"
-        ms = results[mode]["per_step_ms"]
+        ms = report["per_step_ms"][mode]
         print(
             TABLE.row(mode, rate, vs, rate / bound, ms["env_step"], ms["action_wait"], ms["other"])
         )
@@ -204,6 +199,18 @@ def main() -> None:
             f"{'no-wait bound':14s} {measured_bound:12.1f}   (async's measured simulator step:"
             f" async at {rates['async'] / measured_bound:.1%})"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    results: dict[str, dict] = {}
+    with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-bench-") as tmp:
+        for mode in args.modes:
+            results[mode] = measure_mode(args, mode, redis.url, Path(tmp))
+            print(f"{mode:14s} {results[mode]['env_steps_per_s']:8.1f} env steps/s", flush=True)
+    report = summarise(args, results)
+    print()
+    print_table(report)
     write_result(args.json, "async_vs_sync", report, vars(args))
 
 

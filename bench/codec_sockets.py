@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import zmq
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 from transport import security, sockets
 from transport.codec import encode
@@ -157,17 +157,9 @@ def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, Any]]:
     return results
 
 
-TABLE = Table(
-    (
-        Column("payload", 8, align="<"),
-        Column("bytes", 7, "d"),
-        Column("ours msg/s", 11, ".0f"),
-        Column("raw msg/s", 11, ".0f"),
-        Column("curve msg/s", 12, ".0f"),
-        Column("ours/raw", 9, ".2f"),
-        Column("curve/ours", 11, ".2f"),
-        Column("  CPU us/msg send+recv: ours  raw  curve", align="<"),
-    )
+TABLE = Table.from_layout(
+    "payload:<8 | bytes:>7d | ours msg/s:>11.0f | raw msg/s:>11.0f | curve msg/s:>12.0f"
+    " | ours/raw:>9.2f | curve/ours:>11.2f |   CPU us/msg send+recv: ours  raw  curve:<"
 )
 
 

@@ -18,16 +18,9 @@ from pathlib import Path
 
 from harness.launch_run import REPO
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
-TABLE = Table(
-    (
-        Column("fault", 58, align="<"),
-        Column("recovery", 9),
-        Column("lost", 44, align="<"),
-        Column("solved", 6),
-    )
-)
+TABLE = Table.from_layout("fault:<58 | recovery:>9 | lost:<44 | solved:>6")
 
 
 def main() -> None:

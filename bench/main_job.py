@@ -17,19 +17,11 @@ from typing import Any
 
 from harness.launch_run import launch_and_read
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 CONFIG = "launch/cartpole.yaml"
 SMOKE = {"run.stop.target_mean_return": "null", "run.stop.max_env_steps": 3000}
-TABLE = Table(
-    (
-        Column("run", 4, "d"),
-        Column("solved", 7),
-        Column("wall s", 8, ".1f"),
-        Column("env steps", 10, "d"),
-        Column("dropped", 8),
-    )
-)
+TABLE = Table.from_layout("run:>4d | solved:>7 | wall s:>8.1f | env steps:>10d | dropped:>8")
 
 
 def trial(run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -27,19 +27,13 @@ from typing import Any
 from harness.launch_run import launch_and_read, read_summary
 from harness.provenance import write_result
 from harness.rehearsal import Cluster, unavailable
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 CONFIG = "launch/cartpole_3nodes.yaml"
 SMOKE = ["--set", "run.stop.target_mean_return=null", "--set", "run.stop.max_env_steps=3000"]
 TIMEOUT_S = 600.0
-TABLE = Table(
-    (
-        Column("setting", 12, align="<"),
-        Column("trials", 6, "d"),
-        Column("solved", 7, "d"),
-        Column("time to solve s", 16, ".1f"),
-        Column("env steps/s", 12, ".0f"),
-    )
+TABLE = Table.from_layout(
+    "setting:<12 | trials:>6d | solved:>7d | time to solve s:>16.1f | env steps/s:>12.0f"
 )
 
 

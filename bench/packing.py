@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 from rlvla3.policy.attention import (
     VARLEN_KERNELS,
@@ -51,9 +51,13 @@ class Shape:
     """The benchmark's model and batch: ``batch`` samples per step of MIN_LEN..MAX_LEN tokens."""
 
     batch: int = 8
+    """Samples per step."""
     d_model: int = 256
+    """The transformer's width."""
     layers: int = 4
+    """Its layers."""
     heads: int = 4
+    """Its attention heads."""
 
     def model(self) -> Transformer:
         return Transformer(d_model=self.d_model, num_layers=self.layers, num_heads=self.heads)
@@ -220,9 +224,7 @@ def profile(
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
 
 
-TABLE = Table(
-    (Column("mode", 10, align="<"), Column("real tok/s", 12, ".0f"), Column("ms/step", 10, ".1f"))
-)
+TABLE = Table.from_layout("mode:<10 | real tok/s:>12.0f | ms/step:>10.1f")
 
 
 def print_table(r: dict) -> None:
@@ -253,10 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
-        "--budget",
-        type=int,
-        default=None,
-        help="packing token budget (default: batch * 512, one bin per step)",
+        "--budget", type=int, help="packing token budget (default: batch * 512, one bin per step)"
     )
     parser.add_argument("--batch", type=int, default=8, help="samples per step")
     parser.add_argument("--d-model", type=int, default=256)
@@ -266,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--varlen-kernel",
         choices=list(VARLEN_KERNELS),
-        default=None,
         help="CUDA: the FlashAttention varlen kernel for packed attention (default: the first "
         "that loads, in the order listed)",
     )

@@ -16,16 +16,10 @@ from pathlib import Path
 
 from harness.launch_run import launch_and_read
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 POLICIES = ("no", "everysec", "always")
-TABLE = Table(
-    (
-        Column("appendfsync", 12, align="<"),
-        Column("env steps/s", 12, ".0f"),
-        Column("vs no", 7, ".2f"),
-    )
-)
+TABLE = Table.from_layout("appendfsync:<12 | env steps/s:>12.0f | vs no:>7.2f")
 
 
 def trial(run_dir: Path, policy: str, steps: int) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from harness.ppo_hyperparameters import ppo_hyperparameters
 from harness.provenance import write_result
 from harness.report import benchmark_parser, point_line
 from harness.tabletop_eval import evaluate
@@ -47,7 +48,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--log-std",
         type=float,
-        default=None,
         help="what-if: set the Gaussian head's log-std to this before RL (default: as loaded)",
     )
     return p.parse_args(argv)
@@ -160,12 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             policy,
             optimizer,
             batch,
-            epochs=a.epochs,
-            minibatch_size=a.minibatch_size,
-            clip_coef=a.clip_coef,
-            vf_coef=a.vf_coef,
-            ent_coef=a.ent_coef,
-            max_grad_norm=a.max_grad_norm,
+            **ppo_hyperparameters(a),
             policy_coef=0.0 if updates < a.value_warmup_updates else 1.0,
             reference=reference,
             ref_kl_coef=a.ref_kl_coef,

@@ -4,8 +4,9 @@ The server side is the real role, not a copy: ``harness.server_harness.ServerHar
 ``roles.rollout_server``'s ``RolloutServer`` class in child processes (``Role.run()``: Redis
 registration, heartbeats, ``setup()``, the ``step()`` loop with dynamic batching, the weights
 thread), against a private embedded Redis, with this process acting as their weight broadcaster
-(real ``Broadcaster`` and ``WeightLink``). The only instrumentation wraps ``_serve`` (and ``_receive_into_standby``) to
-record when each batch ran, how big it was and which weight version served it.
+(real ``Broadcaster`` and ``WeightLink``). The only instrumentation wraps ``_serve`` (and
+``_receive_into_standby``) to record when each batch ran, how big it was and which weight
+version served it.
 
 (a) batch 1: one client doing strict request-reply (``ObsRequest`` -> ``ActionReply`` through our
     codec and DEALER/ROUTER; CartPole-sized MLP policy, 64x64) against the raw limit: a plain
@@ -52,7 +53,7 @@ from harness.echo_servers import (
 )
 from harness.proc_stats import cpu_seconds, placed_apart
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser, host_line, host_record, load_average_1m
+from harness.report import Table, benchmark_parser, host_line, host_record, load_average_1m
 from harness.server_harness import ServerHarness, in_windows
 from harness.wire_messages import obs_request
 
@@ -184,13 +185,8 @@ def print_table(r: dict[str, Any], inflight: int) -> None:
         "codec_echo": "codec echo",
         "raw": "raw ZeroMQ echo",
     }
-    batch1 = Table(
-        (
-            Column("batch 1 (one strict client)", 34, align="<"),
-            Column("req/s", 9, ".0f"),
-            Column("/ raw", 6, ".2f"),
-            Column("server CPU/req", 15),
-        )
+    batch1 = Table.from_layout(
+        "batch 1 (one strict client):<34 | req/s:>9.0f | / raw:>6.2f | server CPU/req:>15"
     )
     batch1.print(
         (

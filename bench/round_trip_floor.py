@@ -31,17 +31,10 @@ import time
 
 import numpy as np
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, add_straggler_flags, benchmark_parser
 
 SERVERS = ("echo", "mlp", "mlp+load")
-TABLE = Table(
-    (
-        Column("server", 10, align="<"),
-        Column("env steps/s", 12, ".1f"),
-        Column("of bound", 9, ".1%"),
-        Column("round trip ms", 14, ".3f"),
-    )
-)
+TABLE = Table.from_layout("server:<10 | env steps/s:>12.1f | of bound:>9.1% | round trip ms:>14.3f")
 
 
 def serve(kind: str, address_out: mp.Queue, stop: mp.Event) -> None:
@@ -180,11 +173,7 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
-    parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--latency-mean-ms", type=float, default=10.0)
-    parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--duration-s", type=float, default=15.0)
+    add_straggler_flags(parser, latency_mean_ms=10.0, duration_s=15.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--load-duty", type=float, default=0.5, help="mlp+load: busy fraction")
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvla3.policy.attention import attention
@@ -37,13 +37,7 @@ BACKENDS: dict[str, SDPBackend | str | None] = {
     "math": SDPBackend.MATH,
 }
 BATCH, HEADS, HEAD_DIM = 8, 4, 64
-TABLE = Table(
-    (
-        Column("backend", 10, align="<"),
-        Column("fixed ms", 9, ".2f"),
-        Column("varying ms", 11, ".2f"),
-    )
-)
+TABLE = Table.from_layout("backend:<10 | fixed ms:>9.2f | varying ms:>11.2f")
 
 
 def one_call(length: int, backend: SDPBackend | str | None, g: torch.Generator) -> None:

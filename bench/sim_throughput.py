@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 from sim.adapter import SimAdapter
 from sim.envs import make_env
@@ -75,15 +75,7 @@ CASES = (
 )
 
 
-TABLE = Table(
-    (
-        Column("case", 32, align="<"),
-        Column("steps/s", 10, ".1f"),
-        Column("steps", 7, "d"),
-        Column("episodes", 8, "d"),
-        Column("setup s", 8, ".1f"),
-    )
-)
+TABLE = Table.from_layout("case:<32 | steps/s:>10.1f | steps:>7d | episodes:>8d | setup s:>8.1f")
 
 
 def _timed_loop(env: SimAdapter, max_steps: int, max_seconds: float) -> tuple[int, int, float]:

@@ -21,8 +21,11 @@ from typing import Any
 
 from harness.launch_run import launch_and_read
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
+TABLE = Table.from_layout(
+    "launch YAML:<36 | RL s:>6.0f | env steps:>10, | dropped:>8.2% | lost:>5d | solved:>6"
+)
 RL_YAMLS = (
     "launch/cartpole.yaml",
     "launch/cartpole_3nodes.yaml",
@@ -31,16 +34,6 @@ RL_YAMLS = (
     "launch/sft_then_rl_tabletop.yaml",
 )
 SFT_TIMEOUT_S = 3600  # a YAML's SFT stage runs first when its checkpoint is missing
-TABLE = Table(
-    (
-        Column("launch YAML", 36, align="<"),
-        Column("RL s", 6, ".0f"),
-        Column("env steps", 10, ","),
-        Column("dropped", 8, ".2%"),
-        Column("lost", 5, "d"),
-        Column("solved", 6),
-    )
-)
 
 
 def measure(config: str, out: Path, rl_s: float) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from harness.launch_run import REPO
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 from rlvla3.config.run_config import Config, load_config
 from rlvla3.policy.factory import build_policy
@@ -41,23 +41,18 @@ from sim.tabletop import COLOURS
 
 STALLED_SPEED = 0.05
 """Table units per second below which the pusher counts as not moving."""
-BY_INSTRUCTION = Table(
-    (Column("instruction", 33, align="<"), Column("episodes", 7), Column("success", 8, ".2f"))
-)
+BY_INSTRUCTION = Table.from_layout("instruction:<33 | episodes:>7 | success:>8.2f")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = benchmark_parser(__doc__, smoke_help="4 short episodes, untrained policy (CI)")
-    p.add_argument(
-        "run_dir", nargs="?", default=None, help="a run directory (config.yaml, checkpoints/)"
-    )
+    p.add_argument("run_dir", nargs="?", help="a run directory (config.yaml, checkpoints/)")
     p.add_argument("--episodes", type=int, default=300)
     p.add_argument("--seed", type=int, default=900_000, help="seed of the first episode")
     p.add_argument("--tail", type=int, default=20, help="last steps of a failure classified")
     p.add_argument(
         "--max-episode-steps",
         type=int,
-        default=None,
         help="the episodes' time limit (default: the run's env.kwargs, else the env's own)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")

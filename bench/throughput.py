@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import zmq
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 from harness.run_sampler import sample_run
 
 from rlvla3.launch.redis_server import EmbeddedRedis
@@ -179,14 +179,8 @@ def zmq_round_trips(group: int, duration_s: float) -> float:
     return rate
 
 
-TABLE = Table(
-    (
-        Column("case", 26, align="<"),
-        Column("training on", 12, ",.0f"),
-        Column("trained/s", 10, ",.0f"),
-        Column("dropped", 8, ".1%"),
-        Column("inference", 10, ",.0f"),
-    )
+TABLE = Table.from_layout(
+    "case:<26 | training on:>12,.0f | trained/s:>10,.0f | dropped:>8.1% | inference:>10,.0f"
 )
 CASES = {  # name: (workers, envs per worker, envs per request, vectorized)
     "1 env per request": (2, 16, 1, False),

@@ -13,7 +13,7 @@ import time
 
 import torch
 from harness.provenance import write_result
-from harness.report import Column, Table, benchmark_parser
+from harness.report import Table, benchmark_parser
 
 from rlvla3.config.run_config import load_config
 from rlvla3.policy.factory import env_spaces
@@ -23,15 +23,7 @@ SIZES = {
     "small (d128 L4)": {"d_model": 128, "num_layers": 4, "num_heads": 4},
     "base (d256 L6)": {"d_model": 256, "num_layers": 6, "num_heads": 8},
 }
-TABLE = Table(
-    (
-        Column("model", 16, align="<"),
-        Column("params", 8),
-        Column("batch", 6, "d"),
-        Column("act ms", 8, ".1f"),
-        Column("train step ms", 14, ".1f"),
-    )
-)
+TABLE = Table.from_layout("model:<16 | params:>8 | batch:>6d | act ms:>8.1f | train step ms:>14.1f")
 
 
 def batch_of(spaces, n: int) -> dict[str, torch.Tensor]:

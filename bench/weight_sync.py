@@ -381,16 +381,6 @@ def _rounded(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
 
-_GAP_COLUMNS = (
-    ("gap: sync", 10),
-    ("worst", 7),
-    ("outside", 8),
-    ("batch: median", 14),
-    ("sync max", 9),
-    ("outside", 8),
-    ("idle: sync", 11),
-    ("outside", 8),
-)
 _GAP_KEYS = (
     "max_serving_gap_ms",
     "worst_serving_gap_ms",
@@ -401,49 +391,33 @@ _GAP_KEYS = (
     "sync_idle_max_ms",
     "baseline_idle_max_ms",
 )
-"""The serving-gap table's columns (title, width) and the result keys they show, in order."""
-TRANSFER = Table(
-    (
-        Column("size", 5),
-        Column("MB", 7, ".1f"),
-        Column("ours s", 8, ".3f"),
-        Column("raw s", 8, ".3f"),
-        Column("ratio", 6, ".2f"),
-        Column("publish s", 10, ".3f"),
-        Column("best: ours", 11, ".3f"),
-        Column("raw", 6, ".3f"),
-        Column("ratio", 6, ".2f"),
-        Column("", align="<"),
-    )
+"""The result keys the serving-gap table shows, in its columns' order."""
+TRANSFER = Table.from_layout(
+    "size:>5 | MB:>7.1f | ours s:>8.3f | raw s:>8.3f | ratio:>6.2f | publish s:>10.3f"
+    " | best: ours:>11.3f | raw:>6.3f | ratio:>6.2f"
 )
 SERVING_GAPS = Table(
     (
         Column("serving, ms", 16, header_align="<"),
-        *(Column(title, width, ".1f") for title, width in _GAP_COLUMNS),
+        *Table.from_layout(
+            "gap: sync:>10.1f | worst:>7.1f | outside:>8.1f | batch: median:>14.1f"
+            " | sync max:>9.1f | outside:>8.1f | idle: sync:>11.1f | outside:>8.1f"
+        ).columns,
     )
 )
-SYNC_WHILE_SERVING = Table(
-    (
-        Column("sync while serving, s", 21),
-        Column("publish", 8, ".3f"),
-        Column("received", 9, ".3f"),
-        Column("loaded", 7, ".3f"),
-        Column("visible", 8, ".3f"),
-    )
+SYNC_WHILE_SERVING = Table.from_layout(
+    "sync while serving, s:>21 | publish:>8.3f | received:>9.3f | loaded:>7.3f | visible:>8.3f"
 )
 
 
 def print_table(results: dict[str, dict]) -> None:
     """The figures as three small tables: transfer, serving gaps, sync while serving."""
-    TRANSFER.print(
-        (
-            name,
-            *(r[k] for k in ("mb", "ours_s", "raw_s", "ratio", "ours_publish_s")),
-            *(r[k] for k in ("ours_best_s", "raw_best_s", "ratio_best")),
-            f" (ours over {r['ours_backend']}, raw over {r['raw_backend']})",
-        )
-        for name, r in results.items()
-    )
+    print(TRANSFER.header())
+    for name, r in results.items():
+        figures = [r[k] for k in ("mb", "ours_s", "raw_s", "ratio", "ours_publish_s")]
+        figures += [r[k] for k in ("ours_best_s", "raw_best_s", "ratio_best")]
+        backends = f"(ours over {r['ours_backend']}, raw over {r['raw_backend']})"
+        print(f"{TRANSFER.row(name, *figures)}  {backends}")
     if not all("max_serving_gap_ms" in r for r in results.values()):
         return
     print()

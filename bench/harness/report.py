@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,19 @@ def benchmark_parser(doc: str, smoke_help: str) -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--smoke", action="store_true", help=smoke_help)
     return parser
+
+
+def add_straggler_flags(
+    parser: argparse.ArgumentParser, *, latency_mean_ms: float, duration_s: float
+) -> None:
+    """The flags of a straggler workload: ``--num-envs`` envs over ``--num-workers`` processes,
+    each step taking a lognormal extra latency (``--latency-mean-ms``, ``--latency-sigma``),
+    measured for ``--duration-s``; the defaults given are the script's own."""
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--latency-mean-ms", type=float, default=latency_mean_ms)
+    parser.add_argument("--latency-sigma", type=float, default=1.0)
+    parser.add_argument("--duration-s", type=float, default=duration_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +65,29 @@ class Column:
         return f"{value:{self.align}{self.width}{self.spec}}"
 
 
+_SPEC = re.compile(r"(?P<align>[<>^]?)(?P<width>\d*)(?P<rest>.*)")
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
     """A fixed-width table: a header line, then one line per row, cells one space apart."""
 
     columns: tuple[Column, ...]
     """Its columns, left to right."""
+
+    @classmethod
+    def from_layout(cls, layout: str) -> Table:
+        """The table of ``layout``: columns ``TITLE:SPEC`` separated by `` | ``, SPEC a format
+        spec with the alignment and width of title and values (``>`` where none is given), e.g.
+        ``"case:<26 | env steps/s:>12,.0f | dropped:>8.1%"``."""
+        columns = []
+        for item in layout.split(" | "):
+            title, _, spec = item.rpartition(":")
+            m = _SPEC.fullmatch(spec)
+            assert m is not None  # (every string matches)
+            width = int(m["width"]) if m["width"] else 0
+            columns.append(Column(title, width, m["rest"], m["align"] or ">"))
+        return cls(tuple(columns))
 
     def header(self) -> str:
         """The line of titles (no trailing blanks)."""
