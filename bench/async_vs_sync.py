@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from harness.provenance import write_result
+from harness.report import Table, add_straggler_flags, benchmark_parser
+from harness.run_sampler import sample_run
 
-from harness.provenance import write_result  # noqa: E402
-from harness.run_sampler import sample_run  # noqa: E402
-
-from rlvla3.launch.redis_server import EmbeddedRedis  # noqa: E402
+from rlvla3.launch.redis_server import EmbeddedRedis
 
 MODES = ("sync", "async_rollout", "async")
+TABLE = Table.from_layout(
+    "mode:<14 | env steps/s:>12.1f | vs sync:>8 | of bound:>9.1%"
+    " | ms/step: env:>13.2f | action:>7.2f | other:>6.2f"
+)
 
 
 def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
@@ -115,15 +116,9 @@ def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: P
 _COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "action_requests")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--latency-mean-ms", type=float, default=20.0)
-    parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--duration-s", type=float, default=30.0)
+def parse_args() -> argparse.Namespace:
+    parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
+    add_straggler_flags(parser, latency_mean_ms=20.0, duration_s=30.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--chunk-len", type=int, default=32)
     parser.add_argument(
@@ -145,26 +140,25 @@ def main() -> None:
         help="pin roles to CPUs (roles.<role>.cpus), e.g. env_worker=0 rollout_server=1",
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
     if args.smoke:
         args.duration_s, args.warmup_s, args.num_envs = 3.0, 2.0, 4
     if args.num_envs % args.num_workers:
         parser.error("--num-envs must be a multiple of --num-workers")
+    return args
+
+
+def summarise(args: argparse.Namespace, results: dict[str, dict]) -> dict:
+    """The JSON's results: the workload, each mode's figures, and the modes against each other
+    and against the no-wait bound (configured, and as async's simulators took it)."""
     bound = args.num_envs / (args.envs_per_request * args.latency_mean_ms / 1000)
-    results: dict[str, dict] = {}
-    with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-bench-") as tmp:
-        for mode in args.modes:
-            results[mode] = measure_mode(args, mode, redis.url, Path(tmp))
-            print(f"{mode:14s} {results[mode]['env_steps_per_s']:8.1f} env steps/s", flush=True)
     rates = {m: r["env_steps_per_s"] for m, r in results.items()}
     measured_bound = (
         args.num_envs / (args.envs_per_request * results["async"]["per_step_ms"]["env_step"] / 1000)
         if "async" in results
         else None
     )
-    report = {
+    return {
         "workload": {
             "env": args.env,
             "num_envs": args.num_envs,
@@ -186,16 +180,18 @@ def main() -> None:
         "bound_measured_env_steps_per_s": measured_bound,
         "efficiency_async_measured": rates["async"] / measured_bound if measured_bound else None,
     }
-    print(
-        f"\n{'mode':14s} {'env steps/s':>12s} {'vs sync':>8s} {'of bound':>9s}"
-        f" {'ms/step: env':>13s} {'action':>7s} {'other':>6s}"
-    )
+
+
+def print_table(report: dict) -> None:
+    """One line per mode, then the no-wait bounds."""
+    rates, bound = report["env_steps_per_s"], report["bound_env_steps_per_s"]
+    measured_bound = report["bound_measured_env_steps_per_s"]
+    print(TABLE.header())
     for mode, rate in rates.items():
         vs = f"{rate / rates['sync']:.2f}x" if "sync" in rates else "-"
-        ms = results[mode]["per_step_ms"]
+        ms = report["per_step_ms"][mode]
         print(
-            f"{mode:14s} {rate:12.1f} {vs:>8s} {rate / bound:9.1%} {ms['env_step']:13.2f}"
-            f" {ms['action_wait']:7.2f} {ms['other']:6.2f}"
+            TABLE.row(mode, rate, vs, rate / bound, ms["env_step"], ms["action_wait"], ms["other"])
         )
     print(f"{'no-wait bound':14s} {bound:12.1f}   (configured latency)")
     if measured_bound:
@@ -203,6 +199,18 @@ def main() -> None:
             f"{'no-wait bound':14s} {measured_bound:12.1f}   (async's measured simulator step:"
             f" async at {rates['async'] / measured_bound:.1%})"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    results: dict[str, dict] = {}
+    with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-bench-") as tmp:
+        for mode in args.modes:
+            results[mode] = measure_mode(args, mode, redis.url, Path(tmp))
+            print(f"{mode:14s} {results[mode]['env_steps_per_s']:8.1f} env steps/s", flush=True)
+    report = summarise(args, results)
+    print()
+    print_table(report)
     write_result(args.json, "async_vs_sync", report, vars(args))
 
 

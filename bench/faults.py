@@ -9,7 +9,6 @@ shows this table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -17,18 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from harness.launch_run import REPO
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-from harness.provenance import write_result  # noqa: E402
+TABLE = Table.from_layout("fault:<58 | recovery:>9 | lost:<44 | solved:>6")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true", help="one fault (kill -9 env worker)")
+    parser = benchmark_parser(__doc__, smoke_help="one fault (kill -9 env worker)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-faults-") as tmp:
         report = Path(tmp) / "rows.jsonl"
@@ -42,9 +38,7 @@ def main() -> None:
             if report.exists()
             else []
         )
-    print(f"{'fault':58} {'recovery':>9}  {'lost':44} {'solved':>6}")
-    for r in rows:
-        print(f"{r['fault']:58} {r['recovery_s']:8.2f}s  {r['lost']:44} {str(r['solved']):>6}")
+    TABLE.print((r["fault"], f"{r['recovery_s']:.2f}s", r["lost"], r["solved"]) for r in rows)
     write_result(args.json, "faults", {"rows": rows}, vars(args))
     if done.returncode != 0:
         print(done.stdout[-3000:])

@@ -81,7 +81,7 @@ for entry in "${shapes[@]}"; do
     name=${entry%%:*}
     for kernel in $kernels; do
         # shellcheck disable=SC2086  # the flags are meant to split
-        step "packing_${name}_$kernel" python -m bench.packing --device cuda --steps 10 --fp8 \
+        step "packing_${name}_$kernel" python bench/packing.py --device cuda --steps 10 --fp8 \
             --varlen-kernel "$kernel" ${entry#*:} --json "$out/packing_${name}_$kernel.json"
     done
 done

@@ -10,30 +10,22 @@ median and the range. The run-to-run spread is mostly how many env steps PPO hap
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from harness.provenance import write_result  # noqa: E402
+from harness.launch_run import launch_and_read
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
 CONFIG = "launch/cartpole.yaml"
-SMOKE = ["--set", "run.stop.target_mean_return=null", "--set", "run.stop.max_env_steps=3000"]
+SMOKE = {"run.stop.target_mean_return": "null", "run.stop.max_env_steps": 3000}
+TABLE = Table.from_layout("run:>4d | solved:>7 | wall s:>8.1f | env steps:>10d | dropped:>8")
 
 
-def trial(run_dir: Path, extra: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "rlvla3.cli", "launch", CONFIG, "--out", str(run_dir), *extra]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
-    s = json.loads((run_dir / "summary.json").read_text())
+def trial(run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    s = launch_and_read(CONFIG, run_dir, overrides)
     return {
         "solved": s["solved"],
         "wall_s": s["wall_s"],
@@ -44,16 +36,12 @@ def trial(run_dir: Path, extra: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = benchmark_parser(__doc__, smoke_help="one 3,000-step run, for CI")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the main job")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true", help="one 3,000-step run, for CI")
     args = parser.parse_args()
-    repeats, extra = (1, SMOKE) if args.smoke else (args.repeats, [])
+    repeats, overrides = (1, SMOKE) if args.smoke else (args.repeats, {})
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-main-") as tmp:
-        trials = [trial(Path(tmp) / f"run{i}", extra) for i in range(repeats)]
+        trials = [trial(Path(tmp) / f"run{i}", overrides) for i in range(repeats)]
     walls, steps = [t["wall_s"] for t in trials], [t["env_steps"] for t in trials]
     results = {
         "trials": trials,
@@ -63,12 +51,16 @@ def main() -> None:
         "max_wall_s": max(walls),
         "median_env_steps": statistics.median(steps),
     }
-    print(f"{'run':>4} {'solved':>7} {'wall s':>8} {'env steps':>10} {'dropped':>8}")
-    for i, t in enumerate(trials):
-        print(
-            f"{i:4d} {t['solved']!s:>7} {t['wall_s']:8.1f} {t['env_steps']:10d} "
-            f"{t['chunks_dropped']:4d}/{t['chunks_produced']}"
+    TABLE.print(
+        (
+            i,
+            t["solved"],
+            t["wall_s"],
+            t["env_steps"],
+            f"{t['chunks_dropped']:4d}/{t['chunks_produced']}",
         )
+        for i, t in enumerate(trials)
+    )
     print(
         f"median {results['median_wall_s']:.1f} s ({min(walls):.1f}-{max(walls):.1f}), "
         f"{results['median_env_steps']:.0f} env steps; solved {results['solved']}/{repeats}"

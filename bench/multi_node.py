@@ -18,33 +18,27 @@ Needs root and Debian's ``slurmctld slurmd slurm-client munge``; without them on
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from harness.provenance import write_result  # noqa: E402
-from harness.rehearsal import Cluster, unavailable  # noqa: E402
+from harness.launch_run import launch_and_read, read_summary
+from harness.provenance import write_result
+from harness.rehearsal import Cluster, unavailable
+from harness.report import Table, benchmark_parser
 
 CONFIG = "launch/cartpole_3nodes.yaml"
 SMOKE = ["--set", "run.stop.target_mean_return=null", "--set", "run.stop.max_env_steps=3000"]
 TIMEOUT_S = 600.0
+TABLE = Table.from_layout(
+    "setting:<12 | trials:>6d | solved:>7d | time to solve s:>16.1f | env steps/s:>12.0f"
+)
 
 
 def one_host(run_dir: Path, extra: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "rlvla3.cli", "launch", CONFIG, "--out", str(run_dir), *extra]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"one-host run failed ({done.returncode}):\n{done.stdout[-2000:]}")
-    return _result(run_dir)
+    return _result(launch_and_read(CONFIG, run_dir, extra=extra, timeout_s=TIMEOUT_S))
 
 
 def on_cluster(cluster: Cluster, run_dir: Path, extra: list[str]) -> dict[str, Any]:
@@ -62,11 +56,10 @@ def on_cluster(cluster: Cluster, run_dir: Path, extra: list[str]) -> dict[str, A
             f"Slurm job {job}: {fields['JobState']} {fields['ExitCode']}:\n"
             f"{out.read_text()[-2000:]}"
         )
-    return _result(run_dir)
+    return _result(read_summary(run_dir))
 
 
-def _result(run_dir: Path) -> dict[str, Any]:
-    summary = json.loads((run_dir / "summary.json").read_text())
+def _result(summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "solved": summary["solved"],
         "wall_s": summary["wall_s"],
@@ -81,16 +74,10 @@ def median(trials: list[dict[str, Any]], key: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    parser = benchmark_parser(
+        __doc__, smoke_help="one short trial each (3,000 env steps, no solving): for CI"
     )
     parser.add_argument("--repeats", type=int, default=3, help="trials of each setting")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="one short trial each (3,000 env steps, no solving): for CI",
-    )
     args = parser.parse_args()
     extra = SMOKE if args.smoke else []
     repeats = 1 if args.smoke else args.repeats
@@ -113,7 +100,7 @@ def main() -> None:
     report: dict[str, Any] = {"config": CONFIG, "smoke": args.smoke, "trials": trials}
     if why_not:
         report["three_nodes_skipped"] = why_not
-    print(f"{'setting':12} {'trials':>6} {'solved':>7} {'time to solve s':>16} {'env steps/s':>12}")
+    print(TABLE.header())
     for name, runs in trials.items():
         if not runs:
             print(f"{name:12} skipped: {why_not}")
@@ -126,8 +113,7 @@ def main() -> None:
         }
         r = report[name]
         print(
-            f"{name:12} {len(runs):6d} {r['solved']:7d} {r['median_wall_s']:16.1f} "
-            f"{r['median_env_steps_per_s']:12.0f}"
+            TABLE.row(name, len(runs), r["solved"], r["median_wall_s"], r["median_env_steps_per_s"])
         )
     if trials["three_nodes"]:
         report["ratio_env_steps_per_s"] = round(

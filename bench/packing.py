@@ -18,36 +18,30 @@ The padding bound is padded token slots / real tokens (= max_len / mean_len per 
 packing would give if cost were linear in tokens. Modes alternate step by step so load drift on a
 shared machine hits both alike.
 
-Usage: ``python -m bench.packing [--steps 6] [--seed 0] [--device cpu] [--threads 1] [--fp8]
+Usage: ``python bench/packing.py [--steps 6] [--seed 0] [--device cpu] [--threads 1] [--fp8]
 [--batch 8] [--d-model 256] [--layers 4] [--heads 4] [--varlen-kernel NAME] [--json P]``
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.provenance import write_result  # noqa: E402
-
-from rlvla3.policy.attention import (  # noqa: E402
+from rlvla3.policy.attention import (
     VARLEN_KERNELS,
     available_varlen_kernels,
     backend_name,
     prefer_varlen_kernel,
 )
-from rlvla3.policy.transformer import Transformer  # noqa: E402
-from sft.packing import collate_packed, collate_padded, pack  # noqa: E402
-from sft.precision import Context, autocast_context, enable_fp8, fp8_backend  # noqa: E402
+from rlvla3.policy.transformer import Transformer
+from sft.packing import collate_packed, collate_padded, pack
+from sft.precision import Context, autocast_context, enable_fp8, fp8_backend
 
 MIN_LEN, MAX_LEN = 32, 512
 
@@ -57,9 +51,13 @@ class Shape:
     """The benchmark's model and batch: ``batch`` samples per step of MIN_LEN..MAX_LEN tokens."""
 
     batch: int = 8
+    """Samples per step."""
     d_model: int = 256
+    """The transformer's width."""
     layers: int = 4
+    """Its layers."""
     heads: int = 4
+    """Its attention heads."""
 
     def model(self) -> Transformer:
         return Transformer(d_model=self.d_model, num_layers=self.layers, num_heads=self.heads)
@@ -226,6 +224,9 @@ def profile(
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
 
 
+TABLE = Table.from_layout("mode:<10 | real tok/s:>12.0f | ms/step:>10.1f")
+
+
 def print_table(r: dict) -> None:
     """Human-readable summary of ``run``'s result."""
     per_step = r["real_tokens"] / r["steps"]
@@ -234,11 +235,11 @@ def print_table(r: dict) -> None:
         f"{MIN_LEN}..{MAX_LEN} tokens, "
         f"{r['steps']} steps, device {r['device']} ({r['backend']}), {r['threads']} threads"
     )
-    print(f"{'mode':<10} {'real tok/s':>12} {'ms/step':>10}")
-    for mode in ("padded", "packed", "packed_fp8"):
-        if f"{mode}_tokens_per_s" in r:
-            tps = r[f"{mode}_tokens_per_s"]
-            print(f"{mode:<10} {tps:>12.0f} {1e3 * per_step / tps:>10.1f}")
+    TABLE.print(
+        (mode, tps, 1e3 * per_step / tps)
+        for mode in ("padded", "packed", "packed_fp8")
+        if (tps := r.get(f"{mode}_tokens_per_s")) is not None
+    )
     print(
         f"speed-up {r['speedup']:.2f}x   padding bound (max_len/mean_len) "
         f"{r['padding_bound']:.2f}x   speed-up / bound {100 * r['speedup_over_bound']:.0f}%"
@@ -248,16 +249,13 @@ def print_table(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per mode")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
-        "--budget",
-        type=int,
-        default=None,
-        help="packing token budget (default: batch * 512, one bin per step)",
+        "--budget", type=int, help="packing token budget (default: batch * 512, one bin per step)"
     )
     parser.add_argument("--batch", type=int, default=8, help="samples per step")
     parser.add_argument("--d-model", type=int, default=256)
@@ -267,13 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--varlen-kernel",
         choices=list(VARLEN_KERNELS),
-        default=None,
         help="CUDA: the FlashAttention varlen kernel for packed attention (default: the first "
         "that loads, in the order listed)",
     )
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--profile", action="store_true", help="print top GPU kernels (CUDA)")
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.batch, args.d_model, args.layers = 1, 2, 32, 1

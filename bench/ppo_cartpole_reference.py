@@ -8,7 +8,7 @@ with the weights from K updates ago, to mimic stale rollouts in the async run, a
 ``--correction decoupled`` also clips the ratio around the pre-update policy instead of the
 behaviour one (decoupled PPO, Hilton et al. 2021).
 
-    PYTHONPATH=. python bench/ppo_cartpole_reference.py --seeds 0 1 2 [--lag 2 --post-solve-steps 50000]
+    python bench/ppo_cartpole_reference.py --seeds 0 1 2 [--lag 2 --post-solve-steps 50000]
 
 Solved = mean return of the last 20 finished (stochastic, training) episodes >= 475. Measured on
 a shared 2-core CPU, one torch thread, env steps until solved (CPU seconds), seeds 0..4:
@@ -27,7 +27,6 @@ a shared 2-core CPU, one torch thread, env steps until solved (CPU seconds), see
 
 from __future__ import annotations
 
-import argparse
 import collections
 import copy
 import json
@@ -38,7 +37,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from harness.ppo_hyperparameters import ppo_hyperparameters
 from harness.provenance import write_result
+from harness.report import benchmark_parser
 
 from rlvla3.algo.advantages import compute_gae, truncated_importance_weights
 from rlvla3.algo.ppo import ppo_update
@@ -50,25 +51,45 @@ class Settings:
     """Hyperparameters of one run (defaults are the tuned ones)."""
 
     num_envs: int = 8
+    """CartPole envs stepped together."""
     rollout_len: int = 32
+    """Steps of each env per rollout (T)."""
     epochs: int = 4
+    """PPO epochs over each rollout."""
     minibatch_size: int = 64
+    """Samples per minibatch."""
     lr: float = 1e-3
+    """Adam's learning rate."""
     anneal_lr: bool = False
+    """Decay the learning rate linearly, to 5% of ``lr`` after ``anneal_steps``."""
     anneal_steps: int = 150_000
+    """Env steps of the decay."""
     gamma: float = 0.98
+    """Discount."""
     lam: float = 0.8
+    """GAE's lambda."""
     clip_coef: float = 0.2
+    """PPO's ratio clip."""
     vf_coef: float = 0.5
+    """Weight of the value loss."""
     ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
     max_grad_norm: float = 0.5
+    """Gradient norm clip."""
     hidden: tuple[int, ...] = (64, 64)
+    """The MLP's hidden layer sizes."""
     lag: int = 0
+    """The envs act with the weights from this many updates ago (stale rollouts)."""
     correction: str = "none"
+    """``none``, ``truncated_is`` or ``decoupled`` (see the module docstring)."""
     max_steps: int = 300_000
+    """Env steps after which an unsolved run stops."""
     solve_return: float = 475.0
+    """Mean return of the last ``solve_window`` finished episodes that counts as solved."""
     solve_window: int = 20
+    """Finished episodes in that mean."""
     post_solve_steps: int = 0
+    """Env steps trained on after solving, to see whether it stays solved."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,13 +221,7 @@ class Learner:
         )
         self.actor = copy.deepcopy(self.policy)
         self.update_kwargs = dict(
-            epochs=s.epochs,
-            minibatch_size=s.minibatch_size,
-            clip_coef=s.clip_coef,
-            vf_coef=s.vf_coef,
-            ent_coef=s.ent_coef,
-            max_grad_norm=s.max_grad_norm,
-            generator=torch.Generator().manual_seed(seed),
+            **ppo_hyperparameters(s), generator=torch.Generator().manual_seed(seed)
         )
 
     def iterate(self) -> dict[str, float]:
@@ -264,11 +279,9 @@ def train(s: Settings, seed: int, verbose: bool = False) -> Result:
 
 def _parse() -> tuple[Settings, list[int], bool, Path | None]:
     """Settings from the command line (every ``Settings`` field is a flag)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__, smoke_help="one seed, 2,000 env steps (CI)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--verbose", action="store_true")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true", help="one seed, 2,000 env steps (CI)")
     for name, default in asdict(Settings()).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):

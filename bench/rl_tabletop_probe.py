@@ -15,34 +15,29 @@ episodes; at the end it measures the greedy policy on ``--eval-episodes`` fresh 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from harness.provenance import write_result
+from harness.report import benchmark_parser, point_line
+from harness.tabletop_eval import evaluate
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.provenance import write_result  # noqa: E402
-
-from bench.sft_tabletop_probe import evaluate  # noqa: E402
-from rlvla3.algo.batch import build_batch  # noqa: E402
-from rlvla3.algo.learners import Objective  # noqa: E402
-from rlvla3.algo.optim import build_optimizer  # noqa: E402
-from rlvla3.algo.ppo import frozen_reference  # noqa: E402
-from rlvla3.config.run_config import Config, load_config  # noqa: E402
-from rlvla3.policy.factory import build_policy  # noqa: E402
-from rlvla3.runtime.checkpoints import load_checkpoint  # noqa: E402
-from sim.envs import make_env  # noqa: E402
-from transport.messages import TrajectoryChunk  # noqa: E402
+from rlvla3.algo.batch import build_batch
+from rlvla3.algo.learners import Objective
+from rlvla3.algo.optim import build_optimizer
+from rlvla3.algo.ppo import frozen_reference
+from rlvla3.config.run_config import Config, load_config
+from rlvla3.policy.factory import build_policy
+from rlvla3.runtime.checkpoints import load_checkpoint
+from sim.envs import make_env
+from transport.messages import TrajectoryChunk
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, smoke_help="a few seconds of training, for CI")
     p.add_argument("config", help="launch YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--max-train-s", type=float, default=600.0, help="wall time of the RL loop")
@@ -50,14 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-episodes", type=int, default=100)
     p.add_argument("--eval-seed", type=int, default=2_000_000)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--json", default=None)
     p.add_argument(
         "--log-std",
         type=float,
-        default=None,
         help="what-if: set the Gaussian head's log-std to this before RL (default: as loaded)",
     )
-    p.add_argument("--smoke", action="store_true", help="a few seconds of training, for CI")
     return p.parse_args(argv)
 
 
@@ -190,12 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "kl": metrics["approx_kl"],
             }
             curve.append(point)
-            print(
-                " ".join(
-                    f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()
-                ),
-                flush=True,
-            )
+            print(point_line(point), flush=True)
     ev = evaluate(policy, cfg.env.id, args.eval_episodes, args.eval_seed, kwargs=cfg.env.kwargs)
     print(f"greedy eval on {args.eval_episodes} fresh episodes: {ev}", flush=True)
     result = {

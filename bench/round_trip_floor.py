@@ -26,19 +26,15 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing as mp
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from harness.provenance import write_result  # noqa: E402
+from harness.provenance import write_result
+from harness.report import Table, add_straggler_flags, benchmark_parser
 
 SERVERS = ("echo", "mlp", "mlp+load")
+TABLE = Table.from_layout("server:<10 | env steps/s:>12.1f | of bound:>9.1% | round trip ms:>14.3f")
 
 
 def serve(kind: str, address_out: mp.Queue, stop: mp.Event) -> None:
@@ -176,18 +172,11 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    doc = (__doc__ or "").split("\n\n")[0]
-    parser = argparse.ArgumentParser(description=doc)
-    parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--latency-mean-ms", type=float, default=10.0)
-    parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--duration-s", type=float, default=15.0)
+    parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
+    add_straggler_flags(parser, latency_mean_ms=10.0, duration_s=15.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--load-duty", type=float, default=0.5, help="mlp+load: busy fraction")
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
     if args.smoke:
         args.duration_s, args.repeats, args.num_envs = 2.0, 1, 4
@@ -196,7 +185,7 @@ def main() -> None:
     for _ in range(args.repeats):  # alternate, so a change of load on the host hits all alike
         for kind in args.servers:
             runs[kind].append(measure(kind, args))
-    print(f"{'server':<10} {'env steps/s':>12} {'of bound':>9} {'round trip ms':>14}")
+    print(TABLE.header())
     servers = {}
     for kind, trials in runs.items():
         rate = float(np.median([t["env_steps_per_s"] for t in trials]))
@@ -207,7 +196,7 @@ def main() -> None:
             "round_trip_ms": trip,
             "trials": trials,
         }
-        print(f"{kind:<10} {rate:>12.1f} {rate / bound:>8.1%} {trip:>14.3f}")
+        print(TABLE.row(kind, rate, rate / bound, trip))
     print(f"{'bound':<10} {bound:>12.1f}   ({args.num_envs} envs / {args.latency_mean_ms} ms)")
     write_result(
         args.json,

@@ -12,26 +12,21 @@ of bf16 SDPA, batch 8, 4 heads of 64, with a key padding mask:
 
 ``ours`` is ``rlvla3.policy.attention.attention`` in its padded form, whatever it picks.
 
-Usage: ``python -m bench.sdpa_backends [--calls 30] [--json PATH]`` (needs a CUDA GPU).
+Usage: ``python bench/sdpa_backends.py [--calls 30] [--json PATH]`` (needs a CUDA GPU).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.provenance import write_result  # noqa: E402
-
-from rlvla3.policy.attention import attention  # noqa: E402
+from rlvla3.policy.attention import attention
 
 OURS = "ours"
 BACKENDS: dict[str, SDPBackend | str | None] = {
@@ -42,6 +37,7 @@ BACKENDS: dict[str, SDPBackend | str | None] = {
     "math": SDPBackend.MATH,
 }
 BATCH, HEADS, HEAD_DIM = 8, 4, 64
+TABLE = Table.from_layout("backend:<10 | fixed ms:>9.2f | varying ms:>11.2f")
 
 
 def one_call(length: int, backend: SDPBackend | str | None, g: torch.Generator) -> None:
@@ -100,26 +96,24 @@ def run(calls: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=30)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument(
-        "--smoke", action="store_true", help="two calls each; without a GPU, say so and exit 0 (CI)"
+    parser = benchmark_parser(
+        __doc__, smoke_help="two calls each; without a GPU, say so and exit 0 (CI)"
     )
+    parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args(argv)
     if args.smoke:
         args.calls = 2
     if not torch.cuda.is_available():
-        print("bench.sdpa_backends needs a CUDA GPU", file=sys.stderr)
+        print("bench/sdpa_backends.py needs a CUDA GPU", file=sys.stderr)
         return 0 if args.smoke else 2
     result = run(args.calls)
     print(f"masked SDPA fwd+bwd, bf16, B={BATCH}, H={HEADS}, Dh={HEAD_DIM}, {result['gpu']}")
-    print(f"{'backend':<10} {'fixed ms':>9} {'varying ms':>11}")
+    print(TABLE.header())
     for name, r in result["backends"].items():
         if "error" in r:
             print(f"{name:<10} {r['error']}")
         else:
-            print(f"{name:<10} {r['fixed_ms']:>9.2f} {r['varying_ms']:>11.2f}")
+            print(TABLE.row(name, r["fixed_ms"], r["varying_ms"]))
     write_result(args.json, "sdpa_backends", result, vars(args))
     return 0
 

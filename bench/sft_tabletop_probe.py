@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,28 +34,24 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from harness.provenance import write_result
+from harness.report import benchmark_parser, point_line
+from harness.tabletop_eval import evaluate
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.provenance import write_result  # noqa: E402
-
-from rlvla3.config.run_config import config_from_dict  # noqa: E402
-from rlvla3.config.sections import SymmetryConfig  # noqa: E402
-from rlvla3.policy.factory import build_policy  # noqa: E402
-from roles.sft_trainer import planar_symmetry  # noqa: E402
-from sft.data import DemoSet  # noqa: E402
-from sft.demos import generate_demos  # noqa: E402
-from sft.symmetry import PlanarSymmetry, augment  # noqa: E402
-from sim.envs import make_env  # noqa: E402
-from sim.experts import TableTopExpert  # noqa: E402
+from rlvla3.config.run_config import config_from_dict
+from rlvla3.config.sections import SymmetryConfig
+from rlvla3.policy.factory import build_policy
+from roles.sft_trainer import planar_symmetry
+from sft.data import DemoSet
+from sft.demos import generate_demos
+from sft.symmetry import PlanarSymmetry, augment
 
 # sft.symmetry's defaults, which describe the table-top task's observations and action.
 TABLETOP_SYMMETRY = planar_symmetry(SymmetryConfig(kind="dihedral"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, smoke_help="5 demos, 3 steps, 2 evaluation episodes (CI)")
     p.add_argument("--env-id", default="rlvla3/TableTop-v0")
     p.add_argument(
         "--env-kwarg",
@@ -108,10 +103,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
     p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument(
-        "--smoke", action="store_true", help="5 demos, 3 steps, 2 evaluation episodes (CI)"
-    )
     return p.parse_args(argv)
 
 
@@ -171,55 +162,6 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
     if args.image_pos_std > 0:
         torch.nn.init.normal_(policy.image_pos, std=args.image_pos_std)
     return policy
-
-
-@torch.no_grad()
-def evaluate(
-    policy: Any,
-    env_id: str,
-    num_episodes: int,
-    seed: int,
-    drop_velocity: bool = False,
-    kwargs: dict[str, Any] | None = None,
-) -> dict[str, float]:
-    """Greedy success rate on ``num_episodes`` fresh episodes, stepped as one batch.
-
-    Also ``action_err``: mean L2 distance between the policy's env action and the clean scripted
-    expert's action in the states the policy visits (0 = imitates perfectly), and ``first_err``
-    on the first step of each episode (start states, which the demos cover)."""
-    was_training = policy.training
-    policy.eval()
-    envs = [make_env(env_id, seed=seed + i, **(kwargs or {})) for i in range(num_episodes)]
-    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
-    live = list(range(num_episodes))
-    success = np.zeros(num_episodes, bool)
-    length = np.zeros(num_episodes, int)
-    expert, errors, first = TableTopExpert(), [], []
-    while live:
-        batch = {k: torch.from_numpy(np.stack([obs[i][k] for i in live])) for k in obs[live[0]]}
-        if drop_velocity:
-            batch["proprio"][:, 2:] = 0.0
-        actions = policy.to_env_action(policy.act(batch, deterministic=True).action).numpy()
-        still = []
-        for i, action in zip(live, actions, strict=True):
-            err = float(np.linalg.norm(action - expert.act(envs[i].privileged_state())))
-            errors.append(err)
-            if length[i] == 0:
-                first.append(err)
-            obs[i], _, terminated, truncated, info = envs[i].step(action)
-            length[i] += 1
-            if terminated or truncated:
-                success[i] = bool(info.get("success", False))
-            else:
-                still.append(i)
-        live = still
-    policy.train(was_training)
-    return {
-        "success_rate": float(success.mean()),
-        "mean_len": float(length.mean()),
-        "action_err": float(np.mean(errors)),
-        "first_err": float(np.mean(first)),
-    }
 
 
 def train_step(
@@ -296,12 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **ev,
         }
         curve.append(point)
-        print(
-            " ".join(
-                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()
-            ),
-            flush=True,
-        )
+        print(point_line(point), flush=True)
 
     step = 0
     while step < args.max_steps and not (args.max_train_s and train_s >= args.max_train_s):

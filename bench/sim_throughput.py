@@ -9,7 +9,7 @@ Cases: ``CartPole-v1`` (state), ``rlvla3/TableTop-v0`` (state, rgb), ``maniskill
 (state, rgb; pd_ee_delta_pose, physx_cpu + lavapipe) when mani_skill imports and a Vulkan
 driver works, else skipped with the reason.
 
-Usage: ``python -m bench.sim_throughput [--steps 2000] [--max-seconds 30] [--warmup 5]
+Usage: ``python bench/sim_throughput.py [--steps 2000] [--max-seconds 30] [--warmup 5]
 [--only SUBSTR] [--json PATH]``; the JSON maps case name -> steps/s (skipped cases left out).
 """
 
@@ -18,19 +18,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-from harness.provenance import write_result  # noqa: E402
-
-from sim.adapter import SimAdapter  # noqa: E402
-from sim.envs import make_env  # noqa: E402
+from sim.adapter import SimAdapter
+from sim.envs import make_env
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +75,9 @@ CASES = (
 )
 
 
+TABLE = Table.from_layout("case:<32 | steps/s:>10.1f | steps:>7d | episodes:>8d | setup s:>8.1f")
+
+
 def _timed_loop(env: SimAdapter, max_steps: int, max_seconds: float) -> tuple[int, int, float]:
     """Step with random actions; returns (steps, finished episodes, seconds)."""
     steps = episodes = 0
@@ -114,13 +113,11 @@ def run_case(case: Case, *, steps: int, max_seconds: float, warmup: int) -> Resu
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, smoke_help="50 steps per case, for CI")
     p.add_argument("--steps", type=int, default=2000, help="max timed steps per case")
     p.add_argument("--max-seconds", type=float, default=30.0, help="max timed seconds per case")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first reset")
     p.add_argument("--only", default="", help="run only cases whose name contains this")
-    p.add_argument("--json", type=Path, default=None, help="write {case: steps_per_s} here")
-    p.add_argument("--smoke", action="store_true", help="50 steps per case, for CI")
     return p.parse_args(argv)
 
 
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.steps, args.max_seconds, args.warmup = 50, 2.0, 1
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
-    print(f"{'case':32s} {'steps/s':>10s} {'steps':>7s} {'episodes':>8s} {'setup s':>8s}")
+    print(TABLE.header())
     figures: dict[str, float] = {}
     for case in CASES:
         if args.only not in case.name:
@@ -143,10 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case.name:32s} skipped: {type(exc).__name__}: {exc}", flush=True)
             continue
         figures[case.name] = r.steps_per_s
-        print(
-            f"{r.name:32s} {r.steps_per_s:10.1f} {r.steps:7d} {r.episodes:8d} {r.setup_s:8.1f}",
-            flush=True,
-        )
+        print(TABLE.row(r.name, r.steps_per_s, r.steps, r.episodes, r.setup_s), flush=True)
     write_result(args.json, "sim_throughput", figures, vars(args))
     return 0
 

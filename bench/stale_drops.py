@@ -15,19 +15,17 @@ The multi-node YAML runs on this host (every node's roles on loopback), as
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from harness.launch_run import launch_and_read
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-from harness.provenance import write_result  # noqa: E402
-
+TABLE = Table.from_layout(
+    "launch YAML:<36 | RL s:>6.0f | env steps:>10, | dropped:>8.2% | lost:>5d | solved:>6"
+)
 RL_YAMLS = (
     "launch/cartpole.yaml",
     "launch/cartpole_3nodes.yaml",
@@ -40,25 +38,12 @@ SFT_TIMEOUT_S = 3600  # a YAML's SFT stage runs first when its checkpoint is mis
 
 def measure(config: str, out: Path, rl_s: float) -> dict[str, Any]:
     """Run ``config`` for at most ``rl_s`` seconds of RL; its drop figures."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "rlvla3.cli",
-        "launch",
+    summary = launch_and_read(
         config,
-        "--out",
-        str(out),
-        "--set",
-        f"run.stop.max_wall_s={rl_s}",
-        "--set",
-        "run.stop.eval_episodes=0",
-    ]
-    done = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=rl_s + SFT_TIMEOUT_S
+        out,
+        {"run.stop.max_wall_s": rl_s, "run.stop.eval_episodes": 0},
+        timeout_s=rl_s + SFT_TIMEOUT_S,
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"{config} failed ({done.returncode}):\n{done.stdout[-3000:]}")
-    summary = json.loads((out / "summary.json").read_text())
     c = summary["counters"]
     consumed, dropped = c.get("samples_consumed", 0), c.get("samples_dropped", 0)
     return {
@@ -75,11 +60,9 @@ def measure(config: str, out: Path, rl_s: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, smoke_help="the CartPole YAML for 15 s, for CI")
     p.add_argument("--rl-s", type=float, default=240.0, help="longest RL stage per YAML (s)")
     p.add_argument("--only", nargs="*", default=None, help="these YAMLs only")
-    p.add_argument("--json", default=None)
-    p.add_argument("--smoke", action="store_true", help="the CartPole YAML for 15 s, for CI")
     args = p.parse_args(argv)
     yamls = list(args.only or RL_YAMLS)
     if args.smoke:
@@ -94,15 +77,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"dropped, {got['chunks_lost']} lost",
                 flush=True,
             )
-    print(
-        f"\n{'launch YAML':36s} {'RL s':>6s} {'env steps':>10s} {'dropped':>8s} {'lost':>5s} "
-        f"{'solved':>6s}"
-    )
-    for config, got in results.items():
-        print(
-            f"{config:36s} {got['wall_s']:6.0f} {got['env_steps']:10,} "
-            f"{got['dropped_share']:8.2%} {got['chunks_lost']:5d} {str(got['solved']):>6s}"
+    print()
+    TABLE.print(
+        (
+            config,
+            got["wall_s"],
+            got["env_steps"],
+            got["dropped_share"],
+            got["chunks_lost"],
+            got["solved"],
         )
+        for config, got in results.items()
+    )
     worst = max(r["dropped_share"] for r in results.values())
     print(f"\nworst: {worst:.2%} of produced samples dropped as stale")
     write_result(args.json, "stale_drops", results, vars(args))

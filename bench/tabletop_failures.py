@@ -24,45 +24,38 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from harness.launch_run import REPO
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.provenance import write_result  # noqa: E402
-
-from rlvla3.config.run_config import Config, load_config  # noqa: E402
-from rlvla3.policy.factory import build_policy  # noqa: E402
-from rlvla3.runtime.checkpoints import load_checkpoint  # noqa: E402
-from sim.envs import make_env  # noqa: E402
-from sim.tabletop import COLOURS  # noqa: E402
+from rlvla3.config.run_config import Config, load_config
+from rlvla3.policy.factory import build_policy
+from rlvla3.runtime.checkpoints import load_checkpoint
+from sim.envs import make_env
+from sim.tabletop import COLOURS
 
 STALLED_SPEED = 0.05
 """Table units per second below which the pusher counts as not moving."""
+BY_INSTRUCTION = Table.from_layout("instruction:<33 | episodes:>7 | success:>8.2f")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "run_dir", nargs="?", default=None, help="a run directory (config.yaml, checkpoints/)"
-    )
+    p = benchmark_parser(__doc__, smoke_help="4 short episodes, untrained policy (CI)")
+    p.add_argument("run_dir", nargs="?", help="a run directory (config.yaml, checkpoints/)")
     p.add_argument("--episodes", type=int, default=300)
     p.add_argument("--seed", type=int, default=900_000, help="seed of the first episode")
     p.add_argument("--tail", type=int, default=20, help="last steps of a failure classified")
     p.add_argument(
         "--max-episode-steps",
         type=int,
-        default=None,
         help="the episodes' time limit (default: the run's env.kwargs, else the env's own)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--smoke", action="store_true", help="4 short episodes, untrained policy (CI)")
     return p.parse_args(argv)
 
 
@@ -70,7 +63,7 @@ def load_policy(args: argparse.Namespace) -> tuple[Config, torch.nn.Module, str]
     """The run's config and greedy policy (with its newest checkpoint), and what was loaded."""
     if args.smoke:
         cfg = load_config(
-            Path(__file__).resolve().parents[1] / "launch/vla_tabletop_weak.yaml",
+            REPO / "launch/vla_tabletop_weak.yaml",
             ["policy.init_checkpoint=null", "policy.init_launch=null"],
         )
         return cfg, build_policy(cfg).eval(), "untrained (smoke)"
@@ -169,9 +162,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"  final block-to-target distance: median {dist['median']:.2f} (success <= 0.2), "
             f"{dist['share_within_0_3']:.0%} within 0.3"
         )
-    print(f"{'instruction':<34}{'episodes':>8}{'success':>9}")
-    for key, row in results["success_by_instruction"].items():
-        print(f"{key:<34}{row['episodes']:>8}{row['success_rate']:>9.2f}")
+    BY_INSTRUCTION.print(
+        (key, row["episodes"], row["success_rate"])
+        for key, row in results["success_by_instruction"].items()
+    )
     write_result(args.json, "tabletop_failures", results, vars(args))
     return results
 

@@ -24,8 +24,6 @@ The limits, measured in this process:
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 import threading
 import time
@@ -34,18 +32,15 @@ from typing import Any
 
 import numpy as np
 import zmq
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
+from harness.run_sampler import sample_run
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from harness.provenance import write_result  # noqa: E402
-from harness.run_sampler import sample_run  # noqa: E402
-
-from rlvla3.launch.redis_server import EmbeddedRedis  # noqa: E402
-from sim.env_group import VectorEnvs  # noqa: E402
-from sim.envs import make_env  # noqa: E402
-from transport.codec import encode  # noqa: E402
-from transport.messages import ActionBatchReply, ActionReply, ObsBatchRequest, ObsRequest  # noqa: E402
+from rlvla3.launch.redis_server import EmbeddedRedis
+from sim.env_group import VectorEnvs
+from sim.envs import make_env
+from transport.codec import encode
+from transport.messages import ActionBatchReply, ActionReply, ObsBatchRequest, ObsRequest
 
 _COUNTERS = (
     "env_steps",
@@ -184,6 +179,9 @@ def zmq_round_trips(group: int, duration_s: float) -> float:
     return rate
 
 
+TABLE = Table.from_layout(
+    "case:<26 | training on:>12,.0f | trained/s:>10,.0f | dropped:>8.1% | inference:>10,.0f"
+)
 CASES = {  # name: (workers, envs per worker, envs per request, vectorized)
     "1 env per request": (2, 16, 1, False),
     "4 envs per request": (2, 16, 4, False),
@@ -193,11 +191,9 @@ CASES = {  # name: (workers, envs per worker, envs per request, vectorized)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, smoke_help="two short cases, for CI")
     p.add_argument("--duration-s", type=float, default=10.0, help="measuring window per case")
     p.add_argument("--warmup-s", type=float, default=5.0)
-    p.add_argument("--json", default=None)
-    p.add_argument("--smoke", action="store_true", help="two short cases, for CI")
     args = p.parse_args(argv)
     cases = dict(CASES)
     if args.smoke:
@@ -231,15 +227,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(
                     f"{kind:9s} {case:26s} {got['env_steps_per_s']:10,.0f} env steps/s", flush=True
                 )
-    print(
-        f"\n{'case':26s} {'training on':>12s} {'trained/s':>10s} {'dropped':>8s} {'inference':>10s}"
-    )
-    for case in cases:
-        t, i = results["training"][case], results["inference"][case]
-        print(
-            f"{case:26s} {t['env_steps_per_s']:12,.0f} {t['trained_samples_per_s']:10,.0f} "
-            f"{t['dropped_share']:8.1%} {i['env_steps_per_s']:10,.0f}"
+    print()
+    training, inference = results["training"], results["inference"]
+    TABLE.print(
+        (
+            case,
+            training[case]["env_steps_per_s"],
+            training[case]["trained_samples_per_s"],
+            training[case]["dropped_share"],
+            inference[case]["env_steps_per_s"],
         )
+        for case in cases
+    )
     print("\nlimits (this process): " + ", ".join(f"{k} {v:,.0f}/s" for k, v in limits.items()))
     for case, got in results["inference"].items():
         if "of_zmq_round_trip_64" in got:

@@ -8,26 +8,22 @@ median of several repeats. Prints a table; ``--json PATH`` writes ``{config: {ba
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from harness.provenance import write_result  # noqa: E402
-
-from rlvla3.config.run_config import load_config  # noqa: E402
-from rlvla3.policy.factory import env_spaces  # noqa: E402
+from rlvla3.config.run_config import load_config
+from rlvla3.policy.factory import env_spaces
 
 SIZES = {
     "tiny (d64 L2)": {"d_model": 64, "num_layers": 2, "num_heads": 4},
     "small (d128 L4)": {"d_model": 128, "num_layers": 4, "num_heads": 4},
     "base (d256 L6)": {"d_model": 256, "num_layers": 6, "num_heads": 8},
 }
+TABLE = Table.from_layout("model:<16 | params:>8 | batch:>6d | act ms:>8.1f | train step ms:>14.1f")
 
 
 def batch_of(spaces, n: int) -> dict[str, torch.Tensor]:
@@ -83,27 +79,21 @@ def _policy(vla: dict, spaces):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 128])
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
     if args.smoke:
         args.repeats, args.batches = 1, [1]
     torch.set_num_threads(args.threads)
     results = {}
-    print(f"{'model':16s} {'params':>8s} {'batch':>6s} {'act ms':>8s} {'train step ms':>14s}")
+    print(TABLE.header())
     for name, vla in SIZES.items():
         params = sum(p.numel() for p in _policy(vla, _spaces()).parameters())
         results[name] = {"params": params, "batches": measure(vla, args.batches, args.repeats)}
         for n, r in results[name]["batches"].items():
-            print(
-                f"{name:16s} {params / 1e6:7.2f}M {n:6d} {r['act_ms']:8.1f} {r['train_step_ms']:14.1f}"
-            )
+            print(TABLE.row(name, f"{params / 1e6:.2f}M", n, r["act_ms"], r["train_step_ms"]))
     write_result(args.json, "vla_step", results, vars(args))
 
 

@@ -22,9 +22,9 @@ float32 parameters; one flat buffer of exactly that many floats everywhere):
     at 100M parameters, proportionally more, up to 5x, for smaller models). Ratio = ours / raw
     of the medians; the bests (``*_best_s``, ``ratio_best``) are less exposed to other load.
 (c) serving gap: 2 real rollout servers (``roles.rollout_server.RolloutServer`` driven standalone
-    by ``bench/rollout_server.py``'s ``ServerHarness``: real serving loop, real weights thread,
-    double buffering, this process their broadcaster) serve a client that keeps one request in
-    flight per server, while new versions are published. Per sync, the window runs from the
+    by ``harness.server_harness.ServerHarness``: real serving loop, real weights thread, double
+    buffering, this process their broadcaster) serve a client that keeps one request in flight
+    per server, while new versions are published. Per sync, the window runs from the
     start of ``publish`` to the first reply carrying the new version; ``max_serving_gap_ms`` is
     the longest interval between consecutive replies of one server that overlaps the window
     (median over ``--syncs``; ``worst_serving_gap_ms`` the largest), against
@@ -49,7 +49,6 @@ load shows up in every figure here, most in the serving gaps.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import multiprocessing as mp
 import os
@@ -57,30 +56,26 @@ import socket
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path, and bench/transport.py would
-# shadow the `transport` package: drop that directory, and put the repo root there instead.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import zmq  # noqa: E402
-from harness.provenance import write_result  # noqa: E402
-
-from bench.rollout_server import (  # noqa: E402
-    HOST,
-    ServerHarness,
-    obs_request,
-    policy_numel,
-    server_config,
+import numpy as np
+import torch
+import torch.distributed as dist
+import zmq
+from harness.provenance import write_result
+from harness.report import (
+    Column,
+    Table,
+    benchmark_parser,
+    host_line,
+    host_record,
+    load_average_1m,
 )
-from transport import sockets  # noqa: E402
-from transport.weights import Broadcaster, WeightLink, start_store  # noqa: E402
+from harness.server_harness import ServerHarness, policy_numel, server_config
+from harness.wire_messages import HOST, obs_request
+
+from transport import sockets
+from transport.weights import Broadcaster, WeightLink, start_store
 
 WIDTH = 1024
 TIMEOUT = datetime.timedelta(seconds=300)
@@ -360,7 +355,7 @@ def run(
     sizes: list[float], repeats: int, syncs: int, baseline_s: float, device: str = "cpu"
 ) -> dict[str, dict]:
     """Every measurement for every size, one after the other (on CUDA: the transfers only;
-    the serving measurement (c) runs the CPU rollout servers of ``bench/rollout_server.py``)."""
+    the serving measurement (c) runs the CPU rollout servers of ``ServerHarness``)."""
     hidden = [hidden_sizes(size) for size in sizes]
     numels = [policy_numel(server_config("sizing", "unix:///unused", 1, h, {})) for h in hidden]
     started = time.monotonic()
@@ -386,44 +381,56 @@ def _rounded(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
 
+_GAP_KEYS = (
+    "max_serving_gap_ms",
+    "worst_serving_gap_ms",
+    "baseline_max_gap_ms",
+    "batch_ms",
+    "sync_batch_max_ms",
+    "baseline_batch_max_ms",
+    "sync_idle_max_ms",
+    "baseline_idle_max_ms",
+)
+"""The result keys the serving-gap table shows, in its columns' order."""
+TRANSFER = Table.from_layout(
+    "size:>5 | MB:>7.1f | ours s:>8.3f | raw s:>8.3f | ratio:>6.2f | publish s:>10.3f"
+    " | best: ours:>11.3f | raw:>6.3f | ratio:>6.2f"
+)
+SERVING_GAPS = Table(
+    (
+        Column("serving, ms", 16, header_align="<"),
+        *Table.from_layout(
+            "gap: sync:>10.1f | worst:>7.1f | outside:>8.1f | batch: median:>14.1f"
+            " | sync max:>9.1f | outside:>8.1f | idle: sync:>11.1f | outside:>8.1f"
+        ).columns,
+    )
+)
+SYNC_WHILE_SERVING = Table.from_layout(
+    "sync while serving, s:>21 | publish:>8.3f | received:>9.3f | loaded:>7.3f | visible:>8.3f"
+)
+
+
 def print_table(results: dict[str, dict]) -> None:
     """The figures as three small tables: transfer, serving gaps, sync while serving."""
-    print(
-        f"{'size':>5} {'MB':>7} {'ours s':>8} {'raw s':>8} {'ratio':>6} {'publish s':>10} "
-        f"{'best: ours':>11} {'raw':>6} {'ratio':>6}"
-    )
+    print(TRANSFER.header())
     for name, r in results.items():
-        print(
-            f"{name:>5} {r['mb']:7.1f} {r['ours_s']:8.3f} {r['raw_s']:8.3f} {r['ratio']:6.2f} "
-            f"{r['ours_publish_s']:10.3f} {r['ours_best_s']:11.3f} {r['raw_best_s']:6.3f} "
-            f"{r['ratio_best']:6.2f}  (ours over {r['ours_backend']}, raw over {r['raw_backend']})"
-        )
+        figures = [r[k] for k in ("mb", "ours_s", "raw_s", "ratio", "ours_publish_s")]
+        figures += [r[k] for k in ("ours_best_s", "raw_best_s", "ratio_best")]
+        backends = f"(ours over {r['ours_backend']}, raw over {r['raw_backend']})"
+        print(f"{TRANSFER.row(name, *figures)}  {backends}")
     if not all("max_serving_gap_ms" in r for r in results.values()):
         return
-    print(
-        f"\nserving, ms{'':5} {'gap: sync':>10} {'worst':>7} {'outside':>8} "
-        f"{'batch: median':>14} {'sync max':>9} {'outside':>8} {'idle: sync':>11} "
-        f"{'outside':>8}"
+    print()
+    SERVING_GAPS.print((name, *(r[k] for k in _GAP_KEYS)) for name, r in results.items())
+    print()
+    SYNC_WHILE_SERVING.print(
+        (name, *(r[f"serving_{k}_s"] for k in ("publish", "received", "loaded", "visible")))
+        for name, r in results.items()
     )
-    for name, r in results.items():
-        print(
-            f"{name:>16} {r['max_serving_gap_ms']:10.1f} {r['worst_serving_gap_ms']:7.1f} "
-            f"{r['baseline_max_gap_ms']:8.1f} {r['batch_ms']:14.1f} "
-            f"{r['sync_batch_max_ms']:9.1f} {r['baseline_batch_max_ms']:8.1f} "
-            f"{r['sync_idle_max_ms']:11.1f} {r['baseline_idle_max_ms']:8.1f}"
-        )
-    print(f"\nsync while serving, s {'publish':>8} {'received':>9} {'loaded':>7} {'visible':>8}")
-    for name, r in results.items():
-        print(
-            f"{name:>21} {r['serving_publish_s']:8.3f} {r['serving_received_s']:9.3f} "
-            f"{r['serving_loaded_s']:7.3f} {r['serving_visible_s']:8.3f}"
-        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = benchmark_parser(__doc__, smoke_help="a few seconds of each case, for CI")
     parser.add_argument(
         "--sizes", type=float, nargs="+", default=[10e6, 100e6], help="float32 parameters per model"
     )
@@ -440,24 +447,15 @@ def main() -> None:
         "with its own NCCL_HOSTID) or cuda-gloo (GPU 0, no host ids: gloo on CUDA tensors); "
         "the CUDA ones measure the transfers (a) and (b) only",
     )
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true", help="a few seconds of each case, for CI")
     args = parser.parse_args()
     if args.smoke:
         args.sizes, args.repeats, args.syncs, args.baseline_s = [1e6], 2, 1, 0.5
     torch.set_num_threads(1)
-    load_before = os.getloadavg()[0]
+    load_before = load_average_1m()
     results = run(args.sizes, args.repeats, args.syncs, args.baseline_s, args.device)
     print_table(results)
-    results["host"] = {
-        "cpus": os.cpu_count(),
-        "load_avg_1m_before": load_before,
-        "load_avg_1m_after": os.getloadavg()[0],
-    }
-    print(
-        f"\nhost: {os.cpu_count()} CPUs, 1-min load average {load_before:.1f} before, "
-        f"{results['host']['load_avg_1m_after']:.1f} after"
-    )
+    results["host"] = host_record(load_before)
+    print(f"\n{host_line(results['host'])}")
     write_result(args.json, "weight_sync", results, vars(args))
 
 

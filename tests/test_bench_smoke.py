@@ -27,6 +27,7 @@ FROM_SCRATCH = [
 ]
 BENCHMARKS = {
     "async_vs_sync.py": [],
+    "codec_sockets.py": [],
     "faults.py": [],
     "main_job.py": [],
     "multi_node.py": [],
@@ -41,7 +42,6 @@ BENCHMARKS = {
     "tabletop_failures.py": [],
     "stale_drops.py": [],
     "throughput.py": [],
-    "transport.py": [],
     "vla_step.py": [],
     "weight_sync.py": [],
 }

@@ -10,7 +10,7 @@ watch on every bound socket counts each refused handshake (``on_refused``), what
 
 ``enable(secret)`` switches it on for the whole process; ``transport.sockets`` then applies it
 to every socket it binds or connects. One-host runs leave it off: loopback traffic needs no
-keys and keeps its speed (``bench/transport.py`` measures what CURVE costs).
+keys and keeps its speed (``bench/codec_sockets.py`` measures what CURVE costs).
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import yaml
 
 from rlvla3.runtime.registry import Registry
 
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+from .launch_run import REPO, launch_command
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,7 @@ def sample_run(
     log_path = workdir / f"{name}-launcher.log"
     with open(log_path, "wb") as log:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "rlvla3.cli", "launch", str(path), "--out", str(workdir / name)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=_PACKAGE_ROOT,
+            launch_command(path, workdir / name), stdout=log, stderr=subprocess.STDOUT, cwd=REPO
         )
     registry = Registry(config["run"]["redis_url"], name)
     tick = threading.Event()

@@ -1,4 +1,5 @@
-"""Transport benchmark: our codec + sockets against raw pyzmq sending the same bytes.
+"""Codec and sockets benchmark: our transport's codec + sockets against raw pyzmq sending the
+same bytes.
 
 Two payloads over PUSH/PULL on tcp loopback, sender and receiver in separate processes:
 (a) ``small``: an ``ActionReply`` (one msgpack header frame, its two tiny arrays inline);
@@ -11,29 +12,23 @@ alternate (``--repeats`` each, the best kept). Besides msgs/s, each side's CPU t
 "curve" is "ours" with CURVE on both sockets (``transport/security.py``, as in a multi-host run):
 its ratio to "ours" is what authentication and encryption cost.
 
-    python bench/transport.py [--messages N] [--json PATH] [--smoke]
+    python bench/codec_sockets.py [--messages N] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path and its name would shadow the
-# `transport` package: drop that directory before importing the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import numpy as np
+import zmq
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
 
-import numpy as np  # noqa: E402
-import zmq  # noqa: E402
-from harness.provenance import write_result  # noqa: E402
-
-from transport import security, sockets  # noqa: E402
-from transport.codec import encode  # noqa: E402
-from transport.messages import ActionReply, ObsRequest  # noqa: E402
+from transport import security, sockets
+from transport.codec import encode
+from transport.messages import ActionReply, ObsRequest
 
 _SECRET = "bench-transport-secret-0123456789abcdef"
 MODES = ("ours", "raw", "curve")
@@ -162,32 +157,44 @@ def run(messages: dict[str, int], repeats: int) -> dict[str, dict[str, Any]]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+TABLE = Table.from_layout(
+    "payload:<8 | bytes:>7d | ours msg/s:>11.0f | raw msg/s:>11.0f | curve msg/s:>12.0f"
+    " | ours/raw:>9.2f | curve/ours:>11.2f |   CPU us/msg send+recv: ours  raw  curve:<"
+)
+
+
+def _cpu_cells(r: dict[str, Any]) -> str:
+    """Send+recv CPU µs per message of ours, raw and curve, as one cell."""
+    o, w, c = (r[f"{m}_cpu_us_per_msg"] for m in ("ours", "raw", "curve"))
+    return (
+        f"  {o['send']:5.1f}+{o['recv']:<5.1f} {w['send']:5.1f}+{w['recv']:<5.1f} "
+        f"{c['send']:5.1f}+{c['recv']:.1f}"
     )
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__, smoke_help="a few messages, one trial (CI)")
     parser.add_argument("--messages", type=int, default=100_000, help="small messages per trial")
     parser.add_argument("--obs-messages", type=int, default=20_000, help="obs messages per trial")
     parser.add_argument("--repeats", type=int, default=3, help="trials per case; best is kept")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--smoke", action="store_true", help="a few messages, one trial (CI)")
     args = parser.parse_args()
     if args.smoke:
         args.messages, args.obs_messages, args.repeats = 2000, 500, 1
     results = run({"small": args.messages, "obs": args.obs_messages}, args.repeats)
-    print(
-        f"{'payload':8} {'bytes':>7} {'ours msg/s':>11} {'raw msg/s':>11} {'curve msg/s':>12} "
-        f"{'ours/raw':>9} {'curve/ours':>11}   CPU us/msg send+recv: ours  raw  curve"
-    )
-    for kind, r in results.items():
-        o, w, c = (r[f"{m}_cpu_us_per_msg"] for m in ("ours", "raw", "curve"))
-        print(
-            f"{kind:8} {r['bytes_per_msg']:7d} {r['ours_msgs_per_s']:11.0f} "
-            f"{r['raw_msgs_per_s']:11.0f} {r['curve_msgs_per_s']:12.0f} {r['ratio']:9.2f} "
-            f"{r['curve_vs_ours']:11.2f}   {o['send']:5.1f}+{o['recv']:<5.1f} "
-            f"{w['send']:5.1f}+{w['recv']:<5.1f} {c['send']:5.1f}+{c['recv']:.1f}"
+    TABLE.print(
+        (
+            kind,
+            r["bytes_per_msg"],
+            r["ours_msgs_per_s"],
+            r["raw_msgs_per_s"],
+            r["curve_msgs_per_s"],
+            r["ratio"],
+            r["curve_vs_ours"],
+            _cpu_cells(r),
         )
-    write_result(args.json, "transport", results, vars(args))
+        for kind, r in results.items()
+    )
+    write_result(args.json, "codec_sockets", results, vars(args))
 
 
 if __name__ == "__main__":
