@@ -133,12 +133,14 @@ def _demos(args: argparse.Namespace) -> int:
             args.seed,
             expert_noise=args.expert_noise,
             overwrite=args.overwrite,
+            codebase_version=args.format,
             obs_mode=args.obs_mode,
         )
     except (FileExistsError, NotADirectoryError, PermissionError) as err:
         return _usage_error(f"--out: {err}")
     print(
-        f"wrote {stats.num_episodes} episodes ({stats.num_frames} frames) to {stats.root}; "
+        f"wrote {stats.num_episodes} episodes ({stats.num_frames} frames) to {stats.root} "
+        f"(LeRobot {args.format}); "
         f"expert success rate {stats.success_rate:.2f} over {stats.num_attempts} attempts"
     )
     return 0
@@ -224,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace an existing LeRobot dataset (never deletes any other directory)",
+    )
+    p.add_argument(
+        "--format",
+        default="v3.0",
+        choices=("v3.0", "v2.1"),
+        help="LeRobot dataset layout: v3.0 (LeRobot 0.4 and later load it as is) or v2.1 "
+        "(LeRobot 0.3 and earlier)",
     )
     p.set_defaults(func=_demos)
     return parser

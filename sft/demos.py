@@ -9,6 +9,9 @@ With ``expert_noise`` > 0 the env steps with the expert action plus Gaussian noi
 records the clean one (DART): the demos cover the off-course states a cloned policy drifts into,
 labelled with how to recover. With noise 0 the recorded actions replay the episode exactly.
 
+The dataset is LeRobot v3.0 unless ``codebase_version="v2.1"`` (``--format v2.1``) asks for the
+layout older LeRobot reads (see :mod:`sft.lerobot_writer`).
+
 Command line: ``python -m sft.demos --env-id rlvla3/TableTop-v0 --num-episodes 100 --root DIR``.
 """
 
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sft.lerobot import Feature, LeRobotWriter, image_feature
+from sft.lerobot import DEFAULT_FORMAT, FORMATS, Feature, LeRobotWriter, image_feature
 from sim.adapter import SimAdapter
 from sim.envs import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
@@ -106,6 +109,7 @@ def generate_demos(
     expert_noise: float = 0.0,
     max_attempts: int | None = None,
     overwrite: bool = False,
+    codebase_version: str = DEFAULT_FORMAT,
     **env_kwargs: Any,
 ) -> DemoStats:
     """Roll out the scripted expert for ``env_id`` and write ``num_episodes`` episodes to ``root``.
@@ -122,6 +126,8 @@ def generate_demos(
             the clean expert action (DART). ~0.3 makes cloned policies far more robust.
         max_attempts: give up after this many rollouts (default ``2 * num_episodes + 10``).
         overwrite: replace an existing dataset at ``root``.
+        codebase_version: LeRobot layout to write, ``"v3.0"`` (LeRobot 0.4+) or ``"v2.1"``
+            (older LeRobot); see :mod:`sft.lerobot_writer`.
         **env_kwargs: passed to :func:`sim.envs.make_env` (e.g. ``obs_mode="state"``).
     """
     if env_id not in EXPERT_ENVS:
@@ -131,7 +137,12 @@ def generate_demos(
     limit = max_attempts if max_attempts is not None else 2 * num_episodes + 10
     attempts = successes = frames_written = 0
     writer = LeRobotWriter(
-        root, demo_features(env), fps=CONTROL_HZ, robot_type="rlvla3-tabletop", overwrite=overwrite
+        root,
+        demo_features(env),
+        fps=CONTROL_HZ,
+        robot_type="rlvla3-tabletop",
+        codebase_version=codebase_version,
+        overwrite=overwrite,
     )
     with writer:
         while len(writer.episodes) < num_episodes:
@@ -162,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--obs-mode", default="rgb", choices=("rgb", "state"))
     parser.add_argument("--expert-noise", type=float, default=0.0)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS)
     args = parser.parse_args(argv)
     stats = generate_demos(
         args.env_id,
@@ -170,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         args.seed,
         expert_noise=args.expert_noise,
         overwrite=args.overwrite,
+        codebase_version=args.format,
         obs_mode=args.obs_mode,
     )
     print(stats)

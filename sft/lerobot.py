@@ -1,31 +1,17 @@
-"""Demonstration datasets in the LeRobot on-disk layout: a writer (v2.1) and a reader (v2.x, v3.0).
+"""Demonstration datasets in the LeRobot on-disk layout: the reader, and the names to import.
 
-What :class:`LeRobotWriter` writes (LeRobot's v2.1 layout, which LeRobot loads as is and converts
-to v3.0 with its own converter)::
-
-    root/
-      data/chunk-000/episode_000000.parquet   one row per frame, one file per episode
-      meta/info.json                          codebase_version, fps, features, totals, paths
-      meta/episodes.jsonl                     {"episode_index", "tasks", "length"} per line
-      meta/tasks.jsonl                        {"task_index", "task"} per line
-      meta/episodes_stats.jsonl               per episode, per feature: min/max/mean/std/count
-
-Camera images are ``dtype: image`` features, PNG bytes inside the parquet files, as LeRobot
-stores them (so LeRobot sees them as visual features); other features are numeric columns (see
-:mod:`sft.lerobot_format`). Per frame the writer adds LeRobot's bookkeeping columns
-``episode_index``, ``frame_index``, ``index`` (global frame), ``timestamp`` (``frame_index / fps``,
-seconds) and ``task_index``.
-
-:class:`LeRobotDataset` reads that, LeRobot's own v2.0/v2.1 datasets, and v3.0 ones (several
-episodes per ``data/chunk-NNN/file-NNN.parquet``, episodes in ``meta/episodes/``, tasks in
-``meta/tasks.parquet``). Video features are not supported; any dataset that cannot be read as
-declared raises :class:`DatasetError` naming the file and the field.
+:class:`LeRobotDataset` reads LeRobot's v2.0, v2.1 and v3.0 datasets: those LeRobot writes
+and those :class:`LeRobotWriter` (:mod:`sft.lerobot_writer`) writes, v3.0 by default. v2.x holds
+one ``data/chunk-NNN/episode_NNNNNN.parquet`` per episode with ``meta/episodes.jsonl`` and
+``meta/tasks.jsonl``; v3.0 holds several episodes per ``data/chunk-NNN/file-NNN.parquet``,
+episodes in ``meta/episodes/`` (which file, which global frames) and tasks in
+``meta/tasks.parquet``. Camera images are ``dtype: image`` features, PNG bytes in the parquet
+files; video features are not supported. Any dataset that cannot be read as declared raises
+:class:`DatasetError` naming the file and the field.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,21 +20,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from sft.lerobot_format import (
-    IMAGE,
-    IMAGE_NAMES,
-    DatasetError,
-    Feature,
-    episode_stats,
-    from_column,
-    hf_features,
-    to_column,
-)
+from sft.lerobot_format import IMAGE, IMAGE_NAMES, DatasetError, Feature, from_column
 from sft.lerobot_meta import INDEX_COLUMNS, EpisodeInfo, read_metadata, read_table
+from sft.lerobot_writer import DEFAULT_FORMAT, FORMATS, INDEX_FEATURES, LeRobotWriter
 
 __all__ = [
+    "DEFAULT_FORMAT",
+    "FORMATS",
     "DatasetError",
     "EpisodeInfo",
     "Feature",
@@ -57,160 +36,6 @@ __all__ = [
     "image_feature",
     "to_policy_obs",
 ]
-
-CODEBASE_VERSION = "v2.1"
-DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
-INDEX_FEATURES = {name: Feature(dtype=dtype, shape=(1,)) for name, dtype in INDEX_COLUMNS.items()}
-
-
-def _stack_frames(
-    frames: Sequence[Mapping[str, Any]] | Mapping[str, Any], features: Mapping[str, Feature]
-) -> dict[str, np.ndarray]:
-    """Frames (list of per-frame dicts, or a dict of ``[T, ...]`` arrays) -> checked arrays."""
-    if isinstance(frames, Mapping):
-        cols = {k: np.asarray(v) for k, v in frames.items()}
-    else:
-        if not frames:
-            raise ValueError("an episode needs at least one frame")
-        cols = {k: np.stack([np.asarray(f[k]) for f in frames]) for k in frames[0]}
-    if set(cols) != set(features):
-        raise KeyError(f"frame keys {sorted(cols)} != declared features {sorted(features)}")
-    lengths = {len(v) for v in cols.values()}
-    if len(lengths) != 1 or 0 in lengths:
-        raise ValueError(f"features have different or zero lengths: {lengths}")
-    (length,) = lengths
-    out = {}
-    for key, feature in features.items():
-        arr = cols[key]
-        if arr.shape[1:] != feature.shape and not (feature.is_scalar and arr.size == length):
-            raise ValueError(f"{key}: frames of shape {arr.shape[1:]}, declared {feature.shape}")
-        out[key] = arr.reshape(length, *feature.shape).astype(feature.numpy_dtype, copy=False)
-    return out
-
-
-class LeRobotWriter:
-    """Writes episodes one parquet file at a time; ``finalize()`` writes the meta files.
-
-    Args:
-        root: dataset directory (created).
-        features: per-frame features, e.g. ``{"observation.image": Feature(dtype="image",
-            shape=(64, 64, 3), names=IMAGE_NAMES), "action": Feature(dtype="float32",
-            shape=(2,))}``. Names must not clash with the bookkeeping columns (``INDEX_COLUMNS``).
-        fps: frames per second of the recording (``timestamp = frame_index / fps``).
-        robot_type: stored in ``info.json``.
-        chunks_size: episodes per ``data/chunk-NNN`` directory.
-        overwrite: replace an existing dataset at ``root``. Only a LeRobot dataset (a directory
-            with ``meta/info.json``) is ever deleted; any other non-empty directory raises.
-    """
-
-    def __init__(
-        self,
-        root: str | Path,
-        features: Mapping[str, Feature],
-        *,
-        fps: int = 10,
-        robot_type: str = "rlvla3",
-        chunks_size: int = 1000,
-        overwrite: bool = False,
-    ) -> None:
-        self.root = Path(root)
-        clash = set(features) & set(INDEX_COLUMNS)
-        if clash:
-            raise ValueError(f"feature names clash with bookkeeping columns: {sorted(clash)}")
-        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
-            if not overwrite:
-                raise FileExistsError(
-                    f"{self.root} exists and is not empty (overwrite replaces an earlier dataset)"
-                )
-            if not (self.root / "meta" / "info.json").is_file():
-                raise FileExistsError(
-                    f"{self.root} is not a LeRobot dataset (no meta/info.json): not deleting it"
-                )
-            shutil.rmtree(self.root)
-        self.features = dict(features)
-        self.fps, self.robot_type, self.chunks_size = fps, robot_type, chunks_size
-        self.episodes: list[EpisodeInfo] = []
-        self._stats: list[dict[str, Any]] = []
-        self._task_index: dict[str, int] = {}
-        self._num_frames = 0
-        self._finalized = False
-        all_features = {**self.features, **INDEX_FEATURES}
-        self._schema_metadata = {b"huggingface": hf_features(all_features)}
-
-    def add_episode(
-        self, frames: Sequence[Mapping[str, Any]] | Mapping[str, Any], task: str
-    ) -> int:
-        """Write one episode; returns its episode index.
-
-        Args:
-            frames: either a list of per-frame dicts ``{feature: array of feature.shape}``, or a
-                dict ``{feature: array[T, *feature.shape]}``; exactly the declared features.
-            task: the episode's language instruction.
-        """
-        if self._finalized:
-            raise RuntimeError("add_episode() after finalize()")
-        cols = _stack_frames(frames, self.features)
-        length = len(next(iter(cols.values())))
-        index = len(self.episodes)
-        task_index = self._task_index.setdefault(task, len(self._task_index))
-        frame_index = np.arange(length, dtype=np.int64)
-        cols["timestamp"] = (frame_index / self.fps).astype(np.float32)
-        cols["frame_index"] = frame_index
-        cols["episode_index"] = np.full(length, index, np.int64)
-        cols["index"] = frame_index + self._num_frames
-        cols["task_index"] = np.full(length, task_index, np.int64)
-        all_features = {**self.features, **INDEX_FEATURES}
-        table = pa.table({key: to_column(cols[key], f) for key, f in all_features.items()})
-        path = self.root / DATA_PATH.format(
-            episode_chunk=index // self.chunks_size, episode_index=index
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(
-            table.replace_schema_metadata(self._schema_metadata), path, compression="zstd"
-        )
-        self.episodes.append(EpisodeInfo(episode_index=index, tasks=(task,), length=length))
-        self._stats.append({"episode_index": index, "stats": episode_stats(cols, all_features)})
-        self._num_frames += length
-        return index
-
-    def finalize(self) -> None:
-        """Write ``meta/info.json``, ``episodes.jsonl``, ``tasks.jsonl``, ``episodes_stats.jsonl``."""
-        meta = self.root / "meta"
-        meta.mkdir(parents=True, exist_ok=True)
-        features = {k: f.to_json() for k, f in {**self.features, **INDEX_FEATURES}.items()}
-        num_episodes = len(self.episodes)
-        info = {
-            "codebase_version": CODEBASE_VERSION,
-            "robot_type": self.robot_type,
-            "total_episodes": num_episodes,
-            "total_frames": self._num_frames,
-            "total_tasks": len(self._task_index),
-            "total_videos": 0,
-            "total_chunks": -(-num_episodes // self.chunks_size),
-            "chunks_size": self.chunks_size,
-            "fps": self.fps,
-            "splits": {"train": f"0:{num_episodes}"},
-            "data_path": DATA_PATH,
-            "video_path": None,
-            "features": features,
-        }
-        (meta / "info.json").write_text(json.dumps(info, indent=2) + "\n")
-        _write_jsonl(meta / "episodes.jsonl", [e.to_json() for e in self.episodes])
-        tasks = [{"task_index": i, "task": t} for t, i in self._task_index.items()]
-        _write_jsonl(meta / "tasks.jsonl", tasks)
-        _write_jsonl(meta / "episodes_stats.jsonl", self._stats)
-        self._finalized = True
-
-    def __enter__(self) -> LeRobotWriter:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is None and not self._finalized:
-            self.finalize()
-
-
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 class LeRobotDataset:

@@ -1,6 +1,7 @@
-"""LeRobot's per-frame features: their declaration, their parquet columns, their statistics.
+"""LeRobot's per-frame features: their declaration and their parquet columns.
 
-Shared by the writer and the reader in :mod:`sft.lerobot`. A feature is declared in
+Shared by the writers (:mod:`sft.lerobot_writer`) and the reader (:mod:`sft.lerobot`); their
+statistics are in :mod:`sft.lerobot_stats`. A feature is declared in
 ``meta/info.json`` as ``{"dtype", "shape", "names"}``. How LeRobot (and the Hugging Face
 ``datasets`` library under it) stores each kind in the parquet files, and so how we do:
 
@@ -232,7 +233,7 @@ def _unpng(data: bytes | None, shape: tuple[int, ...], where: str) -> np.ndarray
 
 def hf_features(features: Mapping[str, Feature]) -> bytes:
     """The ``huggingface`` parquet schema metadata: the ``datasets`` feature types, so that
-    ``datasets.load_dataset("parquet", ...)`` (LeRobot v2.1's loader) decodes images as images."""
+    the ``datasets`` parquet loader (LeRobot's, in v2.1 and v3.0) decodes images as images."""
 
     def describe(f: Feature) -> dict[str, Any]:
         if f.dtype == IMAGE:
@@ -246,28 +247,3 @@ def hf_features(features: Mapping[str, Feature]) -> bytes:
 
     spec = {"info": {"features": {k: describe(f) for k, f in features.items()}}}
     return json.dumps(spec).encode()
-
-
-def episode_stats(cols: Mapping[str, np.ndarray], features: Mapping[str, Feature]) -> dict:
-    """Per-feature ``min``/``max``/``mean``/``std``/``count`` of one episode, as LeRobot v2.1
-    writes them to ``meta/episodes_stats.jsonl``: images per channel, ``[C, 1, 1]`` in [0, 1];
-    other features per entry, in the feature's shape."""
-    stats: dict[str, dict[str, Any]] = {}
-    for key, feature in features.items():
-        arr = np.asarray(cols[key])
-        if feature.dtype == IMAGE:
-            values, axes, out_shape = arr.astype(np.float64) / 255.0, (0, 1, 2), (-1, 1, 1)
-        else:
-            values = arr.astype(np.float64).reshape(len(arr), *feature.shape)
-            axes, out_shape = (0,), feature.shape
-        stats[key] = {
-            name: reduce(values, axis=axes).reshape(out_shape).tolist()
-            for name, reduce in (
-                ("min", np.min),
-                ("max", np.max),
-                ("mean", np.mean),
-                ("std", np.std),
-            )
-        }
-        stats[key]["count"] = [len(arr)]
-    return stats

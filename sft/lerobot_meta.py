@@ -95,7 +95,9 @@ def read_metadata(root: Path) -> Metadata:
     declared = {k: f for k, f in features.items() if k not in INDEX_COLUMNS}
     if version == "v3.0":
         tasks = _v3_tasks(root / "meta" / "tasks.parquet")
-        episodes, files = _v3_episodes(root, info["data_path"])
+        episodes, files = (
+            _v3_episodes(root, info["data_path"]) if info.get("total_episodes") != 0 else ([], {})
+        )
     else:
         tasks = _v2_tasks(root / "meta" / "tasks.jsonl")
         episodes, files = _v2_episodes(root / "meta" / "episodes.jsonl"), {}
@@ -176,12 +178,27 @@ def _v3_episodes(root: Path, template: str) -> tuple[list[EpisodeInfo], dict[int
         for row in read_table(path).to_pylist():
             where = f"{path}: episode {row.get('episode_index')}"
             rows.append((where, row))
+            _check_frame_range(row, where)
             chunk = _int(row, "data/chunk_index", where, minimum=0)
             file = _int(row, "data/file_index", where, minimum=0)
             files[_int(row, "episode_index", where, minimum=0)] = root / template.format(
                 chunk_index=chunk, file_index=file
             )
     return _episodes(rows), files
+
+
+def _check_frame_range(row: Mapping[str, Any], where: str) -> None:
+    """``dataset_from_index``/``dataset_to_index`` (global frames [from, to)), when present,
+    span ``length`` frames."""
+    if "dataset_from_index" not in row or "dataset_to_index" not in row:
+        return
+    start = _int(row, "dataset_from_index", where, minimum=0)
+    stop = _int(row, "dataset_to_index", where, minimum=0)
+    if stop - start != _int(row, "length", where, minimum=1):
+        raise DatasetError(
+            f"{where}: dataset_from_index {start} to dataset_to_index {stop} "
+            f"is not its length {row['length']}"
+        )
 
 
 def _episodes(rows: list[tuple[str, Any]]) -> list[EpisodeInfo]:

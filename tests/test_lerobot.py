@@ -25,6 +25,7 @@ from sft.lerobot_format import IMAGE_STRUCT
 from sim.envs import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
 
+V21 = "v2.1"  # the layout older LeRobot reads; the writer's default is v3.0
 FEATURES = {
     "observation.image": image_feature((8, 6, 3)),
     "observation.state": Feature(dtype="float32", shape=(5,), names=("a", "b", "c", "d", "e")),
@@ -52,11 +53,11 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_round_trip_and_meta(tmp_path: Path) -> None:
+def test_v21_round_trip_and_meta(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     episodes = [_episode(rng, n) for n in (4, 7, 3)]
     tasks = ["push red", "push blue", "push red"]
-    with LeRobotWriter(tmp_path / "ds", FEATURES, fps=5) as writer:
+    with LeRobotWriter(tmp_path / "ds", FEATURES, fps=5, codebase_version=V21) as writer:
         writer.add_episode(episodes[0], tasks[0])  # dict of [T, ...] arrays
         frames = [{k: v[t] for k, v in episodes[1].items()} for t in range(7)]
         writer.add_episode(frames, tasks[1])  # list of per-frame dicts
@@ -142,10 +143,10 @@ def test_writer_rejects_bad_input(tmp_path: Path) -> None:
     assert (notes / "keep.txt").read_text() == "mine"
 
 
-def test_chunking(tmp_path: Path) -> None:
+def test_v21_chunks_hold_chunks_size_episodes(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     eps = [_episode(rng, 2 + i) for i in range(3)]
-    with LeRobotWriter(tmp_path, FEATURES, chunks_size=2) as writer:
+    with LeRobotWriter(tmp_path, FEATURES, chunks_size=2, codebase_version=V21) as writer:
         for i, ep in enumerate(eps):
             writer.add_episode(ep, f"task {i}")
     assert (tmp_path / "data" / "chunk-001" / "episode_000002.parquet").is_file()
@@ -229,11 +230,11 @@ def test_noisy_demos_record_the_clean_expert_action() -> None:
     assert differs
 
 
-def test_stats_and_datasets_metadata(tmp_path: Path) -> None:
+def test_v21_stats_and_datasets_metadata(tmp_path: Path) -> None:
     """What LeRobot reads besides the frames: per-episode stats (images per channel in [0, 1]),
     and the ``datasets`` feature types in the parquet schema (images as PNG ``Image`` structs)."""
     ep = _episode(np.random.default_rng(3), 5)
-    with LeRobotWriter(tmp_path, FEATURES) as writer:
+    with LeRobotWriter(tmp_path, FEATURES, codebase_version=V21) as writer:
         writer.add_episode(ep, "t")
     (line,) = _read_jsonl(tmp_path / "meta" / "episodes_stats.jsonl")
     assert line["episode_index"] == 0
@@ -343,7 +344,7 @@ def test_reads_lerobot_v3_layout(tmp_path: Path) -> None:
 
 
 def test_reader_errors_name_the_file_and_field(tmp_path: Path) -> None:
-    with LeRobotWriter(tmp_path / "ds", FEATURES) as writer:
+    with LeRobotWriter(tmp_path / "ds", FEATURES, codebase_version=V21) as writer:
         writer.add_episode(_episode(np.random.default_rng(5), 3), "t")
     meta = tmp_path / "ds" / "meta"
     info = json.loads((meta / "info.json").read_text())
@@ -527,7 +528,7 @@ def _rewrite_column(path: Path, name: str, column: pa.Array) -> None:
 def test_inconsistent_data_is_refused_not_coerced(tmp_path: Path, corrupt, match: str) -> None:
     """Data that does not match its metadata fails, naming file and field, instead of being
     coerced into plausible-looking wrong frames."""
-    with LeRobotWriter(tmp_path / "ds", FEATURES) as writer:
+    with LeRobotWriter(tmp_path / "ds", FEATURES, codebase_version=V21) as writer:
         writer.add_episode(_episode(np.random.default_rng(10), 3), "t")
         writer.add_episode(_episode(np.random.default_rng(11), 2), "t")
     corrupt(tmp_path / "ds", tmp_path / "ds" / "data" / "chunk-000" / "episode_000000.parquet")

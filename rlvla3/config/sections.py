@@ -297,9 +297,10 @@ class SftConfig:
     """
 
     dataset: str = "data/demos"
-    """The LeRobot dataset directory."""
+    """The LeRobot dataset directory (LeRobot v2.0, v2.1 or v3.0)."""
     generate_demos: int = bounded(0, ge=0)
-    """When ``dataset`` does not exist, write this many scripted-expert episodes there first."""
+    """When ``dataset`` does not exist, write this many scripted-expert episodes there first
+    (LeRobot v3.0)."""
     demo_seed: int = 12345
     """Seed of the first generated episode."""
     expert_noise: float = bounded(0.0, ge=0)
