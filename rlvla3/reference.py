@@ -23,6 +23,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from rlvla3.config import run_config as c
 from rlvla3.config import sections
 from rlvla3.config.role_table import ROLES
+from rlvla3.config.token_vla import ObservationMapping, TokenVLAConfig
 from rlvla3.config.vla import VLAConfig
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 
@@ -64,6 +65,8 @@ def _sections() -> list[tuple[str, type]]:
         ("env.straggler", sections.StragglerSettings),
         ("policy", sections.PolicyConfig),
         ("policy.vla", VLAConfig),
+        ("policy.token_vla", TokenVLAConfig),
+        ("policy.token_vla.observation", ObservationMapping),
         ("algo", sections.AlgoConfig),
         ("sft", sections.SftConfig),
         ("sft.symmetry", sections.SymmetryConfig),

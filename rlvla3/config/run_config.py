@@ -160,6 +160,8 @@ def _plain(cfg: Config) -> dict[str, Any]:
     raw = to_dict(cfg)
     defaults = to_dict(VLAConfig())
     raw["policy"]["vla"] = {k: v for k, v in raw["policy"]["vla"].items() if v != defaults[k]}
+    if cfg.policy.kind != "token_vla":
+        del raw["policy"]["token_vla"]  # only a token-VLA run's config lists its section
     return raw
 
 
@@ -194,6 +196,10 @@ def _validate(cfg: Config) -> None:
     _validate_eval(cfg)
     _validate_env_groups(cfg)
     _validate_weight_path(cfg)
+    if cfg.policy.kind == "token_vla" and not cfg.policy.token_vla.path:
+        raise ConfigError(
+            "policy.token_vla.path: policy.kind: token_vla needs the model's directory"
+        )
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"

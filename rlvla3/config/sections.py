@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import bounded
 from rlvla3.config.vla import VLAConfig
 
@@ -187,12 +188,14 @@ class EnvConfig:
 class PolicyConfig:
     """Which policy network, and where its weights start."""
 
-    kind: Literal["mlp", "vla"] = "mlp"
-    """``mlp`` (state observations) or ``vla`` (image + instruction + proprio)."""
+    kind: Literal["mlp", "vla", "token_vla"] = "mlp"
+    """``mlp`` (state observations), ``vla`` (image + instruction + proprio) or ``token_vla`` (a pretrained vision-language model from a local directory, ``policy.token_vla``)."""
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     """The MLP's hidden layer widths."""
     vla: VLAConfig = field(default_factory=VLAConfig)
     """The VLA's architecture (``policy.vla`` below); the fields left null follow the env's spaces."""
+    token_vla: TokenVLAConfig = field(default_factory=TokenVLAConfig)
+    """The pretrained model, its action tokens and observation mapping (``policy.token_vla`` below)."""
     init_checkpoint: str | None = None
     """A run dir or checkpoint whose model weights a trainer starts from when it has none of its own."""
     init_launch: str | None = None

@@ -44,6 +44,10 @@ def build_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
             )
         obs_dim = int(env.observation["state"].shape[0])
         return MLPPolicy(obs_dim, env.action, tuple(cfg.policy.hidden_sizes))
+    if cfg.policy.kind == "token_vla":
+        from rlvla3.policy.token_vla import build_token_vla
+
+        return build_token_vla(cfg.policy.token_vla, env.observation, env.action)
     from rlvla3.policy.vla import VLAPolicy
 
     try:

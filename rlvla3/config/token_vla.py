@@ -1,0 +1,75 @@
+"""``TokenVLAConfig``, the type of ``policy.token_vla``: a pretrained image-text-to-text model
+from a local directory, acting through action tokens (rlvla3/policy/token_vla.py).
+
+Kept apart from the model so that the run config can check it without importing torch or
+``transformers``. What only the model directory or the env can tell (is it an image-text-to-text
+model, does the env have the mapped keys, can its action space be binned) is checked when the
+policy is built (``rlvla3.policy.factory``), each as one ``ConfigError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlvla3.config.typed_load import bounded
+
+ModelDType = Literal["auto", "float32", "bfloat16"]
+
+DEFAULT_PROMPT = "In: What action should the robot take to {instruction}?{state}\nOut:"
+"""OpenVLA's prompt, with the state (when one is mapped) after the question."""
+
+PROMPT_FIELDS = ("instruction", "state")
+"""The placeholders a prompt template may use."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservationMapping:
+    """Which observation keys feed the model: the camera image, the instruction and an optional
+    state vector (the defaults are the table-top task's keys)."""
+
+    image: str = "image"
+    """The camera: an observation of uint8[H, W, 3] pixels."""
+    instruction: str = "instruction"
+    """The instruction: byte tokens int[L] (UTF-8 bytes + 1, 0 = pad; sim/tokenizer.py), decoded back to text for the model's own tokenizer."""
+    state: str | None = "proprio"
+    """A float[P] state written into the prompt as text (``{state}``: `` State: 0.120 -0.500``, ``state_decimals`` decimals each); null: no state."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenVLAConfig:
+    """A pretrained vision-language model as a policy, the OpenVLA recipe: each action dimension
+    is one token among the model's last ``bins`` non-special vocabulary ids (docs/models.md)."""
+
+    path: str = ""
+    """The model's directory (``config.json``, weights, processor and tokenizer files, as ``save_pretrained`` writes them); loaded with ``local_files_only``: nothing is fetched."""
+    bins: int = bounded(256, ge=2)
+    """Bins per continuous action dimension (uniform between ``action_low`` and ``action_high``). A discrete action space uses one token per action instead."""
+    action_low: list[float] | None = None
+    """Lower bin edge per action dimension (one value: every dimension); null: the env's action space's low."""
+    action_high: list[float] | None = None
+    """Upper bin edge per action dimension (one value: every dimension); null: the env's action space's high."""
+    prompt: str = DEFAULT_PROMPT
+    """Prompt template with ``{instruction}`` and optionally ``{state}``; the model's image token is put in front of it."""
+    state_decimals: int = bounded(3, ge=0, le=8)
+    """Decimals of each state value in the prompt."""
+    observation: ObservationMapping = field(default_factory=ObservationMapping)
+    """Which observation keys feed the image, the instruction and the state."""
+    dtype: ModelDType = "auto"
+    """The model's weights: ``float32``, ``bfloat16``, or ``auto`` (bfloat16 where CUDA is available, else float32). The value head is float32 always."""
+    gradient_checkpointing: bool = False
+    """Recompute the model's activations in the backward pass (less memory, more time)."""
+    value_hidden: int = bounded(256, ge=0)
+    """Hidden units of the MLP value head on the last prompt token's hidden state (0: a linear head)."""
+
+    def __post_init__(self) -> None:
+        if "{instruction}" not in self.prompt:
+            raise ValueError(f"prompt: must contain {{instruction}}, got {self.prompt!r}")
+        try:
+            self.prompt.format(**dict.fromkeys(PROMPT_FIELDS, ""))
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(
+                f"prompt: only {{instruction}} and {{state}} may be used ({err!r})"
+            ) from None
+        if self.observation.state is not None and "{state}" not in self.prompt:
+            raise ValueError("prompt: a mapped observation.state needs {state} in the prompt")

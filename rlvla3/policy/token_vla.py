@@ -1,0 +1,205 @@
+"""A pretrained vision-language model as a policy: the OpenVLA recipe over any ``transformers``
+image-text-to-text model (``policy.kind: token_vla``; docs/models.md).
+
+One step's sequence is the processor's prompt (image tokens, the instruction, the state as
+text) followed by D action tokens, one per action dimension. Action tokens are the model's
+``bins`` highest non-special vocabulary ids (``rlvla3/policy/action_tokens.py``); each
+dimension's distribution is the softmax over those ``bins`` logits alone, so log-probs are exact
+and cheap, and the log-prob of an action is the sum over its D tokens.
+
+- ``act`` decodes the D tokens one at a time (greedy: argmax), each a forward over the prompt
+  and the tokens so far. ``evaluate`` is one teacher-forced forward over the prompt and all D
+  tokens. Both lay a batch out the same way, prompts right-padded and each row's action tokens
+  right after its own prompt, so every real token keeps the position it has unpadded and causal
+  attention never sees the padding: a row's log-probs do not depend on what it is batched with,
+  and ``act``'s equal ``evaluate``'s (tested to 1e-4 in float32). No KV cache: the padding
+  layout a cache would need (left padding and shifted positions) differs by family.
+- The value head (float32, an MLP) reads the last hidden state of the last prompt token, the
+  position from which the first action token is predicted.
+- The model is a submodule (``self.model``), so ``state_dict``, checkpoints, the flat weight
+  layout of the weight path and peft's ``target_modules`` (q_proj, v_proj...) see its tensors
+  under their usual names.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+from torch.distributions import Categorical
+
+from rlvla3.config.token_vla import TokenVLAConfig
+from rlvla3.config.typed_load import ConfigError
+from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
+from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
+from rlvla3.policy.hf_model import LoadedVLM, load_vlm, resolve_dtype
+from rlvla3.policy.vla_prompt import PromptBuilder
+
+_SUFFIX_TOKEN_TYPE = {"paligemma": 1}
+"""The ``token_type_ids`` value of generated tokens, by model type (0 otherwise): PaliGemma
+marks its prompt prefix 0 (attended both ways) and what follows 1 (causal), as its own
+``generate`` extends them; with 0 the prompt would see the action tokens after it."""
+
+
+class TokenVLAPolicy(ActorCritic):
+    """Image + instruction (+ state) -> D action tokens of a pretrained VLM, and a value."""
+
+    def __init__(self, vlm: LoadedVLM, config: TokenVLAConfig, bins: ActionBins) -> None:
+        super().__init__()
+        self.config, self.bins = config, bins
+        self.model = vlm.model
+        self.processor = vlm.processor
+        self.pad_id = int(vlm.processor.tokenizer.pad_token_id or 0)
+        self.prompt = PromptBuilder(config.prompt, vlm.image_token, config.state_decimals)
+        ids = action_token_ids(vlm.vocab_size, bins.bins, vlm.special_ids)
+        self.register_buffer("action_ids", torch.tensor(ids, dtype=torch.int64), persistent=False)
+        self.suffix_token_type = _SUFFIX_TOKEN_TYPE.get(self.model.config.model_type, 0)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        hidden = int(self.model.config.get_text_config().hidden_size)
+        h = config.value_hidden
+        self.value_head = (
+            nn.Sequential(nn.Linear(hidden, h), nn.Tanh(), nn.Linear(h, 1))
+            if h
+            else nn.Linear(hidden, 1)
+        )
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable({"use_reentrant": False})
+
+    # ----------------------------------------------------------------------------- interface
+    def action_spec(self) -> ActionSpec:
+        """Bin indices int64[D] in ``[0, bins)``."""
+        return ActionSpec((self.bins.dims,), num_choices=self.bins.bins)
+
+    @torch.no_grad()
+    def act(self, obs: ObsBatch, deterministic: bool = False) -> ActOutput:
+        """Decode D action tokens per observation (sampled, or argmax when ``deterministic``):
+        action int64[B, D], log_prob float32[B] (summed over D), value float32[B]."""
+        inputs, lengths = self._prompt_inputs(obs)
+        actions = torch.zeros(len(lengths), 0, dtype=torch.int64, device=lengths.device)
+        log_prob = value = None
+        for j in range(self.bins.dims):
+            logits, last_hidden = self._score(inputs, lengths, actions)
+            dist = Categorical(logits=logits[:, j], validate_args=False)
+            token = dist.probs.argmax(-1) if deterministic else dist.sample()
+            step_log_prob = dist.log_prob(token)
+            if j == 0:
+                value, log_prob = self.value_head(last_hidden).squeeze(-1), step_log_prob
+            else:
+                log_prob = log_prob + step_log_prob
+            actions = torch.cat([actions, token[:, None]], dim=1)
+        return ActOutput(action=actions, log_prob=log_prob, value=value)
+
+    def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
+        """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
+        over the D tokens) and value float32[B] of actions int64[B, D]."""
+        inputs, lengths = self._prompt_inputs(obs)
+        action = action.to(device=lengths.device, dtype=torch.int64)
+        if tuple(action.shape) != (len(lengths), self.bins.dims):
+            raise ValueError(
+                f"action shape {tuple(action.shape)} != expected {(len(lengths), self.bins.dims)}"
+            )
+        logits, last_hidden = self._score(inputs, lengths, action)
+        dist = Categorical(logits=logits[:, : self.bins.dims], validate_args=False)
+        return EvalOutput(
+            log_prob=dist.log_prob(action).sum(-1),
+            entropy=dist.entropy().sum(-1),
+            value=self.value_head(last_hidden).squeeze(-1),
+        )
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The value head's parameters."""
+        return list(self.value_head.parameters())
+
+    def to_env_action(self, action: Tensor) -> Tensor:
+        """Bin indices -> bin centres float32[B, D] (or the discrete index int64[B])."""
+        return self.bins.to_env(action)
+
+    def from_env_action(self, env_action: Tensor) -> Tensor:
+        """Env actions -> bin indices int64[B, D]."""
+        return self.bins.from_env(env_action)
+
+    # ----------------------------------------------------------------------------- the model
+    def _prompt_inputs(self, obs: ObsBatch) -> tuple[dict[str, Tensor], Tensor]:
+        """The processor's inputs for the batch's prompts, on the model's device, and each
+        prompt's length in tokens int64[B]."""
+        mapping = self.config.observation
+        images = _numpy(obs[mapping.image])
+        states = None if mapping.state is None else _numpy(obs[mapping.state])
+        prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
+        batch = self.processor(
+            images=[[image] for image in images], text=prompts, return_tensors="pt", padding=True
+        )
+        device, dtype = self.action_ids.device, self.model.dtype
+        inputs = {
+            key: value.to(device=device, dtype=dtype if value.is_floating_point() else None)
+            for key, value in batch.items()
+            if isinstance(value, Tensor)
+        }
+        return inputs, inputs["attention_mask"].sum(1)
+
+    def _score(
+        self, inputs: dict[str, Tensor], lengths: Tensor, actions: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """One forward over the prompts followed by ``actions`` int64[B, k] (as tokens).
+
+        Returns the action-token logits float32[B, k + 1, bins] that predict action tokens
+        0..k, and the last hidden state of each prompt's last token float32[B, hidden].
+        """
+        b, k = actions.shape
+        width = inputs["input_ids"].shape[1] + k
+        columns = lengths[:, None] + torch.arange(k, device=lengths.device)
+        extended = {}
+        for key, value in inputs.items():
+            if value.dim() == 2 and value.shape[0] == b and not value.is_floating_point() and k:
+                fill = {"input_ids": self.pad_id, "token_type_ids": self.suffix_token_type}
+                value = torch.cat([value, value.new_full((b, k), fill.get(key, 0))], dim=1)
+                if key == "input_ids":
+                    value = value.scatter(1, columns, self.action_ids[actions])
+                elif key == "attention_mask":
+                    value = value.scatter(1, columns, 1)
+            extended[key] = value
+        # logits only from the first position any row needs on: a full vocabulary's logits at
+        # every position would be most of a large model's activation memory
+        first = int(lengths.min()) - 1
+        kwargs = {"logits_to_keep": width - first} if self.keeps_logits else {}
+        out = self.model(**extended, output_hidden_states=True, use_cache=False, **kwargs)
+        offset = width - out.logits.shape[1]
+        rows = lengths[:, None] - 1 + torch.arange(k + 1, device=lengths.device) - offset
+        picked = out.logits[torch.arange(b, device=rows.device)[:, None], rows]  # [B, k+1, V]
+        logits = picked[..., self.action_ids].float()
+        last_hidden = out.hidden_states[-1][torch.arange(b, device=rows.device), lengths - 1]
+        return logits, last_hidden.float()
+
+
+def _numpy(value: Tensor | np.ndarray) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, Tensor) else np.asarray(value)
+
+
+def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: spaces.Space):
+    """The policy ``policy.token_vla`` describes, for an env with these spaces; every mismatch
+    one ``ConfigError`` naming its field, before the model is loaded where it can be."""
+    check_observation_mapping(config, observation)
+    bins = action_bins(action, config)
+    vlm = load_vlm(config.path, resolve_dtype(config.dtype))
+    return TokenVLAPolicy(vlm, config, bins)
+
+
+def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) -> None:
+    """Every mapped key is in the env's observation space, the image uint8[H, W, 3]."""
+    mapping, have = config.observation, observation.spaces
+    for name in ("image", "instruction", "state"):
+        key = getattr(mapping, name)
+        if key is not None and key not in have:
+            raise ConfigError(
+                f"policy.token_vla.observation.{name}: the env has no observation {key!r} "
+                f"(it has {sorted(have)})"
+            )
+    image = have[mapping.image]
+    if image.dtype != np.uint8 or len(image.shape) != 3 or image.shape[2] != 3:
+        raise ConfigError(
+            f"policy.token_vla.observation.image: {mapping.image!r} is {image.dtype}"
+            f"{list(image.shape)}, not uint8[H, W, 3] pixels"
+        )

@@ -1,0 +1,334 @@
+"""The token-VLA policy family (rlvla3/policy/token_vla.py) on tiny random-weight checkpoints of
+two model families written to a temp dir (tests/tiny_vlms.py): load, act, exact log-probs, a
+PPO update, checkpoints, the weight path, and one clear error per wrong setup."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from gymnasium import spaces  # noqa: E402
+
+from rlvla3.algo.batch import build_batch  # noqa: E402
+from rlvla3.algo.learners import Objective  # noqa: E402
+from rlvla3.algo.optim import build_optimizer  # noqa: E402
+from rlvla3.config.run_config import AlgoConfig, load_config  # noqa: E402
+from rlvla3.config.token_vla import TokenVLAConfig  # noqa: E402
+from rlvla3.config.typed_load import ConfigError  # noqa: E402
+from rlvla3.policy.factory import EnvSpaces, build_policy  # noqa: E402
+from rlvla3.policy.token_vla import TokenVLAPolicy, build_token_vla  # noqa: E402
+from rlvla3.policy.vla_prompt import decode_instruction  # noqa: E402
+from sim.tokenizer import encode_instruction  # noqa: E402
+from tests.tiny_vlms import IMAGE_SIZE, write_tiny_vlm  # noqa: E402
+from transport.messages import TrajectoryChunk  # noqa: E402
+from transport.weights import FlatLayout  # noqa: E402
+
+FAMILIES = ["llava", "idefics3"]
+INSTRUCTIONS = ["push the red block to the blue target", "go", "push the green block left", "é"]
+
+
+def tabletop_spaces() -> EnvSpaces:
+    """The table-top env's spaces at the tiny processors' image size."""
+    return EnvSpaces(
+        observation=spaces.Dict(
+            {
+                "image": spaces.Box(0, 255, (IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8),
+                "instruction": spaces.Box(0, 256, (48,), np.int32),
+                "proprio": spaces.Box(-4.0, 4.0, (4,), np.float32),
+            }
+        ),
+        action=spaces.Box(-1.0, 1.0, (2,), np.float32),
+    )
+
+
+def observations(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    instr = np.stack(
+        [encode_instruction(INSTRUCTIONS[i % len(INSTRUCTIONS)], 48) for i in range(n)]
+    )
+    return {
+        "image": torch.from_numpy(rng.integers(0, 256, (n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)),
+        "instruction": torch.from_numpy(instr),
+        "proprio": torch.from_numpy(rng.normal(size=(n, 4)).astype(np.float32)),
+    }
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model_dir(request, tmp_path_factory) -> Path:
+    return write_tiny_vlm(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def make_policy(path: Path, space_changes: dict | None = None, **fields) -> TokenVLAPolicy:
+    config = TokenVLAConfig(path=str(path), dtype="float32", bins=16, value_hidden=16, **fields)
+    env = tabletop_spaces()
+    if space_changes:
+        env = EnvSpaces(**{"observation": env.observation, "action": env.action, **space_changes})
+    return build_token_vla(config, env.observation, env.action)
+
+
+def test_instruction_bytes_decode_back_to_text() -> None:
+    for text in INSTRUCTIONS:
+        assert decode_instruction(encode_instruction(text, 64)) == text
+
+
+def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(model_dir) -> None:
+    policy = make_policy(model_dir)
+    assert policy.action_spec().shape == (2,) and policy.action_spec().num_choices == 16
+    obs = observations(5)
+    torch.manual_seed(0)
+    sampled = policy.act(obs)
+    greedy = policy.act(obs, deterministic=True)
+    for out in (sampled, greedy):
+        assert out.action.shape == (5, 2) and out.action.dtype == torch.int64
+        assert ((out.action >= 0) & (out.action < 16)).all()
+        assert out.log_prob.shape == (5,) and out.value.shape == (5,)
+        assert torch.isfinite(out.log_prob).all() and (out.log_prob <= 0).all()
+        # the trainer's recomputation at the same weights (one teacher-forced forward)
+        again = policy.evaluate(obs, out.action)
+        torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
+        torch.testing.assert_close(again.value, out.value, atol=1e-4, rtol=0)
+        assert (again.entropy > 0).all()
+    # greedy is deterministic, and a row's result does not depend on its batch mates (padding)
+    assert torch.equal(policy.act(obs, deterministic=True).action, greedy.action)
+    alone = policy.act({k: v[1:2] for k, v in obs.items()}, deterministic=True)
+    assert torch.equal(alone.action[0], greedy.action[1])
+    torch.testing.assert_close(alone.log_prob[0], greedy.log_prob[1], atol=1e-4, rtol=0)
+    env_action = policy.to_env_action(greedy.action)
+    assert env_action.dtype == torch.float32 and (env_action.abs() < 1).all()
+    assert torch.equal(policy.from_env_action(env_action), greedy.action)
+
+
+def _chunk(policy: TokenVLAPolicy, n: int) -> TrajectoryChunk:
+    obs = observations(n, seed=1)
+    out = policy.act(obs)
+    return TrajectoryChunk(
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
+        obs={k: v.numpy() for k, v in obs.items()},
+        actions=out.action.numpy(),
+        rewards=np.linspace(-1, 1, n).astype(np.float32),
+        terminated=np.zeros(n, bool),
+        truncated=np.zeros(n, bool),
+        log_probs=out.log_prob.numpy(),
+        values=out.value.numpy(),
+        policy_versions=np.zeros(n, np.int64),
+        bootstrap_value=0.0,
+    )
+
+
+def test_one_ppo_update_changes_the_model_and_stays_finite(model_dir) -> None:
+    policy = make_policy(model_dir)
+    algo = AlgoConfig(epochs=1, minibatch_size=4, lr=1e-3, correction="truncated_is")
+    batch = build_batch([_chunk(policy, 8)], policy, algo, torch.device("cpu"))
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    optimizer = build_optimizer(policy, algo)
+    policy.train()
+    metrics = Objective(algo, vf_coef=algo.vf_coef, norm_adv=True).update(
+        policy, optimizer, batch, policy_coef=1.0, reference=None
+    )
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+    after = policy.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any(k.startswith("model.") and "q_proj" in k for k in changed), changed
+    assert any(k.startswith("value_head.") for k in changed)
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+
+
+def test_checkpoint_and_weight_path_round_trip_to_the_same_actions(model_dir) -> None:
+    trained = make_policy(model_dir)
+    with torch.no_grad():  # weights that differ from what the directory holds
+        for p in trained.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    obs = observations(4)
+    expected = trained.act(obs, deterministic=True)
+    buffer = io.BytesIO()
+    torch.save(trained.state_dict(), buffer)
+    buffer.seek(0)
+    restored = make_policy(model_dir)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    got = restored.act(obs, deterministic=True)
+    assert torch.equal(got.action, expected.action)
+    torch.testing.assert_close(got.log_prob, expected.log_prob)
+    # the weight path: a rollout server's copy bound to a flat buffer, filled from the trainer's
+    server = make_policy(model_dir)
+    layout = FlatLayout.of(trained)
+    assert layout == FlatLayout.of(server) and any("q_proj" in n for n in layout.names)
+    layout.bind(server).copy_(layout.flatten(trained))
+    assert torch.equal(server.act(obs, deterministic=True).action, expected.action)
+
+
+def test_a_discrete_action_space_is_one_token_of_n(model_dir) -> None:
+    policy = make_policy(model_dir, {"action": spaces.Discrete(5)})
+    assert policy.action_spec().shape == (1,) and policy.action_spec().num_choices == 5
+    out = policy.act(observations(3))
+    env_action = policy.to_env_action(out.action)
+    assert env_action.shape == (3,) and ((env_action >= 0) & (env_action < 5)).all()
+    assert torch.equal(policy.from_env_action(env_action), out.action)
+
+
+def test_state_mapping_writes_the_state_into_the_prompt(model_dir) -> None:
+    policy = make_policy(model_dir)
+    prompts = policy.prompt.prompts(np.stack([encode_instruction("go", 8)]), np.array([[0.5, -1]]))
+    assert prompts[0].endswith("take to go? State: 0.500 -1.000\nOut:")
+    assert prompts[0].startswith(policy.processor.image_token)
+
+
+def test_the_factory_builds_it_from_yaml_keys(model_dir) -> None:
+    cfg = load_config(
+        None,
+        [
+            "policy.kind=token_vla",
+            f"policy.token_vla.path={model_dir}",
+            "policy.token_vla.bins=8",
+            "policy.token_vla.dtype=float32",
+            "policy.token_vla.action_low=[-0.5]",
+        ],
+    )
+    policy = build_policy(cfg, tabletop_spaces())
+    assert isinstance(policy, TokenVLAPolicy) and policy.action_spec().num_choices == 8
+    assert policy.to_env_action(torch.tensor([[0, 7]])).tolist()[0][0] == pytest.approx(-0.40625)
+
+
+# --------------------------------------------------------------------------------- wrong setups
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory) -> Path:
+    return write_tiny_vlm(tmp_path_factory.mktemp("llava_errors"), "llava")
+
+
+def _copy_without(src: Path, dst: Path, *names: str) -> Path:
+    shutil.copytree(src, dst)
+    for name in names:
+        (dst / name).unlink()
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("setup", "field", "words"),
+    [
+        (lambda d, t: t / "nowhere", "policy.token_vla.path", "no such directory"),
+        (
+            lambda d, t: _copy_without(d, t / "c", "config.json"),
+            "policy.token_vla.path",
+            "config.json",
+        ),
+        (
+            lambda d, t: _copy_without(d, t / "p", "processor_config.json", "tokenizer.json"),
+            "policy.token_vla.path",
+            "processor",
+        ),
+    ],
+)
+def test_a_bad_model_directory_is_one_clear_error(llava_dir, tmp_path, setup, field, words) -> None:
+    with pytest.raises(ConfigError, match=field) as err:
+        make_policy(setup(llava_dir, tmp_path))
+    assert words in str(err.value)
+
+
+def test_a_text_only_model_is_refused(tmp_path) -> None:
+    from transformers import LlamaForCausalLM
+
+    from tests.tiny_vlms import _llama, byte_tokenizer
+
+    LlamaForCausalLM(_llama(300)).save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="policy.token_vla.path: .*not an image-text-to-text"):
+        make_policy(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fields", "match"),
+    [
+        ({"action": spaces.Box(-1, 1, (2, 2))}, {}, r"policy.token_vla: .*cannot be action tokens"),
+        (
+            {"action": spaces.Box(-np.inf, np.inf, (2,))},
+            {},
+            r"policy.token_vla.action_low: .*unbounded",
+        ),
+        ({}, {"action_low": [0.0, 0.0, 0.0]}, r"policy.token_vla.action_low: one value or 2"),
+        ({"action": spaces.Discrete(1000)}, {}, r"policy.token_vla.bins: .*do not fit"),
+        (
+            {"observation": spaces.Dict({"image": spaces.Box(0, 255, (32, 32, 3), np.uint8)})},
+            {},
+            r"policy.token_vla.observation.instruction: the env has no observation 'instruction'",
+        ),
+    ],
+)
+def test_a_wrong_action_or_observation_space_is_one_clear_error(
+    llava_dir, changes, fields, match
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        make_policy(llava_dir, changes, **fields)
+
+
+def test_a_yaml_without_path_or_with_a_bad_prompt_is_refused() -> None:
+    with pytest.raises(ConfigError, match="policy.token_vla.path"):
+        load_config(None, ["policy.kind=token_vla"])
+    with pytest.raises(ConfigError, match=r"policy.token_vla: prompt: .*\{state\}"):
+        load_config(
+            None,
+            [
+                "policy.kind=token_vla",
+                "policy.token_vla.path=/x",
+                "policy.token_vla.prompt=Do {instruction}",
+            ],
+        )
+
+
+# --------------------------------------------------------------------------------- a real run
+@pytest.mark.slow
+def test_a_run_trains_a_token_vla_end_to_end(llava_dir, tmp_path, redis_url) -> None:
+    """env worker -> rollout server -> trainer -> broadcaster on the table-top task with a tiny
+    LLaVA checkpoint: several versions trained and served, a checkpoint, summary.json."""
+    from rlvla3.runtime.registry import Registry
+    from tests.launching import launcher_output, start_launcher, write_yaml
+
+    name = "token_vla_run"
+    cfg = {
+        "run": {
+            "name": name,
+            "redis_url": redis_url,
+            "heartbeat_ttl_s": 5.0,
+            "stop": {"max_env_steps": 160, "max_wall_s": 200},
+        },
+        "roles": {
+            "env_worker": {"count": 1},
+            "rollout_server": {"count": 1, "settings": {"max_batch": 4}},
+            "trainer": {"count": 1},
+            "weight_broadcaster": {"count": 1},
+        },
+        "env": {
+            "id": "rlvla3/TableTopEasy-v0",
+            "num_envs_per_worker": 2,
+            "chunk_len": 8,
+            "kwargs": {"image_size": IMAGE_SIZE, "instruction_max_len": 48},
+        },
+        "policy": {
+            "kind": "token_vla",
+            "token_vla": {"path": str(llava_dir), "bins": 16, "value_hidden": 16},
+        },
+        "algo": {"batch_steps": 32, "minibatch_size": 16, "epochs": 1, "checkpoint_every": 2},
+    }
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
+    try:
+        code = launcher.wait(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert code == 0, launcher_output(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "max_env_steps" in summary["stop_reason"]
+    registry = Registry(redis_url, name)
+    counters = registry.counters()
+    assert counters["updates"] >= 2 and registry.weight_version() >= 2, counters
+    assert not counters.get("bad_chunks") and not counters.get("bad_requests"), counters
+    assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), launcher_output(run_dir)
