@@ -32,8 +32,45 @@ def env_spaces(cfg: Config) -> EnvSpaces:
 
 
 def build_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
-    """The policy ``cfg.policy`` describes, shaped for the env's spaces."""
+    """The policy ``cfg.policy`` describes, shaped for the env's spaces, with the same initial
+    weights in every role (``initial_policy``); with ``policy.lora``, its adapters on the base
+    that ``base_policy`` builds."""
     env = env or env_spaces(cfg)
+    if not cfg.policy.lora.enabled:
+        return initial_policy(cfg, env)
+    from rlvla3.policy.lora import apply_lora
+
+    policy = base_policy(cfg, env)
+    apply_lora(policy, cfg.policy.lora)
+    return policy
+
+
+def initial_policy(cfg: Config, env: EnvSpaces) -> ActorCritic:
+    """The policy of ``policy.kind``, its initial weights drawn from ``run.seed`` on a forked
+    generator: every role and process draws the same ones (a LoRA policy's frozen base must be
+    alike everywhere, since only the adapters and heads travel), and the caller's own random
+    stream is left as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.run.seed)
+        return _family(cfg, env)
+
+
+def base_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
+    """The policy without adapters, with the weights of a LoRA policy's frozen base:
+    ``initial_policy``'s, then ``policy.init_checkpoint``'s, if set."""
+    env = env or env_spaces(cfg)
+    policy = initial_policy(cfg, env)
+    if cfg.policy.init_checkpoint:
+        from rlvla3.policy.lora import load_init_weights
+
+        load_init_weights(policy, cfg.policy.init_checkpoint)
+    return policy
+
+
+def _family(cfg: Config, env: EnvSpaces) -> ActorCritic:
+    """The policy of ``policy.kind``, freshly initialised."""
     if cfg.policy.kind == "mlp":
         from rlvla3.policy.mlp import MLPPolicy
 
