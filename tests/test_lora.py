@@ -90,6 +90,15 @@ def test_unknown_target_module_is_one_config_error_with_candidates(spaces):
         build_policy(vla_config(*LORA, "policy.lora.target_modules=[action_head]"), spaces)
 
 
+def test_launch_refuses_an_unknown_target_before_starting_anything(tmp_path):
+    from rlvla3.launch.command import launch
+
+    overrides = [*VLA, *LORA, "policy.lora.target_modules=[q_proj]", "roles.trainer.count=1"]
+    with pytest.raises(ConfigError, match="policy.lora.target_modules: 'q_proj' names no"):
+        launch(None, overrides, out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
 # --- what trains -----------------------------------------------------------------------------
 def test_only_adapters_and_heads_require_grad(spaces):
     policy = build_policy(vla_config(*LORA, "policy.lora.target_modules=[qkv, proj]"), spaces)

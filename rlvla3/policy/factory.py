@@ -69,6 +69,32 @@ def base_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
     return policy
 
 
+def check_lora_targets(cfg: Config) -> None:
+    """``policy.lora.target_modules`` against the policy's module names, before any role
+    starts (the launcher's check): the policy is built on the meta device, without weights. A
+    family that cannot be built there is left to the roles, which check the same when they
+    build it.
+
+    Raises:
+        ConfigError: a target names no adaptable module (``rlvla3.policy.lora``).
+    """
+    if not cfg.policy.lora.enabled:
+        return
+    import torch
+
+    from rlvla3.policy.lora import adapted_module_names
+
+    env = env_spaces(cfg)
+    try:
+        with torch.device("meta"):
+            policy = _family(cfg, env)
+    except ConfigError:
+        raise
+    except Exception:  # e.g. a loader that reads real tensors: the roles will check
+        return
+    adapted_module_names(policy, cfg.policy.lora.target_modules, policy.head_parameter_prefixes())
+
+
 def _family(cfg: Config, env: EnvSpaces) -> ActorCritic:
     """The policy of ``policy.kind``, freshly initialised."""
     if cfg.policy.kind == "mlp":
