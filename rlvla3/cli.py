@@ -1,5 +1,5 @@
 """The ``rlvla3`` command: ``launch`` a run, ``monitor`` it, print its resolved ``config``,
-write ``demos``."""
+write ``demos``, ``export`` a checkpoint (LoRA adapters merged)."""
 
 from __future__ import annotations
 
@@ -151,6 +151,14 @@ def _usage_error(message: str) -> int:
     return 2
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rlvla3.export import export_checkpoint
+
+    out = export_checkpoint(args.source, args.out, args.config)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``rlvla3`` command."""
     parser = argparse.ArgumentParser(prog="rlvla3", description=__doc__)
@@ -235,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(LeRobot 0.3 and earlier)",
     )
     p.set_defaults(func=_demos)
+
+    p = sub.add_parser(
+        "export", help="write a run's checkpoint as one plain checkpoint (LoRA adapters merged)"
+    )
+    p.add_argument("source", help="run dir, its checkpoints dir, or a checkpoint file")
+    p.add_argument("--out", required=True, help="the checkpoint file to write")
+    p.add_argument(
+        "--config", default=None, help="the run's config.yaml (default: the one in the run dir)"
+    )
+    p.set_defaults(func=_export)
     return parser
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from rlvla3.config import run_config as c
 from rlvla3.config import sections
+from rlvla3.config.lora import LoraConfig
 from rlvla3.config.role_table import ROLES
 from rlvla3.config.token_vla import ObservationMapping, TokenVLAConfig
 from rlvla3.config.vla import VLAConfig
@@ -67,6 +68,7 @@ def _sections() -> list[tuple[str, type]]:
         ("policy.vla", VLAConfig),
         ("policy.token_vla", TokenVLAConfig),
         ("policy.token_vla.observation", ObservationMapping),
+        ("policy.lora", LoraConfig),
         ("algo", sections.AlgoConfig),
         ("sft", sections.SftConfig),
         ("sft.symmetry", sections.SymmetryConfig),
@@ -122,7 +124,7 @@ def config_markdown() -> str:
     """The text of ``docs/config.md``."""
     out = [
         _HEADER.format(
-            source="rlvla3/config/run_config.py, rlvla3/config/sections.py, rlvla3/config/role_settings.py and rlvla3/config/vla.py"
+            source="rlvla3/config/run_config.py, rlvla3/config/sections.py, rlvla3/config/role_settings.py, rlvla3/config/vla.py and rlvla3/config/lora.py"
         ),
         "# Configuration reference\n\n",
         "Every key of a launch YAML, its type, allowed range and default; a file names only what "

@@ -11,7 +11,8 @@ Weights arrive from the broadcaster on a background thread into a standby copy o
 (double buffering); the serving loop swaps it in between batches, so serving never stops for a
 sync and never sees half-written weights. Each copy's parameters are views of its own flat
 buffer (``FlatLayout.bind``), so the broadcast lands directly in the standby model: no second
-copy competes with serving for CPU or memory bandwidth during a sync.
+copy competes with serving for CPU or memory bandwidth during a sync. With ``policy.lora`` the
+buffer holds the adapters and heads only; each copy's frozen base is loaded by ``build_policy``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from rlvla3.algo.chunk_check import obs_problem
 from rlvla3.config.role_settings import RolloutServerSettings
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
-from rlvla3.runtime.checkpoints import load_checkpoint
+from rlvla3.policy.lora import load_init_weights
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role, main
 from roles.request_batch import (
@@ -103,8 +104,8 @@ class RolloutServer(Role[RolloutServerSettings]):
         initialised, as version 0."""
         path = self.cfg.policy.init_checkpoint
         if path:
-            state = load_checkpoint(path, self.device)["model"]
-            self.active.load_state_dict(state)
+            if not self.cfg.policy.lora.enabled:  # (with LoRA build_policy loaded it)
+                load_init_weights(self.active, path)
             self.log.info("inference only: serving the weights of %s", path)
         else:
             self.log.info("inference only: serving the initial (untrained) policy")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvla3.algo.optim import trainable_parameters
 from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.config.vla import VLAConfig
@@ -82,7 +83,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
                 )
         # after enable_fp8, which may give the linears new parameters (Transformer Engine)
         self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
-            self.policy.parameters(), lr=s.lr, weight_decay=s.weight_decay, fused=True
+            trainable_parameters(self.policy), lr=s.lr, weight_decay=s.weight_decay, fused=True
         )
         self.steps, self.version = 0, -1
         self.last_loss: float | None = None
@@ -178,7 +179,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
             loss = -self.policy.evaluate(obs, actions.to(self.device)).log_prob.mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.policy), 1.0)
         self.optimizer.step()
         self.token_rate.add(batch.num_tokens)
         self.count("sft_samples", batch.num_samples)

@@ -19,7 +19,9 @@ sequence. Metrics go to ``metrics.jsonl`` and TensorBoard (``tb/``) in the run d
 
 A warm start (``policy.init_checkpoint``) loads its weights when there is no checkpoint of the
 run's own; with ``algo.ref_kl_coef`` > 0 a frozen copy of them is the reference policy of the
-loss's KL term, kept across restarts.
+loss's KL term, kept across restarts. With ``policy.lora`` the policy trains adapters and heads
+on a frozen base that ``build_policy`` loads (``rlvla3/policy/lora.py``), and only those tensors
+are published and checkpointed.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from rlvla3.config.role_settings import TrainerSettings
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
-from rlvla3.runtime.checkpoints import load_checkpoint
+from rlvla3.policy.lora import load_init_weights
 from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
@@ -219,17 +221,15 @@ class Trainer(TrainingRole[TrainerSettings]):
         )
 
     def _resume(self) -> None:
-        resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)
-        init = None
-        if self.cfg.policy.init_checkpoint and (resumed is None or self.cfg.algo.ref_kl_coef > 0):
-            init = load_checkpoint(self.cfg.policy.init_checkpoint, self.device)["model"]
-        if init is not None and self.cfg.algo.ref_kl_coef > 0:
+        init = self.cfg.policy.init_checkpoint
+        if init and not self.cfg.policy.lora.enabled:  # (with LoRA the base holds it already)
+            load_init_weights(self.policy, init)  # e.g. RL continuing from an SFT run
+            self.log.info("initialised from %s", init)
+        if init and self.cfg.algo.ref_kl_coef > 0:
             # The KL regulariser's reference: the warm start's weights, frozen (also on resume).
-            self.reference = frozen_reference(self.policy, init)
+            self.reference = frozen_reference(self.policy)
+        resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)
         if resumed is None:
-            if init is not None:  # e.g. RL continuing from an SFT run
-                self.policy.load_state_dict(init)
-                self.log.info("initialised from %s", self.cfg.policy.init_checkpoint)
             self._set_initial_log_std()
             return
         self.updates = resumed.updates

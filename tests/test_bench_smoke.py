@@ -29,6 +29,7 @@ BENCHMARKS = {
     "async_vs_sync.py": [],
     "codec_sockets.py": [],
     "faults.py": [],
+    "lora_sync.py": [],
     "main_job.py": [],
     "multi_node.py": [],
     "packing.py": [],

@@ -332,3 +332,42 @@ def test_a_run_trains_a_token_vla_end_to_end(llava_dir, tmp_path, redis_url) -> 
     assert counters["updates"] >= 2 and registry.weight_version() >= 2, counters
     assert not counters.get("bad_chunks") and not counters.get("bad_requests"), counters
     assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), launcher_output(run_dir)
+
+
+def test_lora_on_a_token_vla_trains_adapters_and_value_head_only(model_dir) -> None:
+    """``policy.lora`` on a pretrained model: the factory adds the adapters, only they and the
+    value head train, act and evaluate still agree, and the weight path ships those alone."""
+    keys = [
+        "policy.kind=token_vla",
+        f"policy.token_vla.path={model_dir}",
+        "policy.token_vla.bins=8",
+        "policy.token_vla.dtype=float32",
+        "policy.token_vla.value_hidden=16",
+        "policy.lora.rank=4",
+        "policy.lora.target_modules=[q_proj, v_proj]",
+    ]
+    policy = build_policy(load_config(None, keys), tabletop_spaces())
+    trained = policy.trained_state_names()
+    assert trained and all("lora_" in n or n.startswith("value_head.") for n in trained)
+    assert any("lora_" in n for n in trained)
+    assert {n for n, p in policy.named_parameters() if p.requires_grad} == set(trained)
+    obs = observations(3)
+    out = policy.act(obs)
+    again = policy.evaluate(obs, out.action)
+    torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
+    assert set(FlatLayout.of(policy).names) == set(trained)
+
+
+def test_bfloat16_with_rollout_servers_needs_lora(model_dir) -> None:
+    keys = [
+        "policy.kind=token_vla",
+        f"policy.token_vla.path={model_dir}",
+        "roles.rollout_server.count=1",
+        "roles.weight_broadcaster.count=1",
+        "roles.trainer.count=1",
+    ]
+    bf16 = [*keys, "policy.token_vla.dtype=bfloat16"]
+    with pytest.raises(ConfigError, match=r"policy.token_vla.dtype: bfloat16 .* needs policy.lora"):
+        load_config(None, bf16)
+    assert load_config(None, [*bf16, "policy.lora.rank=4"]).policy.token_vla.dtype == "bfloat16"
+    assert load_config(None, keys).policy.token_vla.dtype == "float32"

@@ -47,10 +47,13 @@ class FlatLayout:
 
     @staticmethod
     def of(module: nn.Module) -> FlatLayout:
-        """The layout of ``module``'s floating-point state (parameters and float buffers)."""
-        items = [
-            (k, tuple(v.shape)) for k, v in module.state_dict().items() if v.is_floating_point()
-        ]
+        """The layout of ``module``'s floating-point state (parameters and float buffers), or,
+        where the module trains only part of it (``trained_state_names``: a policy with LoRA),
+        of that part alone: the rest is frozen, and each side loads it itself."""
+        state = module.state_dict()
+        trained = trained_state_names(module)
+        keys = state if trained is None else trained
+        items = [(k, tuple(state[k].shape)) for k in keys if state[k].is_floating_point()]
         text = ";".join(f"{k}:{'x'.join(map(str, s))}" for k, s in items)
         numel = sum(int(torch.Size(s).numel()) for _, s in items)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -123,6 +126,14 @@ class FlatLayout:
                 t = state[name]
                 t.copy_(flat[offset : offset + t.numel()].view(shape))
                 offset += t.numel()
+
+
+def trained_state_names(module: nn.Module) -> list[str] | None:
+    """The state-dict keys training changes, when the module says it trains only part of its
+    state (``ActorCritic.trained_state_names``: a policy with LoRA, its adapters and heads);
+    None: the whole state."""
+    method = getattr(module, "trained_state_names", None)
+    return None if method is None else method()
 
 
 def _buckets(flat: torch.Tensor) -> list[torch.Tensor]:

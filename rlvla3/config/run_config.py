@@ -165,6 +165,19 @@ def _plain(cfg: Config) -> dict[str, Any]:
     return raw
 
 
+def _validate_token_vla(cfg: Config) -> None:
+    tv = cfg.policy.token_vla
+    if not tv.path:
+        raise ConfigError(
+            "policy.token_vla.path: policy.kind: token_vla needs the model's directory"
+        )
+    if tv.dtype == "bfloat16" and cfg.policy.lora.rank == 0 and cfg.num_processes("rollout_server"):
+        raise ConfigError(
+            "policy.token_vla.dtype: bfloat16 with rollout servers needs policy.lora (the weight "
+            "path carries float32 tensors; with LoRA only the float32 adapters and heads travel)"
+        )
+
+
 def _validate(cfg: Config) -> None:
     name = cfg.run.name
     bad_char = any(c in ":/\\" or c.isspace() or not c.isprintable() for c in name)
@@ -196,10 +209,8 @@ def _validate(cfg: Config) -> None:
     _validate_eval(cfg)
     _validate_env_groups(cfg)
     _validate_weight_path(cfg)
-    if cfg.policy.kind == "token_vla" and not cfg.policy.token_vla.path:
-        raise ConfigError(
-            "policy.token_vla.path: policy.kind: token_vla needs the model's directory"
-        )
+    if cfg.policy.kind == "token_vla":
+        _validate_token_vla(cfg)
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlvla3.config.lora import LoraConfig
 from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import bounded
 from rlvla3.config.vla import VLAConfig
@@ -200,6 +201,8 @@ class PolicyConfig:
     """A run dir or checkpoint whose model weights a trainer starts from when it has none of its own."""
     init_launch: str | None = None
     """The launch YAML that writes ``init_checkpoint``; run first when that holds no checkpoint."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (``policy.lora`` below): the trainers train only them and the heads."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

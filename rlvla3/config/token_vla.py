@@ -14,7 +14,7 @@ from typing import Literal
 
 from rlvla3.config.typed_load import bounded
 
-ModelDType = Literal["auto", "float32", "bfloat16"]
+ModelDType = Literal["float32", "bfloat16"]
 
 DEFAULT_PROMPT = "In: What action should the robot take to {instruction}?{state}\nOut:"
 """OpenVLA's prompt, with the state (when one is mapped) after the question."""
@@ -55,8 +55,8 @@ class TokenVLAConfig:
     """Decimals of each state value in the prompt."""
     observation: ObservationMapping = field(default_factory=ObservationMapping)
     """Which observation keys feed the image, the instruction and the state."""
-    dtype: ModelDType = "auto"
-    """The model's weights: ``float32``, ``bfloat16``, or ``auto`` (bfloat16 where CUDA is available, else float32). The value head is float32 always."""
+    dtype: ModelDType = "float32"
+    """The model's weights: ``float32`` or ``bfloat16``. A run with rollout servers takes ``bfloat16`` only with ``policy.lora`` on: the weight path carries float32 tensors, and with LoRA only the float32 adapters and heads travel. The value head is float32 always."""
     gradient_checkpointing: bool = False
     """Recompute the model's activations in the backward pass (less memory, more time)."""
     value_hidden: int = bounded(256, ge=0)

@@ -36,6 +36,10 @@ def launch(
     checkpoints.
     """
     cfg = load_config(config_path, overrides)
+    if cfg.policy.lora.enabled:
+        from rlvla3.policy.factory import check_lora_targets  # torch: only with LoRA
+
+        check_lora_targets(cfg)
     seat = find_seat(cfg, node)
     _check_multi_node(cfg, seat)
     if seat.node is None and cfg.policy.init_launch:

@@ -94,10 +94,26 @@ class ActorCritic(nn.Module, abc.ABC):
     def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
         """Log-probability, entropy and value for given observations and actions."""
 
+    lora_trained: tuple[str, ...] | None = None
+    """With LoRA (``rlvla3/policy/lora.py`` sets it): the state-dict keys that train, its
+    adapters and heads; None: every parameter trains."""
+
     def value_parameters(self) -> list[nn.Parameter]:
         """The parameters only the value estimate uses (they get ``algo.value_lr``); none
         unless overridden."""
         return []
+
+    def head_parameter_prefixes(self) -> tuple[str, ...]:
+        """Parameter-name prefixes of the action and value heads (``"value_head"`` covers
+        ``value_head.*``). With LoRA they train in full beside the adapters and get no adapter
+        of their own: a head is small and specific to the task. None unless overridden."""
+        return ()
+
+    def trained_state_names(self) -> list[str] | None:
+        """The state-dict keys that training changes when that is not the whole state (with
+        LoRA: adapters and heads). The weight sync ships only these and checkpoints hold only
+        these; every role loads the frozen rest itself. None: the whole state."""
+        return None if self.lora_trained is None else list(self.lora_trained)
 
     def act_numpy(
         self, obs: dict[str, np.ndarray], deterministic: bool, rng: np.random.Generator

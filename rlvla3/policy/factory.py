@@ -32,8 +32,71 @@ def env_spaces(cfg: Config) -> EnvSpaces:
 
 
 def build_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
-    """The policy ``cfg.policy`` describes, shaped for the env's spaces."""
+    """The policy ``cfg.policy`` describes, shaped for the env's spaces, with the same initial
+    weights in every role (``initial_policy``); with ``policy.lora``, its adapters on the base
+    that ``base_policy`` builds."""
     env = env or env_spaces(cfg)
+    if not cfg.policy.lora.enabled:
+        return initial_policy(cfg, env)
+    from rlvla3.policy.lora import apply_lora
+
+    policy = base_policy(cfg, env)
+    apply_lora(policy, cfg.policy.lora)
+    return policy
+
+
+def initial_policy(cfg: Config, env: EnvSpaces) -> ActorCritic:
+    """The policy of ``policy.kind``, its initial weights drawn from ``run.seed`` on a forked
+    generator: every role and process draws the same ones (a LoRA policy's frozen base must be
+    alike everywhere, since only the adapters and heads travel), and the caller's own random
+    stream is left as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.run.seed)
+        return _family(cfg, env)
+
+
+def base_policy(cfg: Config, env: EnvSpaces | None = None) -> ActorCritic:
+    """The policy without adapters, with the weights of a LoRA policy's frozen base:
+    ``initial_policy``'s, then ``policy.init_checkpoint``'s, if set."""
+    env = env or env_spaces(cfg)
+    policy = initial_policy(cfg, env)
+    if cfg.policy.init_checkpoint:
+        from rlvla3.policy.lora import load_init_weights
+
+        load_init_weights(policy, cfg.policy.init_checkpoint)
+    return policy
+
+
+def check_lora_targets(cfg: Config) -> None:
+    """``policy.lora.target_modules`` against the policy's module names, before any role
+    starts (the launcher's check): the policy is built on the meta device, without weights. A
+    family that cannot be built there is left to the roles, which check the same when they
+    build it.
+
+    Raises:
+        ConfigError: a target names no adaptable module (``rlvla3.policy.lora``).
+    """
+    if not cfg.policy.lora.enabled:
+        return
+    import torch
+
+    from rlvla3.policy.lora import adapted_module_names
+
+    env = env_spaces(cfg)
+    try:
+        with torch.device("meta"):
+            policy = _family(cfg, env)
+    except ConfigError:
+        raise
+    except Exception:  # e.g. a loader that reads real tensors: the roles will check
+        return
+    adapted_module_names(policy, cfg.policy.lora.target_modules, policy.head_parameter_prefixes())
+
+
+def _family(cfg: Config, env: EnvSpaces) -> ActorCritic:
+    """The policy of ``policy.kind``, freshly initialised."""
     if cfg.policy.kind == "mlp":
         from rlvla3.policy.mlp import MLPPolicy
 

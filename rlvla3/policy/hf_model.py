@@ -41,9 +41,7 @@ class LoadedVLM:
 
 
 def resolve_dtype(dtype: ModelDType) -> torch.dtype:
-    """``auto``: bfloat16 where CUDA is available, else float32."""
-    if dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    """The torch dtype ``policy.token_vla.dtype`` names."""
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
 
 

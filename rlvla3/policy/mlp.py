@@ -146,6 +146,10 @@ class MLPPolicy(ActorCritic):
         """The critic network's parameters (actor and critic share nothing)."""
         return list(self.critic.parameters())
 
+    def head_parameter_prefixes(self) -> tuple[str, ...]:
+        """The actor's output layer (and log-std) and the whole critic (nothing else uses it)."""
+        return (f"actor.{len(self.actor) - 1}", "log_std", "critic")
+
     def evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
         """Log-prob, entropy and value for given states and actions.
 

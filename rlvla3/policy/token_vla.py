@@ -113,6 +113,11 @@ class TokenVLAPolicy(ActorCritic):
         """The value head's parameters."""
         return list(self.value_head.parameters())
 
+    def head_parameter_prefixes(self) -> tuple[str, ...]:
+        """The value head. The action tokens are the language model's own output layer, which
+        LoRA leaves frozen (as OpenVLA's LoRA recipe does) and adapts through the layers below."""
+        return ("value_head",)
+
     def to_env_action(self, action: Tensor) -> Tensor:
         """Bin indices -> bin centres float32[B, D] (or the discrete index int64[B])."""
         return self.bins.to_env(action)

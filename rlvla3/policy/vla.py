@@ -206,6 +206,10 @@ class VLAPolicy(ActorCritic):
         """The value head's parameters (the trunk is shared with the action head)."""
         return list(self.value_head.parameters())
 
+    def head_parameter_prefixes(self) -> tuple[str, ...]:
+        """The action head (and the Gaussian's log-std) and the value head."""
+        return ("action_head", "log_std", "value_head")
+
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
         """Log-prob float32[B], entropy float32[B] and value float32[B] of given actions."""
         dist, value = self.distribution(obs)

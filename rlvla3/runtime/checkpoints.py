@@ -61,7 +61,7 @@ def save_training(
 ) -> Path:
     """Checkpoint a trainer: ``model``, ``optimizer``, ``version``, ``updates`` and ``extra``."""
     state = {
-        "model": model.state_dict(),
+        "model": model_state(model),
         "optimizer": optimizer.state_dict(),
         "version": version,
         "updates": updates,
@@ -86,13 +86,45 @@ def resume_training(
     if loaded is None:
         return None
     path, state = loaded
-    model.load_state_dict(state["model"])
+    load_model_state(model, state["model"])
     try:
         optimizer.load_state_dict(state["optimizer"])
     except ValueError as err:
         log.warning("%s: optimizer state not restored (%s); Adam starts afresh", path, err)
     extra = {k: v for k, v in state.items() if k not in _TRAINING_KEYS}
     return Resumed(path, int(state["version"]), int(state["updates"]), extra)
+
+
+def model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """What a checkpoint keeps of ``model``: its state dict, or, where it trains only part of
+    it (a policy with LoRA: adapters and heads), that part alone."""
+    from transport.weights import trained_state_names
+
+    state = model.state_dict()
+    trained = trained_state_names(model)
+    return state if trained is None else {k: state[k] for k in trained}
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load what ``model_state`` kept into ``model`` (the frozen rest stays as it is).
+
+    Raises:
+        ValueError: ``state`` does not hold exactly the tensors ``model`` trains (a checkpoint
+            of a run with another ``policy.lora``, or a whole model for a LoRA policy).
+    """
+    from transport.weights import trained_state_names
+
+    trained = trained_state_names(model)
+    if trained is None:
+        model.load_state_dict(state)
+        return
+    missing, unexpected = sorted(set(trained) - set(state)), sorted(set(state) - set(trained))
+    if missing or unexpected:
+        raise ValueError(
+            f"the checkpoint does not hold this LoRA policy's trained tensors: missing "
+            f"{missing[:3]} ({len(missing)}), unexpected {unexpected[:3]} ({len(unexpected)})"
+        )
+    model.load_state_dict(state, strict=False)
 
 
 def load_newest_complete(

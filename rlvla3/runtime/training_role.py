@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rlvla3.config.lora import checkpoint_record
 from rlvla3.config.role_settings import SftTrainerSettings, TrainerSettings
 from rlvla3.runtime.checkpoints import Resumed, resume_training, save_training
 from rlvla3.runtime.role import Role
@@ -138,7 +139,11 @@ class TrainingRole(Role[TrainingSettingsT]):
     ) -> None:
         """Checkpoint into ``checkpoint_dir`` (``rlvla3/runtime/checkpoints.py``), keeping
         ``settings.keep_checkpoints``. A failed write (a full disk) is counted and logged, and
-        training goes on: the older checkpoints stay."""
+        training goes on: the older checkpoints stay. With ``policy.lora`` it holds the
+        adapters and heads, and what rebuilds the whole model from them."""
+        policy = self.cfg.policy
+        if policy.lora.enabled:  # what rebuilds the whole model (rlvla3 export)
+            extra["lora"] = checkpoint_record(policy.lora, policy.init_checkpoint)
         try:
             save_training(
                 self.checkpoint_dir,
