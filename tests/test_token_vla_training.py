@@ -234,13 +234,16 @@ def test_a_rollout_server_acts_in_inference_mode_with_dropout_off(
         role.requests.close()
 
 
-def test_a_rollout_server_refuses_a_model_that_cannot_fit(
-    model_dir, tmp_path, redis_url, monkeypatch
+@pytest.mark.parametrize("role_name", ["rollout_server", "trainer"])
+def test_a_role_refuses_a_model_that_cannot_fit_at_setup(
+    model_dir, tmp_path, redis_url, monkeypatch, role_name
 ) -> None:
     from roles.rollout_server import RolloutServer
+    from roles.trainer import Trainer
 
+    role_class = {"rollout_server": RolloutServer, "trainer": Trainer}[role_name]
     monkeypatch.setattr(memory_check, "device_free_bytes", lambda device: 1024)
-    role = RolloutServer(serving_config(model_dir, redis_url), 0, node="local", run_dir=tmp_path)
-    refusal = r"^policy.token_vla.path: .* on cpu \(roles.rollout_server.settings.device\)"
+    role = role_class(serving_config(model_dir, redis_url), 0, node="local", run_dir=tmp_path)
+    refusal = rf"^policy.token_vla.path: .* on cpu \(roles.{role_name}.settings.device\)"
     with pytest.raises(ConfigError, match=refusal + r".* 9.54e-07 GiB is free"):
-        role.setup()
+        role.setup()  # before any model is loaded or any socket bound
