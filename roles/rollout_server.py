@@ -32,6 +32,7 @@ from rlvla3.config.role_settings import RolloutServerSettings
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.policy.lora import load_init_weights
+from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role, main
 from roles.request_batch import (
@@ -71,6 +72,10 @@ class RolloutServer(Role[RolloutServerSettings]):
         spaces = env_spaces(self.cfg)
         self.obs_space = spaces.observation
         self.device = torch.device(self.settings.device)
+        # two copies: the one serving and the standby that receives the next version
+        estimate = check_role_memory(self.cfg, self.name, self.device, copies=2, trains=False)
+        if estimate is not None:
+            self.log.info("policy memory: %s", estimate.describe())
         self.active = build_policy(self.cfg, spaces).to(self.device).eval()
         self.standby = build_policy(self.cfg, spaces).to(self.device).eval()
         self.layout = FlatLayout.of(self.active)

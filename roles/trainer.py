@@ -40,6 +40,7 @@ from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.policy.lora import load_init_weights
+from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
@@ -57,6 +58,13 @@ class Trainer(TrainingRole[TrainerSettings]):
     def setup(self) -> None:
         self.device = self.start_torch()
         spaces = env_spaces(self.cfg)
+        # with a warm start and a KL term, the trainer also holds the frozen reference copy
+        reference = bool(self.cfg.policy.init_checkpoint) and self.cfg.algo.ref_kl_coef > 0
+        estimate = check_role_memory(
+            self.cfg, self.name, self.device, copies=1 + reference, trains=True
+        )
+        if estimate is not None:
+            self.log.info("policy memory: %s", estimate.describe())
         self.policy = build_policy(self.cfg, spaces).to(self.device)
         self.obs_space, self.action_spec = spaces.observation, self.policy.action_spec()
         self.optimizer = build_optimizer(self.policy, self.cfg.algo)
