@@ -1,11 +1,14 @@
-"""SFT trainer role: packed-sequence supervised training of the policy on demonstrations.
+"""SFT trainer role: supervised training of the policy on demonstrations.
 
 Reads a LeRobot-layout dataset (generating it from the env's scripted expert first when
 ``sft.generate_demos`` > 0 and it does not exist), and trains the same policy the RL roles use:
-each step takes as many samples as fit ``sft.token_budget`` tokens, packed without padding, and
-minimises the negative log-likelihood of the demonstrated actions. Attention inside the policy is
-per sample (variable-length: flash-attn varlen on GPU, SDPA per segment on CPU); bf16 autocast on
-GPU and FP8 where the GPU has it (``sft.fp8_backend``: Transformer Engine or ``torch._scaled_mm``).
+each step takes as many samples as fit ``sft.token_budget`` tokens and minimises the negative
+log-likelihood of the demonstrated actions (for a token VLA: the cross-entropy of their action
+tokens). How a frame counts in tokens is the policy family's (``rlvla3/policy/sft_tokens.py``):
+the VLA packs samples without padding, attention per sample (variable-length: flash-attn varlen
+on GPU, SDPA per segment on CPU); a token VLA's ``transformers`` model takes right-padded
+batches. bf16 autocast on GPU and FP8 where the GPU has it (``sft.fp8_backend``: Transformer
+Engine or ``torch._scaled_mm``).
 
 Weights go to the broadcaster every ``sft.publish_every`` steps, so rollout servers serve — and
 env workers evaluate — the pretrained policy while it trains. After ``sft.max_steps`` it publishes
@@ -24,8 +27,8 @@ import torch
 from rlvla3.algo.optim import trainable_parameters
 from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
-from rlvla3.config.vla import VLAConfig
 from rlvla3.policy.factory import build_policy
+from rlvla3.policy.sft_tokens import frame_tokens
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
@@ -45,11 +48,11 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
     def setup(self) -> None:
         self.device = self.start_torch()
         self.policy = build_policy(self.cfg).to(self.device).train()
-        vla = _vla_config(self.policy)
+        counting = frame_tokens(self.policy)  # the policy family's sequence per frame
         s = self.cfg.sft
         tokens = {
-            "fixed_tokens": vla.num_fixed_tokens,
-            "instruction_tokens": vla.instruction_token_counts,
+            "fixed_tokens": counting.fixed_tokens,
+            "instruction_tokens": counting.instruction_tokens,
         }
         if s.stream_buffer_frames:
             self.data: DemoSet | DemoStream = DemoStream(
@@ -62,10 +65,11 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
             self.data = DemoSet(self._dataset(), **tokens)
         self.own(self.data)
         self.log.info(
-            "%d demo frames from %d episodes (%s)",
+            "%d demo frames from %d episodes (%s, %s batches)",
             len(self.data),
             self.data.num_episodes,
             type(self.data).__name__,
+            "packed" if counting.packed else "right-padded",
         )
         self.data.check_budget(s.token_budget)
         self.symmetry = planar_symmetry(s.symmetry)
@@ -218,14 +222,6 @@ def planar_symmetry(cfg: SymmetryConfig) -> PlanarSymmetry | None:
     if cfg.kind == "none":
         return None
     return PlanarSymmetry(cfg.image_key, cfg.obs_pairs, cfg.action_pairs)
-
-
-def _vla_config(policy: torch.nn.Module) -> VLAConfig:
-    """The policy's ``VLAConfig`` (token counts for packing); SFT trains only the VLA."""
-    config = getattr(policy, "config", None)
-    if config is None or not hasattr(config, "num_fixed_tokens"):
-        raise ValueError("policy.kind: SFT trains the VLA policy (policy.kind: vla)")
-    return config
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ class TokenVLAConfig:
 
     path: str = ""
     """The model's directory (``config.json``, weights, processor and tokenizer files, as ``save_pretrained`` writes them); loaded with ``local_files_only``: nothing is fetched."""
+    preset: str | None = None
+    """A size preset of ``rlvla3/policy/presets.py`` (``llava-tiny``, ``idefics3-test``...): when ``path`` holds no model (no ``config.json``), ``rlvla3 launch`` first writes that preset's random-init checkpoint there (nothing fetched); null: ``path`` must hold a model."""
     bins: int = bounded(256, ge=2)
     """Bins per continuous action dimension (uniform between ``action_low`` and ``action_high``). A discrete action space uses one token per action instead."""
     action_low: list[float] | None = None

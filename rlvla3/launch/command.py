@@ -36,6 +36,7 @@ def launch(
     checkpoints.
     """
     cfg = load_config(config_path, overrides)
+    _write_model_preset(cfg, echo)
     if cfg.policy.lora.enabled:
         from rlvla3.policy.factory import check_lora_targets  # torch: only with LoRA
 
@@ -74,6 +75,18 @@ def launch(
     except RedisServerError as err:
         hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
         raise ConfigError(f"the run's redis-server: {err}{hint}") from None
+
+
+def _write_model_preset(cfg: Config, echo: Callable[[str], None]) -> None:
+    """Write ``policy.token_vla.preset`` into ``policy.token_vla.path`` when no model is there,
+    once, before any role (each of which loads it) starts."""
+    token_vla = cfg.policy.token_vla
+    if cfg.policy.kind != "token_vla" or not token_vla.preset:
+        return
+    from rlvla3.policy.presets import ensure_preset  # torch and transformers: only here
+
+    if ensure_preset(token_vla.path, token_vla.preset):
+        echo(f"wrote the {token_vla.preset} preset's random-init model into {token_vla.path}")
 
 
 def _check_multi_node(cfg: Config, seat: Seat) -> None:

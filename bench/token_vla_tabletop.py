@@ -1,0 +1,105 @@
+"""The token VLA learns the table-top task: ``launch/token_vla_tabletop.yaml``'s two stages, timed.
+
+Stage 1 runs ``launch/sft_token_vla_tabletop.yaml`` (SFT of the llava-tiny preset on 50 demos;
+its greedy success on fresh episodes is the start), stage 2 ``launch/token_vla_tabletop.yaml``
+from that checkpoint (PPO with periodic held-out evaluation; its final greedy success is the
+end). The goal (issue 32): the end at least 0.3 above the start within 40 minutes of both
+stages on a 2-core CPU. Prints each stage and the evaluation curve, writes JSON.
+
+``--smoke``: the ``test`` size preset, 2 demos, a few SFT steps and a few hundred RL env steps,
+in a temp dir (seconds, for CI: it runs, it does not learn).
+
+    python bench/token_vla_tabletop.py [--json PATH] [--smoke]
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness.launch_run import launch_and_read
+from harness.provenance import write_result
+from harness.report import Table, benchmark_parser
+
+SFT_CONFIG = "launch/sft_token_vla_tabletop.yaml"
+RL_CONFIG = "launch/token_vla_tabletop.yaml"
+GOAL = 0.3
+"""Greedy success the RL stage must add to the SFT start."""
+STAGES = Table.from_layout("stage:<5 | wall s:>8.1f | env steps:>10d | success:>8.3f")
+CURVE = Table.from_layout("version:>8d | episodes:>9d | success:>8.3f")
+
+
+def smoke_overrides(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(SFT, RL) ``--set`` overrides of a seconds-long run of both stages in ``tmp``."""
+    model = {"policy.token_vla.path": tmp / "model", "policy.token_vla.preset": "llava-test"}
+    sft = {
+        **model,
+        "sft.dataset": tmp / "demos",
+        "sft.generate_demos": 2,
+        "sft.max_steps": 4,
+        "sft.token_budget": 1024,
+        "sft.publish_every": 2,
+        "sft.checkpoint_every": 2,
+        "run.stop.eval_episodes": 2,
+    }
+    rl = {
+        **model,
+        "env.num_envs_per_worker": 8,
+        "algo.batch_steps": 64,
+        "algo.minibatch_size": 32,
+        "run.stop.max_env_steps": 300,
+        "run.stop.eval_episodes": 2,
+        "run.eval.every_versions": 1,
+        "run.eval.episodes": 2,
+    }
+    return sft, rl
+
+
+def run_stages(tmp: Path, smoke: bool) -> dict[str, Any]:
+    """Both stages into ``tmp``; the summaries' figures."""
+    sft_over, rl_over = smoke_overrides(tmp) if smoke else ({}, {})
+    sft_dir = tmp / "sft"
+    sft = launch_and_read(SFT_CONFIG, sft_dir, sft_over, timeout_s=1200)
+    rl_over = {**rl_over, "policy.init_checkpoint": sft_dir, "policy.init_launch": "null"}
+    rl = launch_and_read(RL_CONFIG, tmp / "rl", rl_over, timeout_s=2700)
+    start, end = sft["success_rate"], rl["success_rate"]
+    return {
+        "sft": _stage(sft),
+        "rl": _stage(rl),
+        "start_success": start,
+        "end_success": end,
+        "gain": end - start,
+        "goal_gain": GOAL,
+        "reached": end - start >= GOAL,
+        "wall_s": sft["wall_s"] + rl["wall_s"],
+        "evaluations": [
+            {k: e.get(k) for k in ("version", "episodes", "success_rate", "env_steps", "t")}
+            for e in rl.get("evaluations") or []
+        ],
+    }
+
+
+def _stage(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: summary.get(k) for k in ("wall_s", "env_steps", "success_rate", "stop_reason")}
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__, smoke_help="the test-size model for seconds, for CI")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rlvla3-bench-token-vla-") as tmp:
+        results = run_stages(Path(tmp), args.smoke)
+    STAGES.print(
+        (name, results[name]["wall_s"], results[name]["env_steps"], results[name]["success_rate"])
+        for name in ("sft", "rl")
+    )
+    CURVE.print((e["version"], e["episodes"], e["success_rate"]) for e in results["evaluations"])
+    print(
+        f"greedy success {results['start_success']:.3f} -> {results['end_success']:.3f} "
+        f"(+{results['gain']:.3f}, goal +{GOAL}) in {results['wall_s'] / 60:.1f} min"
+    )
+    write_result(args.json, "token_vla_tabletop", results, vars(args))
+
+
+if __name__ == "__main__":
+    main()

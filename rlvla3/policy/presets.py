@@ -1,0 +1,227 @@
+"""Random-init image-text-to-text checkpoints built from size presets in code, nothing fetched:
+written to a directory as a user's downloaded model would be (``save_pretrained``: config,
+safetensors weights, processor and tokenizer files), so ``policy.token_vla.path`` loads them
+like any other model.
+
+Two families: LLaVA (a CLIP vision tower and a Llama text model joined by a projector) and
+Idefics3 / SmolVLM (a SigLIP-like vision tower, pixel shuffle, a Llama text model). The
+tokenizer is byte-level BPE with no merges (any text encodes), its special tokens first; the
+text model's vocabulary is larger than the tokenizer's, so the highest ids, the action tokens,
+are rare tokens no text produces, as in OpenVLA's Llama.
+
+Sizes: ``test`` (d 32, what the tests load, a few hundred kB, about a second to build) and
+``tiny`` (d 64, a few MB: learns the table-top task on a 2-core CPU, launch/token_vla_tabletop.yaml).
+
+    python -m rlvla3.policy.presets --family llava --size tiny --out models/llava_tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlvla3.config.typed_load import ConfigError
+
+IMAGE_SIZE = 32
+"""Image side the processors expect: the table-top env's ``image_size: 32``."""
+PATCH_SIZE = 8
+"""Vision patch side: (32 / 8)^2 = 16 patches per image."""
+VOCAB_SIZE = 600
+"""The text model's vocabulary (the tokenizer has 263 ids; the rest are rare tokens)."""
+_SPECIALS = [
+    "<pad>",
+    "<s>",
+    "</s>",
+    "<unk>",
+    "<image>",
+    "<fake_token_around_image>",
+    "<global-img>",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """How large the towers of a preset are (vision and text share the width).
+
+    Attributes:
+        hidden: model width of both towers.
+        heads: attention heads of both towers.
+        vision_layers: transformer layers of the vision tower.
+        text_layers: transformer layers of the Llama text model.
+    """
+
+    hidden: int
+    heads: int
+    vision_layers: int
+    text_layers: int
+
+
+SIZES: dict[str, ModelSize] = {
+    "test": ModelSize(hidden=32, heads=2, vision_layers=1, text_layers=2),
+    "tiny": ModelSize(hidden=64, heads=4, vision_layers=2, text_layers=2),
+}
+"""Size preset name -> tower sizes."""
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer without merges, ``<image>`` its image token."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(_SPECIALS)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[char] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in _SPECIALS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        extra_special_tokens={"image_token": "<image>"},
+    )
+
+
+def llama_config(vocab_size: int, size: ModelSize = SIZES["test"]):
+    """The Llama text model of a preset."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=size.hidden,
+        intermediate_size=2 * size.hidden,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.heads,
+        vocab_size=vocab_size,
+        num_hidden_layers=size.text_layers,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def _vision(size: ModelSize) -> dict:
+    return {
+        "hidden_size": size.hidden,
+        "intermediate_size": 2 * size.hidden,
+        "num_attention_heads": size.heads,
+        "num_hidden_layers": size.vision_layers,
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH_SIZE,
+    }
+
+
+def _llava(vocab_size: int, size: ModelSize):
+    import transformers as tf
+
+    config = tf.LlavaConfig(
+        vision_config=tf.CLIPVisionConfig(**_vision(size), projection_dim=size.hidden),
+        text_config=llama_config(vocab_size, size),
+        image_token_id=4,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+    crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    image_processor = tf.CLIPImageProcessorPil(size={"shortest_edge": IMAGE_SIZE}, crop_size=crop)
+    processor = tf.LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=byte_tokenizer(),
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    return tf.LlavaForConditionalGeneration(config), processor
+
+
+def _idefics3(vocab_size: int, size: ModelSize):
+    import transformers as tf
+
+    config = tf.Idefics3Config(
+        vision_config=tf.Idefics3VisionConfig(**_vision(size)),
+        text_config=llama_config(vocab_size, size),
+        image_token_id=4,
+        scale_factor=2,
+        tie_word_embeddings=False,
+    )
+    edge = {"longest_edge": IMAGE_SIZE}
+    image_processor = tf.Idefics3ImageProcessorPil(
+        do_image_splitting=False, size=edge, max_image_size=edge
+    )
+    # (32 / 8)^2 patches, pixel-shuffled by scale_factor 2: 4 image tokens
+    processor = tf.Idefics3Processor(
+        image_processor=image_processor, tokenizer=byte_tokenizer(), image_seq_len=4
+    )
+    return tf.Idefics3ForConditionalGeneration(config), processor
+
+
+FAMILIES: dict[str, Callable] = {"llava": _llava, "idefics3": _idefics3}
+"""Model family -> a builder of (random-weight model, processor) from (vocab size, size)."""
+
+
+def write_vlm(
+    directory: Path,
+    family: str,
+    size: str = "test",
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    seed: int = 0,
+) -> Path:
+    """Save a random-weight ``family`` model of preset ``size`` and its processor into
+    ``directory`` (the same weights for the same seed)."""
+    if family not in FAMILIES or size not in SIZES:
+        raise ValueError(
+            f"no preset {family}/{size} (families {sorted(FAMILIES)}, sizes {sorted(SIZES)})"
+        )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's generator as it was
+        torch.manual_seed(seed)
+        model, processor = FAMILIES[family](vocab_size, SIZES[size])
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
+def parse_preset(preset: str, field: str) -> tuple[str, str]:
+    """``"llava-tiny"`` -> ``("llava", "tiny")``; a name of no preset is a ``ConfigError``
+    naming ``field``."""
+    family, _, size = preset.rpartition("-")
+    if family not in FAMILIES or size not in SIZES:
+        names = [f"{f}-{s}" for f in sorted(FAMILIES) for s in sorted(SIZES)]
+        raise ConfigError(f"{field}: no preset {preset!r} (presets: {', '.join(names)})")
+    return family, size
+
+
+def ensure_preset(path: str, preset: str, field: str = "policy.token_vla.preset") -> bool:
+    """Write preset ``preset`` into ``path`` unless a model is there (its ``config.json``).
+    Returns whether it wrote one."""
+    family, size = parse_preset(preset, field)
+    directory = Path(path).expanduser()
+    if (directory / "config.json").is_file():
+        return False
+    write_vlm(directory, family, size)
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m rlvla3.policy.presets --family F --size S --out DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    parser.add_argument("--out", required=True, help="the model directory to write")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    args = parser.parse_args(argv)
+    out = write_vlm(Path(args.out), args.family, args.size, seed=args.seed)
+    print(f"wrote {args.family}-{args.size} into {out}")
+
+
+if __name__ == "__main__":
+    main()
