@@ -28,6 +28,7 @@ from rlvla3.algo.optim import trainable_parameters
 from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
+from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.policy.sft_tokens import frame_tokens
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
@@ -47,6 +48,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
 
     def setup(self) -> None:
         self.device = self.start_torch()
+        check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True)
         self.policy = build_policy(self.cfg).to(self.device).train()
         counting = frame_tokens(self.policy)  # the policy family's sequence per frame
         s = self.cfg.sft
