@@ -164,3 +164,36 @@ def draw_bad_messages(n: int, seed: int = 0) -> list[list[bytes]]:
 
     collect()
     return drawn
+
+
+def nested_array_messages(depth: int = 200_000) -> list[list[bytes]]:
+    """One message per type with an array field that is ``depth`` nested msgpack arrays
+    instead (~``depth`` bytes), as the array itself and as its shape: what crashed a role's
+    decoder with ``RecursionError`` before the header was decoded against typed descriptors."""
+    nest = b"\x91" * depth + b"\xc0"
+    empty = ["float32", [0], b""]
+    in_shape = b"\x93" + msgpack.packb("float32") + nest + msgpack.packb(b"")
+    messages = []
+    for array in (nest, in_shape):
+        obs = b"\x81" + msgpack.packb("state") + array
+        messages += [
+            _header_with("ObsRequest", ["0/0", 7], obs, []),
+            _header_with("WeightsUpdate", [1, "x"], array, []),
+            _header_with("TrajectoryChunk", [0, 0, 0], obs, [*[empty] * 7, 0.0, "0/0#n", ""]),
+        ]
+    return [[header] for header in messages]
+
+
+def _header_with(name: str, before: list, raw_value: bytes, after: list) -> bytes:
+    """The header ``[version, [name, *before, <raw_value>, *after]]``, ``raw_value`` packed
+    already (msgpack-python cannot pack nesting that deep)."""
+    count = 2 + len(before) + len(after)
+    assert count <= 15  # (a fixarray header)
+    return b"".join(
+        [
+            b"\x92" + msgpack.packb(SCHEMA_VERSION) + bytes([0x90 | count]),
+            *map(msgpack.packb, [name, *before]),
+            raw_value,
+            *map(msgpack.packb, after),
+        ]
+    )
