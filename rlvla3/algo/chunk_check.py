@@ -54,6 +54,14 @@ def chunk_problem(
     return _action_problem(chunk.actions, steps, action_spec)
 
 
+def observation_bytes(observation_space: spaces.Dict) -> int:
+    """Bytes of one observation of the space (bounds the sockets that carry observations)."""
+    return sum(
+        int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
+        for space in observation_space.spaces.values()
+    )
+
+
 def obs_problem(
     obs: dict[str, np.ndarray], observation_space: spaces.Dict, leading: tuple[int, ...] = ()
 ) -> str | None:
