@@ -117,7 +117,9 @@ class Trainer(TrainingRole[TrainerSettings]):
         """Check a received chunk, then hand it to the learner if it is fresh enough."""
         problem = (
             producer_problem(chunk)
-            or chunk_problem(chunk, self.obs_space, self.action_spec)
+            or chunk_problem(
+                chunk, self.obs_space, self.action_spec, chunk_len=self.cfg.env.chunk_len
+            )
             or self.learner.chunk_problem(chunk)
         )
         if problem is not None:

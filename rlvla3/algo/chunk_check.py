@@ -28,12 +28,20 @@ _PER_STEP = {  # field -> the kind of numbers it must hold
 
 
 def chunk_problem(
-    chunk: TrajectoryChunk, observation_space: spaces.Dict, action_spec: ActionSpec
+    chunk: TrajectoryChunk,
+    observation_space: spaces.Dict,
+    action_spec: ActionSpec,
+    *,
+    chunk_len: int,
 ) -> str | None:
-    """Why ``chunk`` cannot be trained on, naming the field; None if it can."""
+    """Why ``chunk`` cannot be trained on, naming the field; None if it can. A chunk has at
+    most ``chunk_len`` steps (``env.chunk_len``): a longer one, however consistent, would
+    stall an update for as long as its sender pleased."""
     steps = np.shape(chunk.rewards)[0] if np.ndim(chunk.rewards) == 1 else -1
     if steps < 1:
         return f"rewards: shape {np.shape(chunk.rewards)}, expected [T] with T >= 1"
+    if steps > chunk_len:
+        return f"rewards: {steps} steps, over env.chunk_len={chunk_len}"
     for name, kinds in _PER_STEP.items():
         arr = getattr(chunk, name)
         if arr.shape != (steps,) or arr.dtype.kind not in kinds:
