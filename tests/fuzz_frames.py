@@ -25,6 +25,26 @@ from transport.messages import (
     WeightsUpdate,
 )
 
+
+def cartpole_chunk(steps: int, producer: str) -> TrajectoryChunk:
+    """A consistent chunk of ``steps`` CartPole steps from ``producer``."""
+    return TrajectoryChunk(
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
+        obs={"state": np.zeros((steps, 4), np.float32)},
+        actions=np.zeros(steps, np.int64),
+        rewards=np.ones(steps, np.float32),
+        terminated=np.zeros(steps, bool),
+        truncated=np.zeros(steps, bool),
+        log_probs=np.zeros(steps, np.float32),
+        values=np.zeros(steps, np.float32),
+        policy_versions=np.zeros(steps, np.int64),
+        bootstrap_value=0.0,
+        producer=producer,
+    )
+
+
 # One well-formed message per type, the material that is cut and mutated.
 _VALID = [
     encode(ObsRequest(env_key="0/0", request_id=7, obs={"state": np.zeros(4, np.float32)}))[0],
@@ -33,23 +53,7 @@ _VALID = [
             request_id=7, action=np.array(1, np.int64), log_prob=-0.5, value=1.0, policy_version=3
         )
     )[0],
-    encode(
-        TrajectoryChunk(
-            worker_index=0,
-            env_index=0,
-            chunk_id=0,
-            obs={"state": np.zeros((2, 4), np.float32)},
-            actions=np.zeros(2, np.int64),
-            rewards=np.ones(2, np.float32),
-            terminated=np.zeros(2, bool),
-            truncated=np.zeros(2, bool),
-            log_probs=np.zeros(2, np.float32),
-            values=np.zeros(2, np.float32),
-            policy_versions=np.zeros(2, np.int64),
-            bootstrap_value=0.0,
-            producer="0/0#fuzz",
-        )
-    )[0],
+    encode(cartpole_chunk(2, "0/0#fuzz"))[0],
     encode(WeightsUpdate(version=1, layout="x", flat=np.zeros(3, np.float32)))[0],
     encode(WeightsRequest(after_version=-1))[0],
 ]

@@ -12,10 +12,10 @@ import pytest
 import zmq
 
 from tests.conftest import wait_until
-from tests.fuzz_frames import nested_array_messages
+from tests.fuzz_frames import cartpole_chunk, nested_array_messages
 from transport import security, sockets
 from transport.codec import CodecError, MalformedFrame, encode
-from transport.messages import ObsRequest, TrajectoryChunk, WeightsRequest, WeightsUpdate
+from transport.messages import ObsRequest, WeightsRequest, WeightsUpdate
 from transport.socket_limits import (
     CONTROL_LIMITS,
     MIB,
@@ -23,25 +23,6 @@ from transport.socket_limits import (
     request_limits,
     weights_limits,
 )
-
-
-def _chunk() -> TrajectoryChunk:
-    return TrajectoryChunk(
-        worker_index=0,
-        env_index=0,
-        chunk_id=0,
-        obs={"state": np.zeros((2, 4), np.float32)},
-        actions=np.zeros(2, np.int64),
-        rewards=np.ones(2, np.float32),
-        terminated=np.zeros(2, bool),
-        truncated=np.zeros(2, bool),
-        log_probs=np.zeros(2, np.float32),
-        values=np.zeros(2, np.float32),
-        policy_versions=np.zeros(2, np.int64),
-        bootstrap_value=0.0,
-        producer="0/0#0",
-    )
-
 
 # socket kind -> (the receiving socket's factory, its limits, the sender's type, a good message)
 KINDS = {
@@ -51,7 +32,12 @@ KINDS = {
         zmq.DEALER,
         ObsRequest(env_key="0/0", request_id=1, obs={"state": np.zeros(4, np.float32)}),
     ),
-    "chunks": (sockets.pull, chunk_limits(observation_bytes=16, chunk_len=32), zmq.PUSH, _chunk()),
+    "chunks": (
+        sockets.pull,
+        chunk_limits(observation_bytes=16, chunk_len=32),
+        zmq.PUSH,
+        cartpole_chunk(2, "0/0#0"),
+    ),
     "weights": (
         sockets.pull,
         weights_limits(8 * MIB),
@@ -183,7 +169,7 @@ def test_a_closed_zap_handler_admits_no_unknown_key(receiver, curve) -> None:
         sock.curve_publickey, sock.curve_secretkey = public, secret
 
     intruder = r.sender(random_key)
-    intruder.send_multipart(encode(_chunk()))
+    intruder.send_multipart(encode(cartpole_chunk(2, "0/0#0")))
     arrived: list[object] = []
 
     def refusal_counted() -> bool:
