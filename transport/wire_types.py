@@ -9,8 +9,9 @@ rejects anything else at its first byte and never goes deeper than the schema.
 
 Each mirrored struct is then turned into its message by a builder generated from the schema, as
 ``dataclasses`` generates ``__init__``: one keyword call with the arrays converted and every
-other field passed on. Measured on the 2-core CI machine for an ``ActionReply``: ~2 µs, against
-~3 µs for the ``dec_hook`` path it replaces.
+other field passed on. Measured on the 2-core CI machine (best of 5): an ``ActionReply`` decodes
+in 1.5 µs and a one-key ``ObsRequest`` in 2.1 µs, against 1.35 and 1.5 µs for the ``dec_hook``
+path this replaces, which followed any nesting.
 """
 
 from __future__ import annotations
