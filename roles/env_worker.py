@@ -128,6 +128,7 @@ class EnvWorker(Role[EnvWorkerSettings]):
             env_index=first,
             peers=self.peers,
             timeout_s=self.settings.request_timeout_s,
+            rows=len(env_indices),
             counters=self,
             stop_event=self.stop_event,
             log=self.log,

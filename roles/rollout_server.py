@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvla3.algo.chunk_check import obs_problem
+from rlvla3.algo.chunk_check import obs_problem, observation_bytes
 from rlvla3.config.role_settings import RolloutServerSettings
 from rlvla3.policy.base import NumpyActOutput
 from rlvla3.policy.factory import build_policy, env_spaces
@@ -43,6 +43,7 @@ from roles.request_batch import (
     without_nonfinite,
 )
 from transport.messages import ActionReply, ObsBatchRequest, ObsRequest
+from transport.socket_limits import request_limits
 from transport.sockets import RouterSocket
 from transport.weights import FlatLayout, WeightLink
 
@@ -85,7 +86,10 @@ class RolloutServer(Role[RolloutServerSettings]):
         self.pending_version: int | None = None
         self.swap_lock = threading.Lock()
         self.weights_ready = threading.Event()
-        self.requests = self.own(RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame))
+        limits = request_limits(observation_bytes(self.obs_space), self.cfg.env.envs_per_request)
+        self.requests = self.own(
+            RouterSocket(hwm=10_000, on_bad_frame=self.count_bad_frame, limits=limits)
+        )
         self.bind("requests", self.requests)
         self.sync = self.cfg.run.mode == "sync" and self.serves_training
         self.full_batch = self._requests_per_round() if self.sync else self.settings.max_batch

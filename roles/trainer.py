@@ -31,7 +31,7 @@ import time
 import torch
 
 from rlvla3.algo.batch import chunk_staleness
-from rlvla3.algo.chunk_check import chunk_problem
+from rlvla3.algo.chunk_check import chunk_problem, observation_bytes
 from rlvla3.algo.learners import TakenBatch, build_learner
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference
@@ -48,6 +48,7 @@ from rlvla3.runtime.role import main
 from rlvla3.runtime.training_role import TrainingRole
 from transport import sockets
 from transport.messages import TrajectoryChunk
+from transport.socket_limits import chunk_limits
 
 
 class Trainer(TrainingRole[TrainerSettings]):
@@ -75,7 +76,11 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.accounting = ChunkAccounting(self, flush_counters=self._flush_counters)
         self.accounting.write_off_dead_buffer()
         self.chunks = self.own(
-            sockets.pull(hwm=self.settings.chunk_queue_hwm, on_bad_frame=self.count_bad_frame)
+            sockets.pull(
+                hwm=self.settings.chunk_queue_hwm,
+                on_bad_frame=self.count_bad_frame,
+                limits=chunk_limits(observation_bytes(self.obs_space), self.cfg.env.chunk_len),
+            )
         )
         self.bind("chunks", self.chunks)
         self.accounting.write_off_lost_chunks()
@@ -120,7 +125,9 @@ class Trainer(TrainingRole[TrainerSettings]):
         """Check a received chunk, then hand it to the learner if it is fresh enough."""
         problem = (
             producer_problem(chunk)
-            or chunk_problem(chunk, self.obs_space, self.action_spec)
+            or chunk_problem(
+                chunk, self.obs_space, self.action_spec, chunk_len=self.cfg.env.chunk_len
+            )
             or self.learner.chunk_problem(chunk)
         )
         if problem is not None:

@@ -20,6 +20,7 @@ from rlvla3.config.role_settings import WeightBroadcasterSettings
 from rlvla3.runtime.role import Role, main
 from transport import sockets
 from transport.messages import WeightsRequest, WeightsUpdate
+from transport.socket_limits import CONTROL_LIMITS, MIB, weights_limits
 from transport.weights import Broadcaster, start_store
 
 _LINK_SCAN_PERIOD_S = 0.5
@@ -31,9 +32,14 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
     name = "weight_broadcaster"
 
     def setup(self) -> None:
-        self.updates = self.own(sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame))
+        weights = weights_limits(self.settings.max_weights_mb * MIB)
+        self.updates = self.own(
+            sockets.pull(hwm=4, on_bad_frame=self.count_bad_frame, limits=weights)
+        )
         self.bind("updates", self.updates)
-        self.requests = self.own(sockets.RouterSocket(on_bad_frame=self.count_bad_frame))
+        self.requests = self.own(
+            sockets.RouterSocket(on_bad_frame=self.count_bad_frame, limits=CONTROL_LIMITS)
+        )
         self.bind("current", self.requests)
         self.current: WeightsUpdate | None = None  # the version held, for WeightsRequest
         self.store = start_store(self.address, timeout_s=self.settings.link_timeout_s)

@@ -25,6 +25,26 @@ from transport.messages import (
     WeightsUpdate,
 )
 
+
+def cartpole_chunk(steps: int, producer: str) -> TrajectoryChunk:
+    """A consistent chunk of ``steps`` CartPole steps from ``producer``."""
+    return TrajectoryChunk(
+        worker_index=0,
+        env_index=0,
+        chunk_id=0,
+        obs={"state": np.zeros((steps, 4), np.float32)},
+        actions=np.zeros(steps, np.int64),
+        rewards=np.ones(steps, np.float32),
+        terminated=np.zeros(steps, bool),
+        truncated=np.zeros(steps, bool),
+        log_probs=np.zeros(steps, np.float32),
+        values=np.zeros(steps, np.float32),
+        policy_versions=np.zeros(steps, np.int64),
+        bootstrap_value=0.0,
+        producer=producer,
+    )
+
+
 # One well-formed message per type, the material that is cut and mutated.
 _VALID = [
     encode(ObsRequest(env_key="0/0", request_id=7, obs={"state": np.zeros(4, np.float32)}))[0],
@@ -33,23 +53,7 @@ _VALID = [
             request_id=7, action=np.array(1, np.int64), log_prob=-0.5, value=1.0, policy_version=3
         )
     )[0],
-    encode(
-        TrajectoryChunk(
-            worker_index=0,
-            env_index=0,
-            chunk_id=0,
-            obs={"state": np.zeros((2, 4), np.float32)},
-            actions=np.zeros(2, np.int64),
-            rewards=np.ones(2, np.float32),
-            terminated=np.zeros(2, bool),
-            truncated=np.zeros(2, bool),
-            log_probs=np.zeros(2, np.float32),
-            values=np.zeros(2, np.float32),
-            policy_versions=np.zeros(2, np.int64),
-            bootstrap_value=0.0,
-            producer="0/0#fuzz",
-        )
-    )[0],
+    encode(cartpole_chunk(2, "0/0#fuzz"))[0],
     encode(WeightsUpdate(version=1, layout="x", flat=np.zeros(3, np.float32)))[0],
     encode(WeightsRequest(after_version=-1))[0],
 ]
@@ -164,3 +168,36 @@ def draw_bad_messages(n: int, seed: int = 0) -> list[list[bytes]]:
 
     collect()
     return drawn
+
+
+def nested_array_messages(depth: int = 200_000) -> list[list[bytes]]:
+    """One message per type with an array field that is ``depth`` nested msgpack arrays
+    instead (~``depth`` bytes), as the array itself and as its shape: what crashed a role's
+    decoder with ``RecursionError`` before the header was decoded against typed descriptors."""
+    nest = b"\x91" * depth + b"\xc0"
+    empty = ["float32", [0], b""]
+    in_shape = b"\x93" + msgpack.packb("float32") + nest + msgpack.packb(b"")
+    messages = []
+    for array in (nest, in_shape):
+        obs = b"\x81" + msgpack.packb("state") + array
+        messages += [
+            _header_with("ObsRequest", ["0/0", 7], obs, []),
+            _header_with("WeightsUpdate", [1, "x"], array, []),
+            _header_with("TrajectoryChunk", [0, 0, 0], obs, [*[empty] * 7, 0.0, "0/0#n", ""]),
+        ]
+    return [[header] for header in messages]
+
+
+def _header_with(name: str, before: list, raw_value: bytes, after: list) -> bytes:
+    """The header ``[version, [name, *before, <raw_value>, *after]]``, ``raw_value`` packed
+    already (msgpack-python cannot pack nesting that deep)."""
+    count = 2 + len(before) + len(after)
+    assert count <= 15  # (a fixarray header)
+    return b"".join(
+        [
+            b"\x92" + msgpack.packb(SCHEMA_VERSION) + bytes([0x90 | count]),
+            *map(msgpack.packb, [name, *before]),
+            raw_value,
+            *map(msgpack.packb, after),
+        ]
+    )

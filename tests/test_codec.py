@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tests.fuzz_frames import bad_message
+from tests.fuzz_frames import bad_message, nested_array_messages
 from transport import messages as m
 from transport.codec import (
     ZERO_COPY_MIN_BYTES,
@@ -247,10 +247,18 @@ def _update(flat: object) -> bytes:
             MalformedFrame,
             "WeightsUpdate.flat: array dtype 'object'",
         ),
-        ([_update(5)], MalformedFrame, "WeightsUpdate.flat: expected an array"),
+        ([_update(5)], MalformedFrame, "WeightsUpdate.flat: Expected `array`, got `int`"),
         ([_update(["float32", [4], b"123"])], MalformedFrame, "needs 16 bytes, got 3"),
-        ([_update(["float32", [-1], b""])], MalformedFrame, "non-negative ints"),
-        ([_update(["float32", 4, b""])], MalformedFrame, "is not a list"),
+        (
+            [_update(["float32", [-1], b""])],
+            MalformedFrame,
+            "WeightsUpdate.flat\\[1\\]\\[0\\]: Expected `int` >= 0",
+        ),
+        (
+            [_update(["float32", 4, b""])],
+            MalformedFrame,
+            "WeightsUpdate.flat\\[1\\]: Expected `array`",
+        ),
         (
             [_header(V, "ObsRequest", ["0/0", 1, {b"k": ["uint8", [1], b"x"]}])],
             MalformedFrame,
@@ -259,7 +267,7 @@ def _update(flat: object) -> bytes:
         (
             [_header(V, "ObsRequest", ["0/0", 1, {"image": ["uint8", [2], b"x"]}])],
             MalformedFrame,
-            "ObsRequest.obs\\[...\\]: array uint8\\[2\\] needs 2 bytes",
+            "ObsRequest.obs\\['image'\\]: array uint8\\[2\\] needs 2 bytes",
         ),
         (
             [
@@ -301,4 +309,12 @@ def test_the_fuzz_suites_bad_messages_raise_only_codec_errors(frames: list[bytes
     short, wrong schema. Decoding raises a ``CodecError`` (which sockets count as a bad frame)
     and nothing else (which would stop the role)."""
     with pytest.raises(CodecError):
+        decode(frames)
+
+
+@pytest.mark.parametrize("frames", nested_array_messages(), ids=lambda f: f"{len(f[0])}B")
+def test_deeply_nested_arrays_raise_a_codec_error_not_recursion(frames: list[bytes]) -> None:
+    """~200 KB of nested msgpack arrays where an array belongs: a ``MalformedFrame`` (counted
+    and dropped by a receiver), not the ``RecursionError`` that used to stop the role."""
+    with pytest.raises(MalformedFrame, match="Expected `"):
         decode(frames)

@@ -31,15 +31,15 @@ from rlvla3.runtime.checkpoints import check, checkpoints
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.registry_records import RoleRecord
 from tests.conftest import wait_until
-from tests.fuzz_frames import draw_bad_messages
+from tests.fuzz_frames import cartpole_chunk, draw_bad_messages, nested_array_messages
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml
-from transport.codec import DEFAULT_LIMITS, encode
+from transport.codec import encode
 from transport.messages import (
     ObsRequest,
-    TrajectoryChunk,
     WeightsRequest,
     WeightsUpdate,
 )
+from transport.socket_limits import MAX_DATA_FRAMES
 
 pytestmark = pytest.mark.slow
 
@@ -361,13 +361,17 @@ _LISTENING = [
 ]
 _REFUSALS = ("bad_frames", "bad_requests", "bad_chunks", "weights_rejected")
 _FUZZ_MESSAGES = 10_000
+# Nested-array headers of 50 KB (under the smallest socket's 64 KiB, so each reaches the codec):
+# 6 a socket, twice the launcher's max_restarts, each of which used to stop the role.
+_NESTED = nested_array_messages(depth=50_000)
 
 
 def test_bad_messages_on_every_listening_socket_are_counted_and_harm_nothing(tmp_path) -> None:
     """10,000 messages drawn by hypothesis (``tests/fuzz_frames.py``: garbage, cut short, wrong
-    schema), plus oversized ones and well-formed ones of the wrong type or content, to each
-    socket a role of the main job listens on: every one is counted as refused, no role
-    restarts, the run solves and its chunk accounting balances."""
+    schema), plus nested-array headers (more than ``max_restarts``), messages of too many
+    frames and well-formed ones of the wrong type or content, to each socket a role of the
+    main job listens on: every one is counted as refused, no role restarts, the run solves and
+    its chunk accounting balances."""
     bad = draw_bad_messages(_FUZZ_MESSAGES)
     run_dir = tmp_path / "run"
     args = [a for o in _OVERRIDES for a in ("--set", o)]
@@ -392,7 +396,7 @@ def test_bad_messages_on_every_listening_socket_are_counted_and_harm_nothing(tmp
             sock.setsockopt(zmq.SNDTIMEO, 30_000)
             sock.connect(address)
             senders.append(sock)
-            for frames in [*bad, *_oversized(), *_well_formed_but_refused(endpoint)]:
+            for frames in [*bad, *_NESTED, _too_many_frames(), *_well_formed_but_refused(endpoint)]:
                 sock.send_multipart(frames)
                 sent += 1
 
@@ -430,11 +434,10 @@ def test_bad_messages_on_every_listening_socket_are_counted_and_harm_nothing(tmp
     )
 
 
-def _oversized() -> list[list[bytes]]:
-    """Over the codec's limits: a header of more than max_header_bytes, more than max_frames
-    frames."""
-    limits = DEFAULT_LIMITS
-    return [[b"\x91" + b"\x00" * limits.max_header_bytes], [b"\x90"] * (limits.max_frames + 1)]
+def _too_many_frames() -> list[bytes]:
+    """Over the codec's limits: more data frames than any socket takes. (A frame over a
+    socket's size limit never reaches a role: libzmq drops it, ``tests/test_hostile_frames.py``.)"""
+    return [b"\x90"] * (MAX_DATA_FRAMES + 2)
 
 
 def _well_formed_but_refused(endpoint: str) -> list[list[bytes]]:
@@ -452,21 +455,12 @@ def _well_formed_but_refused(endpoint: str) -> list[list[bytes]]:
             encode(ObsRequest(env_key="x", request_id=1, obs={"state": np.zeros(5, np.float32)})),
             encode(ObsRequest(env_key="x", request_id=2, obs={"state": state + np.nan})),
         ]
-    chunk = TrajectoryChunk(  # no producer: its accounting cannot be trusted
-        worker_index=0,
-        env_index=0,
-        chunk_id=0,
-        obs={"state": np.zeros((2, 4), np.float32)},
-        actions=np.zeros(2, np.int64),
-        rewards=np.ones(2, np.float32),
-        terminated=np.zeros(2, bool),
-        truncated=np.zeros(2, bool),
-        log_probs=np.zeros(2, np.float32),
-        values=np.zeros(2, np.float32),
-        policy_versions=np.zeros(2, np.int64),
-        bootstrap_value=0.0,
-    )
-    return [wrong_type, encode(chunk)]
+    return [
+        wrong_type,
+        encode(cartpole_chunk(2, producer="")),  # no producer: its accounting cannot be trusted
+        encode(cartpole_chunk(2, producer="0/0#x\r\nFLUSHALL")),  # would become a Redis field
+        encode(cartpole_chunk(33, producer="0/0#x")),  # longer than env.chunk_len (32)
+    ]
 
 
 def everything_said(run_dir: Path) -> str:

@@ -181,10 +181,27 @@ def test_draining_counts_queued_and_held_chunks_in_flight() -> None:
 
 @pytest.mark.parametrize(
     ("producer", "chunk_id", "problem"),
-    [("0/0#x", 0, None), ("", 0, "producer: empty"), ("0/0#x", -1, "chunk_id: -1")],
+    [
+        ("0/0#x", 0, None),
+        ("", 0, "producer: empty"),
+        ("0/0#x", -1, "chunk_id: -1"),
+        ("0/0#x" * 30, 0, "producer: 150 characters, over 128"),
+        ("0/0#x\n*", 0, "producer: '0/0#x\\n*' has characters outside"),
+        ("0/0 x", 0, "producer: '0/0 x' has characters outside"),
+    ],
 )
 def test_the_ledger_takes_only_chunks_with_a_producer_and_sequence_number(
     producer: str, chunk_id: int, problem: str | None
 ) -> None:
     found = producer_problem(msgspec.structs.replace(ungrouped([0], producer), chunk_id=chunk_id))
+    assert found is None if problem is None else problem in found
+
+
+@pytest.mark.parametrize(
+    ("group", "problem"),
+    [("0/0#x:3", None), ("g" * 129, "group: 129 characters"), ("a\x00", "group: 'a\\x00' has")],
+)
+def test_a_group_name_is_bounded_in_length_and_characters(group: str, problem: str | None) -> None:
+    """A group becomes part of Redis fields and log lines, like a producer."""
+    found = producer_problem(grouped([0], group, "0/0#x"))
     assert found is None if problem is None else problem in found

@@ -155,11 +155,23 @@ def test_chunk_check_names_what_would_break_training(changes, problem) -> None:
     from rlvla3.algo.chunk_check import chunk_problem
 
     policy = MLPPolicy(4, gym.spaces.Discrete(2))
-    found = chunk_problem(_with(chunk([1, 1, 1, 1]), **changes), CARTPOLE_OBS, policy.action_spec())
+    found = chunk_problem(
+        _with(chunk([1, 1, 1, 1]), **changes), CARTPOLE_OBS, policy.action_spec(), chunk_len=4
+    )
     if problem is None:
         assert found is None
     else:
         assert found is not None and re.match(problem, found), found
+
+
+def test_a_chunk_longer_than_chunk_len_is_refused() -> None:
+    """Consistent, but one step over ``env.chunk_len``: refused, naming the field."""
+    from rlvla3.algo.chunk_check import chunk_problem
+
+    spec = MLPPolicy(4, gym.spaces.Discrete(2)).action_spec()
+    assert chunk_problem(chunk([1] * 4), CARTPOLE_OBS, spec, chunk_len=4) is None
+    found = chunk_problem(chunk([1] * 5), CARTPOLE_OBS, spec, chunk_len=4)
+    assert found == "rewards: 5 steps, over env.chunk_len=4"
 
 
 def test_a_nan_minibatch_leaves_the_weights_finite() -> None:

@@ -41,7 +41,9 @@ class MessageSocket:
         kind: a zmq socket type (``zmq.PUSH``, ``zmq.PULL``, ...).
         hwm: high-water mark, in messages, for both directions.
         on_bad_frame: called with the error when an incoming message fails to decode.
-        limits: decode bounds for incoming frames.
+        limits: decode bounds for incoming frames; their largest frame is also the socket's
+            ``ZMQ_MAXMSGSIZE``, so libzmq drops a larger frame (and disconnects its sender)
+            before buffering it (``transport/socket_limits.py`` has one per socket kind).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class MessageSocket:
         self.raw.setsockopt(zmq.LINGER, 0)
         self.raw.setsockopt(zmq.SNDHWM, hwm)
         self.raw.setsockopt(zmq.RCVHWM, hwm)
+        self.raw.setsockopt(zmq.MAXMSGSIZE, max(limits.max_header_bytes, limits.max_frame_bytes))
         self._on_bad_frame = on_bad_frame
         self._codec = Codec(limits)  # a socket lives in one thread, so may its codec
         self._router = kind == zmq.ROUTER
@@ -65,6 +68,7 @@ class MessageSocket:
         self._poll_out = [(self.raw, zmq.POLLOUT)]
         self.addresses: list[str] = []
         self._curve_client = False
+        self._curve_server: security.CurveSecurity | None = None  # checks each message's peer
 
     def bind(self, host: str = "127.0.0.1", scheme: str = "tcp", ipc_dir: str | None = None) -> str:
         """Bind to a free port on ``host`` (tcp) or a new path in ``ipc_dir`` (ipc); return it."""
@@ -72,6 +76,7 @@ class MessageSocket:
             curve = security.active()
             if curve is not None and not self.addresses:
                 curve.server(self.raw)
+                self._curve_server = curve
             port = self.raw.bind_to_random_port(f"tcp://{host}")
             address = f"tcp://{host}:{port}"
         elif scheme == "ipc":
@@ -154,6 +159,11 @@ class MessageSocket:
         raw = self.raw
         frames: list[Any] = [raw.recv()] if self._router else []
         part = raw.recv(copy=False)
+        if self._curve_server is not None and not self._curve_server.admits(part):
+            while part.more:  # (the rest of the message goes too)
+                part = raw.recv(copy=False)
+            self._curve_server.refuse_message(", ".join(self.addresses))
+            return None
         frames.append(part.bytes)
         while part.more:
             part = raw.recv(copy=False)

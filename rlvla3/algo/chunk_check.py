@@ -28,12 +28,20 @@ _PER_STEP = {  # field -> the kind of numbers it must hold
 
 
 def chunk_problem(
-    chunk: TrajectoryChunk, observation_space: spaces.Dict, action_spec: ActionSpec
+    chunk: TrajectoryChunk,
+    observation_space: spaces.Dict,
+    action_spec: ActionSpec,
+    *,
+    chunk_len: int,
 ) -> str | None:
-    """Why ``chunk`` cannot be trained on, naming the field; None if it can."""
+    """Why ``chunk`` cannot be trained on, naming the field; None if it can. A chunk has at
+    most ``chunk_len`` steps (``env.chunk_len``): a longer one, however consistent, would
+    stall an update for as long as its sender pleased."""
     steps = np.shape(chunk.rewards)[0] if np.ndim(chunk.rewards) == 1 else -1
     if steps < 1:
         return f"rewards: shape {np.shape(chunk.rewards)}, expected [T] with T >= 1"
+    if steps > chunk_len:
+        return f"rewards: {steps} steps, over env.chunk_len={chunk_len}"
     for name, kinds in _PER_STEP.items():
         arr = getattr(chunk, name)
         if arr.shape != (steps,) or arr.dtype.kind not in kinds:
@@ -52,6 +60,14 @@ def chunk_problem(
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             return f"obs[{key!r}]: not finite"
     return _action_problem(chunk.actions, steps, action_spec)
+
+
+def observation_bytes(observation_space: spaces.Dict) -> int:
+    """Bytes of one observation of the space (bounds the sockets that carry observations)."""
+    return sum(
+        int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
+        for space in observation_space.spaces.values()
+    )
 
 
 def obs_problem(

@@ -10,6 +10,7 @@ buffer, and chunks counted as pushed that never arrived.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,12 +32,33 @@ _STALENESS_COUNTERS = (
 )
 
 
+MAX_NAME_LEN = 128
+"""Longest ``producer`` or ``group`` a chunk may carry (env workers' are under 40)."""
+_NAME = re.compile(r"[A-Za-z0-9_.:/#+-]*")
+"""What a ``producer`` or ``group`` is made of (``worker/env#incarnation``, ``...:round``)."""
+
+
 def producer_problem(chunk: TrajectoryChunk) -> str | None:
-    """Why the chunk's producer and number cannot go into the chunk ledger (None: they can)."""
+    """Why the chunk's producer, group and number cannot go into the chunk ledger, where the
+    producer becomes a Redis field name (None: they can)."""
     if not chunk.producer:
         return "producer: empty (the chunk accounting needs it)"
+    for field in ("producer", "group"):
+        problem = name_problem(getattr(chunk, field))
+        if problem is not None:
+            return f"{field}: {problem}"
     if not 0 <= chunk.chunk_id < 2**53:
         return f"chunk_id: {chunk.chunk_id}, expected a sequence number from 0"
+    return None
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is no producer or group name: too long, or a character outside
+    ``[A-Za-z0-9_.:/#+-]`` (None: it is one)."""
+    if len(name) > MAX_NAME_LEN:
+        return f"{len(name)} characters, over {MAX_NAME_LEN}"
+    if _NAME.fullmatch(name) is None:
+        return f"{name!r:.40} has characters outside [A-Za-z0-9_.:/#+-]"
     return None
 
 

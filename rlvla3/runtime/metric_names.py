@@ -52,7 +52,7 @@ COUNTERS: dict[str, str] = {
     "weights_unsent": "weight versions the broadcaster had no room for within a second (resent)",
     # any role
     "bad_frames": "messages that failed to decode, or of a type the socket does not take",
-    "auth_refused": "peers refused for not holding the run's secret (CURVE handshakes)",
+    "auth_refused": "peers refused for not holding the run's secret (CURVE handshakes), and messages from a peer no ZAP handler admitted",
     # launcher
     "role_restarts": "role processes the launchers restarted",
     "redis_restarts": "times the head restarted the run's own redis-server from its append-only file",

@@ -12,8 +12,10 @@ from typing import Any, TypeVar
 
 from rlvla3.config.lora import checkpoint_record
 from rlvla3.config.role_settings import SftTrainerSettings, TrainerSettings
+from rlvla3.config.typed_load import ConfigError
 from rlvla3.runtime.checkpoints import Resumed, resume_training, save_training
 from rlvla3.runtime.role import Role
+from transport.socket_limits import MIB, weights_limits
 
 TrainingSettingsT = TypeVar("TrainingSettingsT", TrainerSettings, SftTrainerSettings)
 
@@ -41,11 +43,24 @@ class TrainingRole(Role[TrainingSettingsT]):
             return found[0] if found else None
 
         self.wait_for_endpoints("weight_broadcaster", "updates")
-        return self.own(
+        publisher = self.own(
             WeightPublisher(
                 module, broadcaster, version, announce=self.registry.set_trained_version
             )
         )
+        weights_bytes = publisher.layout.numel * 4  # (float32 on the wire)
+        if weights_bytes > self.max_weights_bytes:
+            raise ConfigError(
+                f"roles.weight_broadcaster.settings.max_weights_mb: the weights that travel are "
+                f"{weights_bytes / MIB:.0f} MiB, over {self.max_weights_bytes // MIB} MiB"
+            )
+        return publisher
+
+    @property
+    def max_weights_bytes(self) -> int:
+        """The largest weights update the broadcaster takes
+        (``roles.weight_broadcaster.settings.max_weights_mb``)."""
+        return self.cfg.role_settings("weight_broadcaster").max_weights_mb * MIB
 
     def catch_up_weights(self, module: Any, version: int) -> int:
         """Bring a (re)starting trainer up to where the run stands; returns its version.
@@ -99,7 +114,9 @@ class TrainingRole(Role[TrainingSettingsT]):
         except TimeoutError:
             self.log.warning("no weight broadcaster to ask for the run's weights")
             return None
-        asker = sockets.dealer(hwm=1, on_bad_frame=self.count_bad_frame)
+        asker = sockets.dealer(
+            hwm=1, on_bad_frame=self.count_bad_frame, limits=weights_limits(self.max_weights_bytes)
+        )
         try:
             asker.connect(address[0])
             asker.send(WeightsRequest(after_version=after_version), timeout_s=timeout_s)

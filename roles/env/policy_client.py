@@ -14,6 +14,7 @@ from roles.env.peers import Peers
 from roles.env.role_counters import RoleCounters
 from transport import sockets
 from transport.messages import ActionBatchReply, ActionReply, ObsBatchRequest, ObsRequest
+from transport.socket_limits import reply_limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,8 @@ class PolicyClient:
     """The group's first env (names it in logs)."""
     timeout_s: float
     """An unanswered request is re-sent after this long (``request_timeout_s``)."""
+    rows: int = 1
+    """Envs in the group: rows in each reply (bounds the reply socket's frames)."""
     peers: Peers
     counters: RoleCounters
     log: logging.Logger
@@ -86,7 +89,9 @@ class PolicyClient:
     dealer: sockets.MessageSocket | None = field(default=None, init=False)
 
     def open(self) -> None:
-        self.dealer = sockets.dealer(hwm=100, on_bad_frame=self.counters.count_bad_frame)
+        self.dealer = sockets.dealer(
+            hwm=100, on_bad_frame=self.counters.count_bad_frame, limits=reply_limits(self.rows)
+        )
 
     def close(self) -> None:
         if self.dealer is not None:
