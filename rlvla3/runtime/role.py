@@ -15,8 +15,9 @@ slow by nature says so (``with self.busy("PPO update"): ...``); work done by thr
 loop is held to the same timeout (``stuck_work``).
 
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
---address ADDR``. In a multi-host run the launcher hands over the run secret in the
-environment: the role then authenticates to Redis with it and speaks CURVE on every socket
+--address ADDR``. In a multi-host run (or on one host bound beyond loopback) the launcher hands
+over the run secret through a pipe (``--secret-fd``, ``rlvla3/runtime/run_secret.py``): the
+role then authenticates to Redis with it and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
 hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
 secret is no outage: the role stops at once.
@@ -336,7 +337,11 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--address", default=None, help="address to bind and advertise (default: the node's host)"
     )
+    parser.add_argument(
+        "--secret-fd", type=int, default=None, help="a pipe holding the run secret (the launcher's)"
+    )
     args = parser.parse_args(argv)
+    secret = run_secret.take(args.secret_fd)  # first: nothing started later inherits it
     # the launcher asks a stalled role where it is stuck: every thread's stack to the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = load_config(args.config)
@@ -351,7 +356,6 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         cfg, redis_auth = _with_run_redis(cfg, run_dir / "run.json")
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
-    secret = run_secret.from_env()
     node = args.node or cfg.all_nodes()[0].name
     role = role_cls(
         cfg,
