@@ -76,7 +76,7 @@ class HeadPolicy:
         secure = needs_secret(seat, address)
         secret = (run_secret.from_env() or run_secret.new_secret()) if secure else None
         prepare_run_dir(run_dir, seat, address, secret)
-        write_config(run_dir, cfg)
+        shown = write_config(run_dir, cfg)
         launch_id = uuid.uuid4().hex
         with head_store(cfg, seat, address, secret, run_dir / "redis") as store:
             if cfg.run.redis_url is None:
@@ -86,8 +86,10 @@ class HeadPolicy:
                 )
             write_run_info(run_dir, cfg, seat, store, launch_id, os.getpid())
             registry = store.registry(cfg.run.name)
-            registry.clear_run()
-            registry.save_config(dump_config(cfg))
+            # a shared Redis may hold a live run of this name: never wipe it (the run's own
+            # Redis holds at most a dead launch's keys)
+            registry.clear_run(refuse_live=cfg.run.redis_url is not None)
+            registry.save_config(dump_config(shown))
             registry.mark_launch(launch_id)
             yield NodeLink(store, secret, address, registry)
 

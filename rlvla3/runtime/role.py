@@ -28,7 +28,6 @@ from __future__ import annotations
 import abc
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -47,8 +46,10 @@ from rlvla3.config.typed_load import ConfigError
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.counter_batch import CounterBatch, DropReports
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
+from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
 from transport import security
 from transport.codec import CodecError
@@ -175,7 +176,7 @@ class Role(abc.ABC, Generic[SettingsT]):
         suppressed = self._drop_reports.due(counter)
         if suppressed is not None:
             more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
-            self.log.warning("%s%s", reason, more)
+            self.log.warning("%s%s", loggable(reason), more)  # reasons quote peers' input
 
     def bind(self, endpoint: str, sock: MessageSocket) -> str:
         """Bind ``sock`` on this node and publish it in Redis as ``endpoint``."""
@@ -351,9 +352,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
-    redis_auth = False
-    if cfg.run.redis_url is None:  # an embedded Redis: its URL is in run.json, not the config
-        cfg, redis_auth = _with_run_redis(cfg, run_dir / "run.json")
+    cfg, redis_password = run_redis(cfg, run_dir, secret)
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
     node = args.node or cfg.all_nodes()[0].name
@@ -363,7 +362,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         node=node,
         run_dir=run_dir,
         address=args.address,
-        redis_password=secret if redis_auth else None,
+        redis_password=redis_password,
     )
     if secret is not None:  # a multi-host run: only the run's peers may talk to us
         security.enable(
@@ -380,18 +379,3 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _with_run_redis(cfg: Config, run_json: Path) -> tuple[Config, bool]:
-    """``cfg`` with the Redis URL the launcher recorded in ``run.json`` (if it did), and whether
-    that Redis wants the run secret (AUTH)."""
-    from dataclasses import replace
-
-    try:
-        info = json.loads(run_json.read_text())
-    except (OSError, ValueError):
-        return cfg, False
-    url = info.get("redis_url")
-    if not url:
-        return cfg, False
-    return replace(cfg, run=replace(cfg.run, redis_url=url)), bool(info.get("redis_auth"))

@@ -17,6 +17,9 @@ from pathlib import Path
 
 SECRET_ENV = "RLVLA3_RUN_SECRET"
 SECRET_FILE = "secret"
+REDIS_PASSWORD_FILE = "redis_password"
+"""The run dir's copy (mode 0600) of a configured ``run.redis_url``'s password, which
+``config.yaml`` and ``run.json`` show as ``***``."""
 _MIN_LEN = 16
 
 
@@ -71,14 +74,7 @@ def take(fd: int | None) -> str | None:
 
 def write(run_dir: Path, secret: str) -> Path:
     """Store ``secret`` in ``RUN_DIR/secret`` (mode 0600, replaced atomically)."""
-    path = run_dir / SECRET_FILE
-    tmp = run_dir / f".{SECRET_FILE}.{os.getpid()}"
-    tmp.unlink(missing_ok=True)  # a left-over file would keep its own, maybe wider, mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(secret + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_private(run_dir / SECRET_FILE, secret)
 
 
 def read(run_dir: Path) -> str | None:
@@ -88,6 +84,36 @@ def read(run_dir: Path) -> str | None:
         SecretError: the file is readable by group or others, or not a usable secret.
     """
     path = run_dir / SECRET_FILE
+    text = read_private(path)
+    return None if text is None else _checked(text, str(path))
+
+
+def redis_password(run_dir: Path) -> str | None:
+    """The password of the run's configured ``run.redis_url`` (None: it has none).
+
+    Raises:
+        SecretError: the file is readable by group or others.
+    """
+    return read_private(run_dir / REDIS_PASSWORD_FILE)
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Store ``text`` in ``path`` with mode 0600 (replaced atomically)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a left-over file would keep its own, maybe wider, mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_private(path: Path) -> str | None:
+    """The text of a file ``write_private`` wrote (None when there is none).
+
+    Raises:
+        SecretError: the file is readable by group or others.
+    """
     try:
         mode = path.stat().st_mode
         text = path.read_text()
@@ -95,7 +121,7 @@ def read(run_dir: Path) -> str | None:
         return None
     if mode & 0o077:
         raise SecretError(f"{path}: readable by others (mode {mode & 0o777:o}); chmod 600 {path}")
-    return _checked(text.strip(), str(path))
+    return text.strip()
 
 
 def load(run_dir: Path) -> str | None:
