@@ -144,7 +144,7 @@ def test_a_live_run_of_the_same_name_is_not_wiped(registry, tmp_path) -> None:
     assert registry.counters()["env_steps"] == 5
     overrides = [f"run.redis_url={registry.url}", f"run.name={registry.run_id}"]
     with pytest.raises(ConfigError, match=r"^run\.name: run .* is live"):
-        launch(None, overrides, out=str(tmp_path / "run"), echo=lambda line: None)
+        launch("launch/cartpole.yaml", overrides, out=str(tmp_path / "run"), echo=lambda _: None)
     assert not (tmp_path / "run").exists()  # refused before anything was started or moved
     registry.set_status("env_worker", 0, "done")  # an ended run may be replaced
     registry.clear_run(refuse_live=True)
