@@ -12,7 +12,6 @@ import types
 
 import pytest
 import yaml
-import zmq
 
 from rlvla3.config import redis_url as redis_urls
 from rlvla3.config.run_config import load_config
@@ -30,7 +29,7 @@ from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.registry import Registry, RunInUse
 from rlvla3.runtime.role_redis import run_redis
 from transport.bind_policy import BindRefused, check_bind
-from transport.sockets import MessageSocket
+from transport.sockets import pull
 
 
 # --- item 6: wildcard and unauthenticated binds ---------------------------------------------------
@@ -50,15 +49,13 @@ def test_no_socket_binds_a_wildcard_or_an_open_address_without_curve() -> None:
     for host in ("0.0.0.0", "*", "::"):
         with pytest.raises(BindRefused, match="wildcard"):
             check_bind(host, curve=True)
-    context = zmq.Context()
-    sock = MessageSocket(context, zmq.PULL)
+    sock = pull()
     try:
         with pytest.raises(BindRefused, match="wildcard"):
             sock.bind(host="0.0.0.0")
         assert sock.addresses == []
     finally:
         sock.close()
-        context.term()
 
 
 def test_a_one_host_run_on_a_lan_address_authenticates() -> None:
