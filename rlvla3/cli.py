@@ -105,10 +105,13 @@ def _serve_prometheus(registry, port: int) -> int:
 def _monitor_password(info: dict) -> str | None:
     """The run secret when the run's Redis wants it (a multi-node run's private Redis): from
     ``RLVLA3_RUN_SECRET``, else the run dir's ``secret`` file (mode 0600, on every node)."""
+    from rlvla3.config import redis_url
     from rlvla3.runtime import run_secret
 
     if "run_dir" not in info:  # --redis URL: the secret, if any, comes from the environment
         return run_secret.from_env()
+    if redis_url.password_of(info.get("redis_url") or "") == redis_url.REDACTED:
+        return run_secret.redis_password(Path(info["run_dir"]))  # a configured run.redis_url's
     if not info.get("redis_auth"):
         return None
     return run_secret.load(Path(info["run_dir"]))

@@ -260,7 +260,7 @@ class RolloutServer(Role[RolloutServerSettings]):
                 "an empty group" if rows is None else obs_problem(req.obs, self.obs_space, (rows,))
             )
             if problem is not None:
-                self.drop("bad_requests", f"request {req.env_key}: {problem}")
+                self.drop("bad_requests", f"request {req.env_key!r:.80}: {problem}")
                 return False
             return True
         if not isinstance(req, ObsRequest):
@@ -268,7 +268,7 @@ class RolloutServer(Role[RolloutServerSettings]):
             return False
         problem = obs_problem(req.obs, self.obs_space)
         if problem is not None:
-            self.drop("bad_requests", f"request {req.env_key}: {problem}")
+            self.drop("bad_requests", f"request {req.env_key!r:.80}: {problem}")
             return False
         return True
 
@@ -280,7 +280,7 @@ class RolloutServer(Role[RolloutServerSettings]):
         obs, rows = stack_observations(batch, self.obs_space.spaces)
         batch, obs, rows, refused = without_nonfinite(batch, obs, rows)
         for req in refused:
-            self.drop("bad_requests", f"request {req.env_key}: non-finite observation")
+            self.drop("bad_requests", f"request {req.env_key!r:.80}: non-finite observation")
         if not batch:
             return 0
         out = self._act(obs)
@@ -294,7 +294,7 @@ class RolloutServer(Role[RolloutServerSettings]):
         the same checks and reply with none of the batch's stacking and splitting."""
         obs = {key: req.obs[key][None] for key in self.obs_space.spaces}  # views, no copies
         if not all_finite(obs):
-            self.drop("bad_requests", f"request {req.env_key}: non-finite observation")
+            self.drop("bad_requests", f"request {req.env_key!r:.80}: non-finite observation")
             return 0
         out = self._act(obs)
         reply = ActionReply(

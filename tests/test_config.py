@@ -82,8 +82,8 @@ def test_errors_name_the_key_path(raw: dict, message: str) -> None:
 def test_overrides_are_typed_and_validated(tmp_path) -> None:
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump({"roles": {"trainer": {"count": 1}}}))
-    cfg = load_config(path, ["roles.trainer.count=3", "run.mode=sync", "run.stop.max_wall_s=2"])
-    assert cfg.roles["trainer"].count == 3 and cfg.run.mode == "sync"
+    cfg = load_config(path, ["roles.env_worker.count=3", "run.mode=sync", "run.stop.max_wall_s=2"])
+    assert cfg.roles["env_worker"].count == 3 and cfg.run.mode == "sync"
     assert cfg.run.stop.max_wall_s == 2.0
     with pytest.raises(ConfigError, match="roles.trainer.count: expected int"):
         load_config(path, ["roles.trainer.count=many"])

@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from transport import security
+from transport.bind_policy import check_bind
 from transport.codec import DEFAULT_LIMITS, Codec, CodecError, CodecLimits
 
 BadFrameHandler = Callable[[CodecError], None]
@@ -74,6 +75,7 @@ class MessageSocket:
         """Bind to a free port on ``host`` (tcp) or a new path in ``ipc_dir`` (ipc); return it."""
         if scheme == "tcp":
             curve = security.active()
+            check_bind(host, curve is not None)
             if curve is not None and not self.addresses:
                 curve.server(self.raw)
                 self._curve_server = curve

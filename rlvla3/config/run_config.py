@@ -26,6 +26,7 @@ from rlvla3.config.sections import (
 from rlvla3.config.typed_load import ConfigError, from_dict, to_dict
 from rlvla3.config.vla import VLAConfig
 from rlvla3.config.yaml12 import YamlError, dump_yaml, parse_yaml
+from transport.bind_policy import is_wildcard
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "config_from_dict", "load_config"]
 
@@ -206,6 +207,7 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.algo.kind == "grpo":
         _validate_grpo(cfg)
+    _validate_learner_counts(cfg)
     _validate_eval(cfg)
     _validate_env_groups(cfg)
     _validate_weight_path(cfg)
@@ -228,6 +230,16 @@ def _validate_weight_path(cfg: Config) -> None:
             "roles.weight_broadcaster: a trainer's weights reach the rollout servers through "
             "a weight broadcaster (a run without trainers serves policy.init_checkpoint)"
         )
+
+
+def _validate_learner_counts(cfg: Config) -> None:
+    # two learners of one run would write the same checkpoint files and publish rival versions
+    for role in ("trainer", "sft_trainer"):
+        if cfg.num_processes(role) > 1:
+            raise ConfigError(
+                f"roles.{role}.count: a run has at most one {role} (has "
+                f"{cfg.num_processes(role)}); data-parallel learners are not supported yet"
+            )
 
 
 def _validate_env_groups(cfg: Config) -> None:
@@ -298,6 +310,11 @@ def _validate_nodes(cfg: Config) -> None:
     if len(set(groups)) != len(groups):
         raise ConfigError(f"nodes: duplicate node names in {groups}")
     for i, group in enumerate(cfg.nodes):
+        if group.host is not None and is_wildcard(group.host):
+            raise ConfigError(
+                f"nodes[{i}].host: {group.host!r} is a wildcard address (every interface, "
+                "unauthenticated ones included); give the node's own address"
+            )
         if group.count > 1 and group.host is not None:
             raise ConfigError(
                 f"nodes[{i}].host: group {group.name!r} has {group.count} nodes, "

@@ -118,7 +118,7 @@ class NodeConfig:
     count: int = bounded(1, ge=1, le=4096)
     """Nodes in the group; a Slurm allocation fills them in YAML order."""
     host: str | None = None
-    """Address its roles bind and advertise (a group of one only); null: loopback on one host, the route to the head across hosts."""
+    """Address its roles bind and advertise (a group of one only); null: loopback on one host, the route to the head across hosts. Never a wildcard (``0.0.0.0``, ``::``); an address beyond loopback makes even a one-host run authenticate (CURVE)."""
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     """Devices each of its nodes has (``cpu``, ``cuda:0``...)."""
 

@@ -121,7 +121,11 @@ def own_address(seat: Seat, head: str | None) -> str:
     if not seat.multi_host:
         # a one-host run of several nodes ignores their hosts: those are other machines'
         host = node.host if node is not None else (seat.head.host if seat.single_node else None)
-        return netaddr.resolve(host) if host else LOOPBACK
+        return (
+            netaddr.require_bindable(netaddr.resolve(host), f"nodes[].host {host!r}")
+            if host
+            else LOOPBACK
+        )
     if node.host is not None:
         return netaddr.require_routable(
             node.name, netaddr.resolve(node.host), f"nodes[].host {node.host!r}"
@@ -146,6 +150,13 @@ def own_address(seat: Seat, head: str | None) -> str:
         )
     name = socket.gethostname()
     return netaddr.require_routable(node.name, netaddr.resolve(name), f"its host name {name!r}")
+
+
+def needs_secret(seat: Seat, address: str) -> bool:
+    """Whether the run's roles here authenticate (CURVE, and Redis AUTH across hosts): always
+    across hosts, and on one host whose address other hosts can reach (a configured LAN
+    address), so that nothing a run binds beyond loopback is open."""
+    return seat.multi_host or not netaddr.is_loopback(address)
 
 
 def _another_slurm_host(seat: Seat) -> str | None:

@@ -7,15 +7,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
+
 from rlvla3.config.run_config import Config, load_config
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.launch import netaddr
 from rlvla3.launch.cluster import Seat, find_seat
 from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.redis_server import RedisServerError
+from rlvla3.launch.rendezvous import configured_store
 from rlvla3.launch.run_dir import move_aside
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.checkpoints import find_checkpoint
+from rlvla3.runtime.registry import RunInUse
 from transport import security
 
 
@@ -66,15 +70,34 @@ def launch(
         )
     elif len(cfg.all_nodes()) > 1:
         echo(f"running all {len(cfg.all_nodes())} nodes' roles on this host (loopback)")
+    if seat.is_head:
+        _refuse_live_run(cfg)  # before its run dir could be moved aside
     if not resume and seat.is_head and (run_dir / "run.json").exists():
         echo(move_aside(run_dir))
     try:
         return launcher.run()
     except (netaddr.AddressError, run_secret.SecretError) as err:
         raise ConfigError(str(err)) from None
+    except RunInUse as err:
+        raise ConfigError(f"run.name: {err}") from None
     except RedisServerError as err:
         hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
         raise ConfigError(f"the run's redis-server: {err}{hint}") from None
+
+
+def _refuse_live_run(cfg: Config) -> None:
+    """A shared Redis (``run.redis_url``) with a live run of this ``run.name`` refuses the launch."""
+    if cfg.run.redis_url is None:
+        return
+    registry = configured_store(cfg.run.redis_url).registry(cfg.run.name)
+    try:
+        registry.refuse_if_live()
+    except RunInUse as err:
+        raise ConfigError(f"run.name: {err}") from None
+    except redis.RedisError:
+        pass  # unreachable: joining the run says so
+    finally:
+        registry.close()
 
 
 def _write_model_preset(cfg: Config, echo: Callable[[str], None]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from rlvla3.config.run_config import dump_config
-from rlvla3.launch.cluster import own_address
+from rlvla3.launch.cluster import needs_secret, own_address
 from rlvla3.launch.node_run import (
     BUSY,
     NodeLink,
@@ -73,20 +73,23 @@ class HeadPolicy:
         clean slate of bookkeeping and the launch mark the other nodes wait for."""
         cfg, seat, run_dir = self.setup.cfg, self.setup.seat, self.setup.run_dir
         address = own_address(seat, None)
-        secret = (run_secret.from_env() or run_secret.new_secret()) if seat.multi_host else None
+        secure = needs_secret(seat, address)
+        secret = (run_secret.from_env() or run_secret.new_secret()) if secure else None
         prepare_run_dir(run_dir, seat, address, secret)
-        write_config(run_dir, cfg)
+        shown = write_config(run_dir, cfg)
         launch_id = uuid.uuid4().hex
         with head_store(cfg, seat, address, secret, run_dir / "redis") as store:
             if cfg.run.redis_url is None:
                 self.setup.echo(
                     f"started the run's redis-server at {store.url}"
-                    + (" (AUTH with the run secret)" if secret else "")
+                    + (" (AUTH with the run secret)" if store.password else "")
                 )
             write_run_info(run_dir, cfg, seat, store, launch_id, os.getpid())
             registry = store.registry(cfg.run.name)
-            registry.clear_run()
-            registry.save_config(dump_config(cfg))
+            # a shared Redis may hold a live run of this name: never wipe it (the run's own
+            # Redis holds at most a dead launch's keys)
+            registry.clear_run(refuse_live=cfg.run.redis_url is not None)
+            registry.save_config(dump_config(shown))
             registry.mark_launch(launch_id)
             yield NodeLink(store, secret, address, registry)
 

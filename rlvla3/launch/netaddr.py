@@ -64,6 +64,16 @@ def require_routable(node: str, address: str, how: str) -> str:
     return address
 
 
+def require_bindable(address: str, how: str) -> str:
+    """``address`` unless it is a wildcard (every interface), which a run never binds."""
+    if ipaddress.ip_address(address).is_unspecified:
+        raise AddressError(
+            f"{how} gives {address}, a wildcard address (every interface); "
+            "set nodes[].host to the node's own address"
+        )
+    return address
+
+
 def interface_of(address: str) -> str | None:
     """The name of the local interface holding ``address`` (e.g. for ``NCCL_SOCKET_IFNAME``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -89,19 +89,31 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
     # took a third of a core from the env workers. Roles size torch's threads themselves.
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-    env.pop(run_secret.SECRET_ENV, None)  # a one-host run's roles must not switch CURVE on
-    if ctx.secret is not None:
-        env[run_secret.SECRET_ENV] = ctx.secret  # the environment: never on a command line
+    # never in the environment (a role's simulators would inherit it, and /proc/PID/environ
+    # shows it for the process's life) nor on a command line: a pipe the role reads at start
+    env.pop(run_secret.SECRET_ENV, None)
+    secret_fd = run_secret.hand_over(ctx.secret) if ctx.secret is not None else None
+    if secret_fd is not None:
+        args += ["--secret-fd", str(secret_fd)]
     if ctx.nccl_interface and "NCCL_SOCKET_IFNAME" not in env:
         env["NCCL_SOCKET_IFNAME"] = ctx.nccl_interface
     if ctx.nccl_host_ids and "NCCL_HOSTID" not in env:
         # NCCL refuses two ranks on one GPU of one host; distinct host ids make it link them
         # over sockets (transport/weights.py decides per link).
         env["NCCL_HOSTID"] = f"rlvla3-{proc.node}-{proc.role}-{proc.index}"
-    with open(proc.log_path, "ab") as log:
-        proc.popen = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    try:
+        with open(proc.log_path, "ab") as log:
+            proc.popen = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=() if secret_fd is None else (secret_fd,),
+            )
+    finally:
+        if secret_fd is not None:
+            os.close(secret_fd)
     proc.restart_at = None
 
 

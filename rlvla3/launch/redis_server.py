@@ -23,6 +23,8 @@ from pathlib import Path
 
 import redis
 
+from rlvla3.runtime import run_secret
+
 
 class RedisServerError(RuntimeError):
     """The embedded redis-server could not be found or started."""
@@ -116,7 +118,9 @@ class EmbeddedRedis:
 
     def _spawn(self) -> None:
         with open(self.directory / "redis.log", "ab") as log:
-            self.process = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self._args, stdout=log, stderr=subprocess.STDOUT, env=_without_secret()
+            )
 
     def alive(self) -> bool:
         """Whether the server process is running."""
@@ -212,3 +216,9 @@ def _free_port(host: str) -> int:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _without_secret() -> dict[str, str]:
+    """This environment less the run secret (redis-server reads its password from its 0600
+    config file)."""
+    return {k: v for k, v in os.environ.items() if k != run_secret.SECRET_ENV}

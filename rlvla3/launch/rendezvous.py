@@ -29,6 +29,7 @@ from pathlib import Path
 
 import redis
 
+from rlvla3.config import redis_url
 from rlvla3.config.run_config import Config
 from rlvla3.launch.cluster import Seat, head_address, redis_port
 from rlvla3.launch.redis_server import EmbeddedRedis
@@ -57,9 +58,9 @@ class RunStore:
     """Where the run's Redis is.
 
     Attributes:
-        url: its URL, without a password.
-        password: the run secret when the Redis is the run's private multi-host one, else None
-            (a configured ``run.redis_url`` carries its own credentials).
+        url: its URL, its password (if any) shown as ``***``.
+        password: the run secret when the Redis is the run's private multi-host one, a
+            configured ``run.redis_url``'s password, else None.
     """
 
     url: str
@@ -72,6 +73,12 @@ class RunStore:
         return Registry(self.url, run_id, self.password)
 
 
+def configured_store(url: str) -> RunStore:
+    """The store of a configured ``run.redis_url``: its password kept apart, so that what
+    shows the store's URL (``run.json``, messages) shows ``***``."""
+    return RunStore(redis_url.redacted(url), redis_url.password_of(url))
+
+
 @contextlib.contextmanager
 def head_store(
     cfg: Config, seat: Seat, address: str, secret: str | None, data_dir: Path
@@ -79,7 +86,7 @@ def head_store(
     """The run's Redis, started here (unless ``run.redis_url`` names one) and stopped at exit;
     it keeps its append-only file in ``data_dir``."""
     if cfg.run.redis_url is not None:
-        yield RunStore(cfg.run.redis_url, None)
+        yield configured_store(cfg.run.redis_url)
         return
     durable = {"data_dir": data_dir, "appendfsync": cfg.run.redis_appendfsync}
     if not seat.multi_host:
@@ -157,7 +164,7 @@ def _candidates(
     """Where the head's Redis may be, most direct first: ``run.redis_url``; the head's address
     and the known port; the address in a shared run dir's ``run.json``."""
     if cfg.run.redis_url is not None:
-        return [RunStore(cfg.run.redis_url, None)]
+        return [configured_store(cfg.run.redis_url)]
     stores = []
     port = redis_port(cfg, seat)
     if head is not None and port:

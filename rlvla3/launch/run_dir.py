@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from rlvla3.config import redis_url
 from rlvla3.config.run_config import Config, dump_config
 from rlvla3.launch.cluster import Seat
 from rlvla3.launch.rendezvous import Joined, read_run_info, write_node_info, write_run_info
@@ -27,9 +29,17 @@ def config_path(run_dir: Path) -> Path:
     return run_dir / "config.yaml"
 
 
-def write_config(run_dir: Path, cfg: Config) -> None:
-    """The config as given, launchable again (the Redis URL goes to ``run.json``)."""
+def write_config(run_dir: Path, cfg: Config) -> Config:
+    """The config as given, launchable again (the Redis URL goes to ``run.json``); a
+    ``run.redis_url``'s password goes to ``RUN_DIR/redis_password`` (mode 0600) and shows as
+    ``***``. Returns the config as written (what may be shown or stored elsewhere)."""
+    url = cfg.run.redis_url
+    password = redis_url.password_of(url) if url else None
+    if url and password is not None and password != redis_url.REDACTED:
+        run_secret.write_private(run_dir / run_secret.REDIS_PASSWORD_FILE, password)
+        cfg = replace(cfg, run=replace(cfg.run, redis_url=redis_url.redacted(url)))
     config_path(run_dir).write_text(dump_config(cfg))
+    return cfg
 
 
 def prepare_run_dir(run_dir: Path, seat: Seat, address: str, secret: str | None) -> None:

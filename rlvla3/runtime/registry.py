@@ -14,10 +14,15 @@ from typing import Any
 
 import redis
 
+from rlvla3.config import redis_url
 from rlvla3.runtime import keys
 from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
 _MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
+
+
+class RunInUse(RuntimeError):
+    """A run of the same name is live on the Redis a launch was about to clear."""
 
 
 class Registry:
@@ -26,11 +31,16 @@ class Registry:
     Args:
         url: the Redis URL (``redis://host:port/0``, ``unix:///path``).
         run_id: the run whose keys it reads and writes.
-        password: Redis AUTH password (the run secret of a multi-node run's private Redis).
+        password: Redis AUTH password (the run secret of a multi-node run's private Redis);
+            None: the URL's own, if any. ``url`` then keeps the password redacted (``self.url``).
     """
 
     def __init__(self, url: str, run_id: str, password: str | None = None) -> None:
-        self.url = url
+        in_url = redis_url.password_of(url)
+        if password is None and in_url != redis_url.REDACTED:
+            password = in_url
+        self.url = redis_url.redacted(url)  # what messages may show
+        url = redis_url.without_password(url)
         self.run_id = run_id
         options: dict[str, Any] = {
             "decode_responses": True,
@@ -325,8 +335,37 @@ class Registry:
         key = _SERIES[series](self.run_id)
         return [json.loads(p) for p in self.redis.lrange(key, -last if last else 0, -1)]
 
-    def clear_run(self) -> None:
-        """Delete every key of this run (a fresh start under the same run id)."""
+    def live_members(self) -> list[str]:
+        """The roles (``role/index``) and node launchers (``launcher NODE``) of this run whose
+        heartbeats are fresh and that have not ended."""
+        ended = ("done", "error")
+        live = [f"{r.role}/{r.index}" for r in self.roles() if r.alive and r.status not in ended]
+        live += [
+            f"launcher {rec.node}"
+            for rec in self.launchers()
+            if rec.alive and rec.status not in ended
+        ]
+        return live
+
+    def refuse_if_live(self) -> None:
+        """Raise ``RunInUse`` when the run has live roles or launchers."""
+        live = self.live_members()
+        if live:
+            shown = ", ".join(live[:5]) + (f" and {len(live) - 5} more" if len(live) > 5 else "")
+            raise RunInUse(
+                f"run {self.run_id!r} is live on {self.url} ({shown} heartbeating); stop it, "
+                "or give this run another run.name"
+            )
+
+    def clear_run(self, *, refuse_live: bool = False) -> None:
+        """Delete every key of this run (a fresh start under the same run id).
+
+        Raises:
+            RunInUse: ``refuse_live`` and the run has live roles or launchers (another launch
+                of the same ``run.name`` on a shared Redis).
+        """
+        if refuse_live:
+            self.refuse_if_live()
         pattern = f"{keys.run_prefix(self.run_id)}:*"
         batch = list(self.redis.scan_iter(match=pattern, count=1000))
         if batch:

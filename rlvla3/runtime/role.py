@@ -15,8 +15,9 @@ slow by nature says so (``with self.busy("PPO update"): ...``); work done by thr
 loop is held to the same timeout (``stuck_work``).
 
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
---address ADDR``. In a multi-host run the launcher hands over the run secret in the
-environment: the role then authenticates to Redis with it and speaks CURVE on every socket
+--address ADDR``. In a multi-host run (or on one host bound beyond loopback) the launcher hands
+over the run secret through a pipe (``--secret-fd``, ``rlvla3/runtime/run_secret.py``): the
+role then authenticates to Redis with it and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
 hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
 secret is no outage: the role stops at once.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import abc
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -46,8 +46,10 @@ from rlvla3.config.typed_load import ConfigError
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.counter_batch import CounterBatch, DropReports
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
+from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
 from transport import security
 from transport.codec import CodecError
@@ -174,7 +176,7 @@ class Role(abc.ABC, Generic[SettingsT]):
         suppressed = self._drop_reports.due(counter)
         if suppressed is not None:
             more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
-            self.log.warning("%s%s", reason, more)
+            self.log.warning("%s%s", loggable(reason), more)  # reasons quote peers' input
 
     def bind(self, endpoint: str, sock: MessageSocket) -> str:
         """Bind ``sock`` on this node and publish it in Redis as ``endpoint``."""
@@ -336,7 +338,11 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--address", default=None, help="address to bind and advertise (default: the node's host)"
     )
+    parser.add_argument(
+        "--secret-fd", type=int, default=None, help="a pipe holding the run secret (the launcher's)"
+    )
     args = parser.parse_args(argv)
+    secret = run_secret.take(args.secret_fd)  # first: nothing started later inherits it
     # the launcher asks a stalled role where it is stuck: every thread's stack to the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = load_config(args.config)
@@ -346,12 +352,9 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
-    redis_auth = False
-    if cfg.run.redis_url is None:  # an embedded Redis: its URL is in run.json, not the config
-        cfg, redis_auth = _with_run_redis(cfg, run_dir / "run.json")
+    cfg, redis_password = run_redis(cfg, run_dir, secret)
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
-    secret = run_secret.from_env()
     node = args.node or cfg.all_nodes()[0].name
     role = role_cls(
         cfg,
@@ -359,7 +362,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         node=node,
         run_dir=run_dir,
         address=args.address,
-        redis_password=secret if redis_auth else None,
+        redis_password=redis_password,
     )
     if secret is not None:  # a multi-host run: only the run's peers may talk to us
         security.enable(
@@ -376,18 +379,3 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _with_run_redis(cfg: Config, run_json: Path) -> tuple[Config, bool]:
-    """``cfg`` with the Redis URL the launcher recorded in ``run.json`` (if it did), and whether
-    that Redis wants the run secret (AUTH)."""
-    from dataclasses import replace
-
-    try:
-        info = json.loads(run_json.read_text())
-    except (OSError, ValueError):
-        return cfg, False
-    url = info.get("redis_url")
-    if not url:
-        return cfg, False
-    return replace(cfg, run=replace(cfg.run, redis_url=url)), bool(info.get("redis_auth"))

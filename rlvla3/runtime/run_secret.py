@@ -2,8 +2,11 @@
 
 Made by the head node's launcher (or by ``launch/slurm.sbatch``, which hands it to every node's
 launcher in the ``RLVLA3_RUN_SECRET`` environment variable), kept in ``RUN_DIR/secret`` with
-mode 0600 so that ``rlvla3 monitor`` on any node can join, and never logged. One-host runs
-have none: nothing of theirs listens beyond loopback and a unix socket.
+mode 0600 so that ``rlvla3 monitor`` on any node can join, and never logged. A launcher hands
+it to each role it starts through a pipe (``hand_over``; the role's ``--secret-fd``), never
+the environment, so that neither the role's ``/proc/PID/environ`` nor the processes it starts
+(a simulator's) carry it. One-host runs on loopback have none: nothing of theirs listens
+beyond loopback and a unix socket.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from pathlib import Path
 
 SECRET_ENV = "RLVLA3_RUN_SECRET"
 SECRET_FILE = "secret"
+REDIS_PASSWORD_FILE = "redis_password"
+"""The run dir's copy (mode 0600) of a configured ``run.redis_url``'s password, which
+``config.yaml`` and ``run.json`` show as ``***``."""
 _MIN_LEN = 16
 
 
@@ -26,24 +32,49 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
+_taken: str | None = None  # what ``take`` handed this process, for its later ``from_env`` calls
+
+
 def from_env() -> str | None:
-    """The secret handed over in ``RLVLA3_RUN_SECRET``, if any."""
+    """The secret handed over in ``RLVLA3_RUN_SECRET`` (or taken by ``take``), if any."""
     value = os.environ.get(SECRET_ENV)
     if value is None:
-        return None
+        return _taken
     return _checked(value.strip(), SECRET_ENV)
+
+
+def hand_over(secret: str) -> int:
+    """A pipe holding ``secret``; returns its read end, for a child's ``pass_fds`` (close it
+    here once the child started). 64 bytes are far below a pipe's buffer: the write never
+    blocks, and the child reads them whenever it starts."""
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, secret.encode())
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+def take(fd: int | None) -> str | None:
+    """A role's secret: read from the pipe ``fd`` (its launcher's ``hand_over``) and closed;
+    without one, ``RLVLA3_RUN_SECRET`` (a role started by hand), which then leaves
+    ``os.environ`` so that processes this one starts do not inherit it. (The kernel's
+    ``/proc/PID/environ`` keeps showing the environment a process started with: only the pipe
+    keeps a secret out of it.)"""
+    global _taken
+    if fd is not None:
+        with os.fdopen(fd, "rb") as pipe:
+            _taken = _checked(pipe.read().decode(errors="replace").strip(), f"--secret-fd {fd}")
+        return _taken
+    value = from_env()
+    os.environ.pop(SECRET_ENV, None)
+    _taken = value
+    return value
 
 
 def write(run_dir: Path, secret: str) -> Path:
     """Store ``secret`` in ``RUN_DIR/secret`` (mode 0600, replaced atomically)."""
-    path = run_dir / SECRET_FILE
-    tmp = run_dir / f".{SECRET_FILE}.{os.getpid()}"
-    tmp.unlink(missing_ok=True)  # a left-over file would keep its own, maybe wider, mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(secret + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_private(run_dir / SECRET_FILE, secret)
 
 
 def read(run_dir: Path) -> str | None:
@@ -53,6 +84,36 @@ def read(run_dir: Path) -> str | None:
         SecretError: the file is readable by group or others, or not a usable secret.
     """
     path = run_dir / SECRET_FILE
+    text = read_private(path)
+    return None if text is None else _checked(text, str(path))
+
+
+def redis_password(run_dir: Path) -> str | None:
+    """The password of the run's configured ``run.redis_url`` (None: it has none).
+
+    Raises:
+        SecretError: the file is readable by group or others.
+    """
+    return read_private(run_dir / REDIS_PASSWORD_FILE)
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Store ``text`` in ``path`` with mode 0600 (replaced atomically)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a left-over file would keep its own, maybe wider, mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_private(path: Path) -> str | None:
+    """The text of a file ``write_private`` wrote (None when there is none).
+
+    Raises:
+        SecretError: the file is readable by group or others.
+    """
     try:
         mode = path.stat().st_mode
         text = path.read_text()
@@ -60,7 +121,7 @@ def read(run_dir: Path) -> str | None:
         return None
     if mode & 0o077:
         raise SecretError(f"{path}: readable by others (mode {mode & 0o777:o}); chmod 600 {path}")
-    return _checked(text.strip(), str(path))
+    return text.strip()
 
 
 def load(run_dir: Path) -> str | None:
