@@ -86,6 +86,7 @@ def test_the_tag_binds_the_version_and_every_byte_of_the_weights() -> None:
         (2, 0.0, OTHER_KEY, "HMAC does not match"),
         (2, 0.0, None, "HMAC does not match"),  # unsigned
     ],
+    ids=["equal", "older", "2**62", "nan", "inf", "other-key", "unsigned"],
 )
 def test_the_gate_refuses_each_hostile_version(version, values, signed_with, why) -> None:
     gate = VersionGate(KEY)
@@ -202,6 +203,8 @@ def server(tmp_path, redis_url) -> Iterator[tuple[RolloutServer, Registry, Broad
         yield role, registry, fake
     finally:
         role.stop_event.set()
+        for link in fake.links.values():  # the server's weights thread, waiting, sees it end
+            link.group.abort()
         role.requests.close()
         registry.clear_run()
 
@@ -267,6 +270,7 @@ class _Catcher(TrainingRole):
 @pytest.mark.parametrize(
     ("held_version", "signed_with", "taken"),
     [(5, KEY, True), (5, None, False), (5, OTHER_KEY, False), (HUGE, KEY, False)],
+    ids=["signed", "unsigned", "other-key", "2**62"],
 )
 def test_a_restarted_trainer_keeps_its_checkpoint_over_an_unauthenticated_copy(
     tmp_path: Path, redis_url, monkeypatch, held_version, signed_with, taken
