@@ -13,12 +13,15 @@ sync and never sees half-written weights. Each copy's parameters are views of it
 buffer (``FlatLayout.bind``), so the broadcast lands directly in the standby model: no second
 copy competes with serving for CPU or memory bandwidth during a sync. With ``policy.lora`` the
 buffer holds the adapters and heads only; each copy's frozen base is loaded by ``build_policy``.
+A received copy is swapped in only when its signature under the run's weights key matches, its
+version is newer than the one served and was produced by a trainer, and its values are finite
+(``transport/weight_auth.py``); the link's id is random, so no one can guess it to take the
+broadcaster's place.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import threading
 import time
@@ -45,7 +48,8 @@ from roles.request_batch import (
 from transport.messages import ActionReply, ObsBatchRequest, ObsRequest
 from transport.socket_limits import request_limits
 from transport.sockets import RouterSocket
-from transport.weights import FlatLayout, WeightLink
+from transport.weight_auth import VersionGate, new_link_id
+from transport.weights import FlatLayout, LinkHeader, WeightLink
 
 _RECEIVER_TIMEOUT_S = 24 * 3600.0  # a link waits as long as the trainer takes between versions
 _STORE_TIMEOUT_S = 60.0  # reaching the broadcaster's store, and each rendezvous step through it
@@ -98,7 +102,7 @@ class RolloutServer(Role[RolloutServerSettings]):
         self.request_rate = RateMeter()
         self.rng = np.random.default_rng([self.cfg.run.seed, self.index])  # act_numpy's sampling
         self.greedy, self.next_eval_check = False, 0.0
-        self.link_generation = 0
+        self.gate = VersionGate(self.weights_key, resends=True)  # a relink resends the same
         if self.cfg.num_processes("weight_broadcaster") == 0:
             self._serve_initial_weights()
             return
@@ -135,7 +139,7 @@ class RolloutServer(Role[RolloutServerSettings]):
         restarted broadcaster has a new store address, so each relink looks it up again."""
         store, store_address, backoff = None, None, _RELINK_MIN_S
         while not self.stop_event.is_set():
-            link_id = f"{self.name}-{self.index}-{os.getpid()}-{self.link_generation}"
+            link_id = new_link_id(self.name, self.index)
             try:
                 address = self.wait_for_endpoints("weight_broadcaster", "store")[0]
                 if address != store_address:
@@ -155,30 +159,40 @@ class RolloutServer(Role[RolloutServerSettings]):
                     store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S, host=self.address
                 )
                 while not self.stop_event.is_set():
-                    version, numel = link.recv_header()  # waits for the trainer, no lock held
-                    self._receive_into_standby(link, version, numel)
-                    self.weights_ready.set()
+                    header = link.recv_header()  # waits for the trainer, no lock held
+                    if self._receive_into_standby(link, header):
+                        self.weights_ready.set()
                     backoff = _RELINK_MIN_S
             except InterruptedError:
                 return  # stopping
             except Exception as err:
                 self.drop("weight_relinks", f"weight link {link_id} broke ({err}); relinking")
-                self.link_generation += 1
                 store_address = None  # look the broadcaster up afresh
                 self.stop_event.wait(backoff)
                 backoff = min(2 * backoff, _RELINK_MAX_S)
 
-    def _receive_into_standby(self, link: WeightLink, version: int, numel: int) -> None:
-        """Receive ``version`` straight into the standby model's parameters.
+    def _receive_into_standby(self, link: WeightLink, header: LinkHeader) -> bool:
+        """Receive the version ``header`` announces straight into the standby model's
+        parameters; returns whether it passed the gate (then it is swapped in next).
 
-        Holds the swap lock while the bytes arrive: the serving loop then keeps serving the
-        active model and swaps only once the standby is complete. A version received earlier
-        but not yet swapped in is overwritten by this newer one.
+        Holds the swap lock while the bytes arrive and are checked: the serving loop then keeps
+        serving the active model and swaps only once the standby is complete and checked. A
+        version received earlier but not yet swapped in is overwritten by this one, also when
+        this one is refused (its bytes must be taken off the link all the same).
         """
         with self.swap_lock:
             self.pending_version = None
-            link.recv_body(self.standby_flat, version, numel)
-            self.pending_version = version
+            link.recv_body(self.standby_flat, header.version, header.numel)
+            started = time.perf_counter()
+            trained = self.registry.trained_version()
+            problem = self.gate.problem(header.version, self.standby_flat, header.tag, trained)
+            self.gauge("weights_check_ms", (time.perf_counter() - started) * 1000)
+            if problem is not None:
+                self.drop("weights_rejected", f"weights v{header.version} refused: {problem}")
+                return False
+            self.gate.accept(header.version, header.tag)
+            self.pending_version = header.version
+        return True
 
     def _maybe_swap(self) -> None:
         if self.pending_version is None or not self.swap_lock.acquire(blocking=False):

@@ -2,7 +2,9 @@
 
 Receives ``WeightsUpdate`` messages from the trainer (PULL, only the newest matters), keeps that
 version, and broadcasts it to every live rollout server through a two-rank link per server
-(``transport/weights.py``). Servers that join late get the current version when their link forms.
+(``transport/weights.py``). It takes only versions signed with the run's weights key, newer than
+the one it holds, produced by a trainer and finite (``transport/weight_auth.py``), and forwards
+each with its signature, which the servers check again. Servers that join late get the current version when their link forms.
 The version and its time are recorded in Redis. A restarted trainer asks for the version held
 here (``WeightsRequest`` on the ``current`` endpoint) and continues from it when it is newer
 than its own checkpoint, so training never steps back behind what the servers act with.
@@ -21,6 +23,7 @@ from rlvla3.runtime.role import Role, main
 from transport import sockets
 from transport.messages import WeightsRequest, WeightsUpdate
 from transport.socket_limits import CONTROL_LIMITS, MIB, weights_limits
+from transport.weight_auth import VersionGate
 from transport.weights import Broadcaster, start_store
 
 _LINK_SCAN_PERIOD_S = 0.5
@@ -49,6 +52,7 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
         self.broadcaster = Broadcaster(
             self.store, self.settings.device, self.settings.link_timeout_s, host=self.address
         )
+        self.gate = VersionGate(self.weights_key)
         self.layout: str | None = None  # the first accepted update fixes layout and size
         self.numel = 0
         self.next_link_scan = 0.0
@@ -98,12 +102,15 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
 
     def _publish(self, update: WeightsUpdate) -> None:
         self.current = update
+        self.gate.accept(update.version, update.tag)
         self.layout, self.numel = update.layout, update.flat.size
         with warnings.catch_warnings():  # a read-only view of the received frame, only read
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             flat = torch.from_numpy(update.flat).to(self.settings.device)
         started = time.perf_counter()
-        failed = self.broadcaster.publish(update.version, flat, self.stop_event.is_set)
+        failed = self.broadcaster.publish(
+            update.version, flat, self.stop_event.is_set, tag=update.tag
+        )
         self.registry.set_weight_version(update.version)
         self.gauge("policy_version", update.version)
         self.gauge("last_sync_ms", (time.perf_counter() - started) * 1000)
@@ -128,12 +135,13 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
                 f"layout {update.layout} of {flat.size} values, expected {self.layout} of "
                 f"{self.numel}"
             )
-        if update.version <= self.broadcaster.version:
-            return f"not newer than v{self.broadcaster.version}"
+        if update.version <= self.gate.newest:  # (before asking Redis: a backlog's older ones)
+            return f"not newer than v{self.gate.newest}"
         trained = self.registry.trained_version()
-        if update.version > trained:  # the trainer records each version before sending it
-            return f"no trainer produced it (the newest trained version is v{trained})"
-        return None
+        started = time.perf_counter()
+        problem = self.gate.problem(update.version, flat, update.tag, trained)
+        self.gauge("weights_check_ms", (time.perf_counter() - started) * 1000)
+        return problem
 
     def _sync_links(self) -> None:
         live = self._server_links()

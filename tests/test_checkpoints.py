@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ import torch
 from rlvla3.runtime import checkpoints
 from rlvla3.runtime.checkpoints import checkpoints as listed
 from rlvla3.runtime.checkpoints import resume_training, save_training
+from tests.launching import REPO
 
 
 def _model(value: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -167,3 +171,48 @@ def test_saving_fsyncs_the_file_and_the_directory(tmp_path, monkeypatch) -> None
         str(tmp_path / "ckpt_00000007.sha256.tmp"),
         str(tmp_path),
     ]
+
+
+_SAVE_THEN_CRASH = """
+import os, sys, torch
+from pathlib import Path
+from rlvla3.runtime.checkpoints import save_training
+
+real_rename, renames = os.rename, []
+
+def rename(src, dst, *args, **kwargs):
+    renames.append(dst)
+    if len(renames) == 2:  # the machine stops between the two renames: nothing else runs
+        os._exit(17)
+    return real_rename(src, dst, *args, **kwargs)
+
+os.rename = rename
+model = torch.nn.Linear(3, 2)
+torch.nn.init.constant_(model.weight, float(sys.argv[3]))
+save_training(Path(sys.argv[1]), model=model, optimizer=torch.optim.Adam(model.parameters()),
+              version=int(sys.argv[2]), updates=0, keep=5)
+"""
+
+
+@pytest.mark.parametrize("same_version_there", [False, True])
+def test_a_crash_between_the_two_renames_leaves_a_verified_newest_checkpoint(
+    tmp_path, caplog, same_version_there: bool
+) -> None:
+    """The checkpoint is renamed into place before its digest: a crash between the two leaves
+    the new checkpoint, verified against its digest's temporary file, and no digest without
+    its checkpoint. (In the other order a crash leaves a digest naming a missing checkpoint,
+    or one that condemns the checkpoint of that version already there.)"""
+    _save(tmp_path, 1)
+    if same_version_there:
+        _save(tmp_path, 2)  # (a value of 2.0; the crashed save writes 7.0 as v2)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    crashed = subprocess.run(
+        [sys.executable, "-c", _SAVE_THEN_CRASH, str(tmp_path), "2", "7.0"], env=env, timeout=120
+    )
+    assert crashed.returncode == 17
+    for digest in tmp_path.glob("*.sha256"):
+        assert digest.with_suffix(".pt").exists(), f"{digest.name} without its checkpoint"
+    resumed, model = _resume(tmp_path, caplog)
+    assert resumed is not None and resumed.version == 2
+    assert torch.all(model.weight == 7.0)
+    assert "skipped" not in caplog.text

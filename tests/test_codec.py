@@ -223,14 +223,14 @@ def _update(flat: object) -> bytes:
         ([_header(99, "WeightsUpdate", [])], SchemaMismatch, "schema version 99"),
         ([_header(V, "Evil", [])], UnknownMessage, "'Evil'"),
         (
-            [_header(V, "WeightsUpdate", [1, "x", None, 5])],
+            [_header(V, "WeightsUpdate", [1, "x", None, b"", 5])],
             MalformedFrame,
-            "WeightsUpdate: expected 3 field values, got 4",
+            "WeightsUpdate: expected 3 to 4 field values, got 5",
         ),
         (
             [_header(V, "WeightsUpdate", [])],
             MalformedFrame,
-            "WeightsUpdate: expected 3 field values, got 0",
+            "WeightsUpdate: expected 3 to 4 field values, got 0",
         ),
         (
             [_header(V, "WeightsUpdate", ["1", "x", None])],

@@ -5,7 +5,7 @@ Messages are frozen, slotted, keyword-only structs (``Message``). Array fields a
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
 field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
 3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``, ``TrajectoryChunk.producer``;
-5: ``TrajectoryChunk.group``; 6: ``ObsBatchRequest``, ``ActionBatchReply``).
+5: ``TrajectoryChunk.group``; 6: ``ObsBatchRequest``, ``ActionBatchReply``; 7: ``WeightsUpdate.tag``).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -14,10 +14,12 @@ control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = 
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 Obs = dict[str, np.ndarray]
 
@@ -172,11 +174,15 @@ class WeightsUpdate(Message):
         version: the weight version, increasing from 0.
         layout: digest of the flat layout (``transport.weights.FlatLayout.digest``).
         flat: float32[N], every floating-point tensor of the policy's state dict, concatenated.
+        tag: HMAC-SHA256 of ``version`` and a digest of ``flat`` under the run's weights key
+            (``transport/weight_auth.py``); a receiver refuses a version whose tag does not
+            match. Empty: unsigned (refused).
     """
 
     version: int
     layout: str
     flat: np.ndarray
+    tag: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 
 class WeightsRequest(Message):

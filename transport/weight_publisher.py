@@ -11,6 +11,7 @@ from torch import nn
 
 from transport import sockets
 from transport.messages import WeightsUpdate
+from transport.weight_auth import weights_tag
 from transport.weights import FlatLayout
 
 _SEND_TIMEOUT_S = 1.0  # how long a publish waits for room in the broadcaster's queue
@@ -28,6 +29,8 @@ class WeightPublisher:
             to its new address.
         version: the version published last (the next publish sends ``version + 1``).
         announce: called with each version before it is sent (the trainer records it in Redis).
+        key: the run's weights key (``transport.weight_auth.weights_key``): each version is
+            signed with it, and receivers take no version without its signature.
 
     Publishing never blocks training for long: if the broadcaster takes nothing for
     ``_SEND_TIMEOUT_S`` (busy, dead, or gone to a new address), that version is not sent
@@ -41,8 +44,10 @@ class WeightPublisher:
         broadcaster: str | Callable[[], str | None],
         version: int = -1,
         announce: Callable[[int], None] | None = None,
+        key: bytes = b"",
     ) -> None:
         self.layout = FlatLayout.of(module)
+        self.key = key
         self.version = version
         self.announce = announce
         self.last_sent = True
@@ -61,7 +66,10 @@ class WeightPublisher:
         if self.announce is not None:
             self.announce(self.version)
         flat = self.layout.flatten(module).detach().cpu().numpy()
-        self._last = WeightsUpdate(version=self.version, layout=self.layout.digest, flat=flat)
+        tag = weights_tag(self.key, self.version, flat)
+        self._last = WeightsUpdate(
+            version=self.version, layout=self.layout.digest, flat=flat, tag=tag
+        )
         self.last_sent = self.socket.send(self._last, timeout_s=_SEND_TIMEOUT_S)
         if not self.last_sent:
             self._next_check = time.monotonic() + _RETRY_S

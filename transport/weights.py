@@ -20,13 +20,31 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from transport.weight_auth import NO_TAG, TAG_BYTES
+
 BUCKET_BYTES = 64 << 20
-_HEADER_LEN = 2  # [version, numel]
+_TAG_WORDS = TAG_BYTES // 8
+_HEADER_LEN = 2 + _TAG_WORDS  # [version, numel, tag as int64 words]
+
+
+class LinkHeader(NamedTuple):
+    """What precedes each version's weights on a link.
+
+    Attributes:
+        version: the weight version.
+        numel: how many float32 values follow.
+        tag: the version's HMAC (``transport/weight_auth.py``), checked by the receiver.
+    """
+
+    version: int
+    numel: int
+    tag: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,27 +239,29 @@ class WeightLink:
             # bytes are there, so a send means delivered (or raises) as it does over gloo.
             torch.cuda.current_stream(self.device).synchronize()
 
-    def send(self, version: int, flat: torch.Tensor) -> None:
-        """Rank 0: send ``flat`` as weight ``version``."""
-        header = torch.tensor([version, flat.numel()], dtype=torch.int64, device=self.device)
-        self._broadcast(header)
+    def send(self, version: int, flat: torch.Tensor, tag: bytes = NO_TAG) -> None:
+        """Rank 0: send ``flat`` as weight ``version``, with its ``tag`` (HMAC)."""
+        padded = bytearray(tag[:TAG_BYTES].ljust(TAG_BYTES, b"\0"))
+        words = torch.frombuffer(padded, dtype=torch.int64)
+        header = torch.cat([torch.tensor([version, flat.numel()], dtype=torch.int64), words])
+        self._broadcast(header.to(self.device))
         for bucket in _buckets(flat):
             self._broadcast(bucket)
 
     def recv(self, out: torch.Tensor) -> int:
         """Rank 1: receive the next version into ``out``; returns its version number."""
-        version, numel = self.recv_header()
-        self.recv_body(out, version, numel)
-        return version
+        header = self.recv_header()
+        self.recv_body(out, header.version, header.numel)
+        return header.version
 
-    def recv_header(self) -> tuple[int, int]:
-        """Rank 1: wait for the next version; returns ``(version, numel)``. The weights follow
-        and must be taken with ``recv_body`` (split so a receiver can lock its buffer only
-        while the bytes arrive, not while it waits for the trainer)."""
+    def recv_header(self) -> LinkHeader:
+        """Rank 1: wait for the next version's header. The weights follow and must be taken
+        with ``recv_body`` (split so a receiver can lock its buffer only while the bytes
+        arrive, not while it waits for the trainer)."""
         header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=self.device)
         self._broadcast(header)
-        version, numel = (int(x) for x in header.tolist())
-        return version, numel
+        header = header.cpu()
+        return LinkHeader(int(header[0]), int(header[1]), header[2:].numpy().tobytes())
 
     def recv_body(self, out: torch.Tensor, version: int, numel: int) -> None:
         """Rank 1: receive the weights announced by ``recv_header`` into ``out``, in place."""
@@ -297,6 +317,7 @@ class Broadcaster:
         self.links: dict[str, WeightLink] = {}
         self.version = -1
         self.flat: torch.Tensor | None = None
+        self.tag = NO_TAG
 
     def add(self, link_id: str, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Form the link with a server and send it the current weights.
@@ -310,7 +331,7 @@ class Broadcaster:
             try:
                 link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s, self.host)
                 if self.flat is not None:
-                    link.send(self.version, self.flat)
+                    link.send(self.version, self.flat, self.tag)
                 result.append(link)
             except Exception as err:  # reported to the caller below
                 result.append(err)
@@ -327,19 +348,24 @@ class Broadcaster:
         self.links.pop(link_id, None)
 
     def publish(
-        self, version: int, flat: torch.Tensor, should_stop: Callable[[], bool] = lambda: False
+        self,
+        version: int,
+        flat: torch.Tensor,
+        should_stop: Callable[[], bool] = lambda: False,
+        tag: bytes = NO_TAG,
     ) -> list[str]:
-        """Send ``flat`` as ``version`` to every link in parallel; returns the links that failed.
+        """Send ``flat`` as ``version``, with its ``tag``, to every link in parallel; returns
+        the links that failed. (The caller checked the version: ``transport/weight_auth.py``.)
 
         A send to a dead peer blocks until the link's timeout; ``should_stop`` lets the caller
         give up waiting (a stopping broadcaster abandons the sends; the threads are daemons).
         """
-        self.version, self.flat = version, flat
+        self.version, self.flat, self.tag = version, flat, tag
         failed: list[str] = []
 
         def send(link: WeightLink) -> None:
             try:
-                link.send(version, flat)
+                link.send(version, flat, tag)
             except Exception:  # a dead peer: drop its link, the others go on
                 failed.append(link.link_id)
 

@@ -25,6 +25,7 @@ from rlvla3.config.run_config import config_from_dict
 from rlvla3.launch.redis_server import EmbeddedRedis
 from rlvla3.runtime.registry import Registry
 from roles.rollout_server import RolloutServer  # (imported once, in the forkserver)
+from transport.weight_auth import weights_key, weights_tag
 from transport.weights import Broadcaster, FlatLayout, start_store
 
 from . import one_blas_thread  # noqa: F401  (the servers compute on one BLAS thread, as roles do)
@@ -177,8 +178,11 @@ class ServerHarness:
     def publish(self, version: int) -> tuple[float, float]:
         """Broadcast ``flat`` as ``version`` to every server; returns (start, end) monotonic."""
         self.flat[0] = version * 1e-6  # a new version differs in content, as a real one would
+        # as the trainer does: record the version, sign it (the servers' key: a one-host run's)
+        self.registry.set_trained_version(version)
+        tag = weights_tag(weights_key(None), version, self.flat)
         started = time.monotonic()
-        failed = self.broadcaster.publish(version, self.flat)
+        failed = self.broadcaster.publish(version, self.flat, tag=tag)
         ended = time.monotonic()
         if failed:
             raise RuntimeError(f"weight links failed: {failed}")

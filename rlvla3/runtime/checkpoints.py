@@ -5,10 +5,14 @@ version, update count and whatever else the trainer keeps. torch is imported by 
 that save and load, so the launcher can look for a checkpoint (``find_checkpoint``) without
 paying for a torch import.
 
-Durability: a checkpoint is written to a temporary file, fsynced, its SHA-256 written beside it
-(``ckpt_<version>.sha256``, fsynced), then renamed into place and the directory fsynced. A
-machine crash at any point leaves either the previous checkpoints or the new one complete
-under its final name, never an empty or half-written file there. Resume tries the newest
+Durability: a checkpoint is written to a temporary file, fsynced, its SHA-256 written to a
+temporary file beside it, fsynced; then the checkpoint is renamed into place, then its digest
+(``ckpt_<version>.sha256``), and the directory fsynced. The checkpoint goes first so that a
+digest under a final name always describes a checkpoint that is there: a crash between the two
+renames leaves the new checkpoint with its digest still in the temporary file, and ``check``
+accepts a checkpoint that matches either. A machine crash at any point leaves either the
+previous checkpoints or the new one complete and verifiable under its final name, never an
+empty or half-written file there. Resume tries the newest
 checkpoint first and skips, with a warning, any whose digest does not match or that does not
 load (truncated, corrupt, written by hand), so a bad file can cost one checkpoint's progress
 but never the run. A full disk fails the save (``OSError``), removes the partial files and
@@ -150,14 +154,26 @@ def check(path: Path) -> str | None:
     """Why the checkpoint at ``path`` must not be loaded (None: its digest matches, or it has
     no digest file, as checkpoints written by hand do; loading then decides)."""
     digest_path = _digest_path(path)
-    try:
-        expected = digest_path.read_text().strip()
-    except FileNotFoundError:
+    expected = [_read_digest(p) for p in (digest_path, _tmp(digest_path))]
+    if expected == [None, None]:
         return None if path.stat().st_size > 0 else "empty file"
     actual = _sha256(path)
-    if actual != expected:
-        return f"SHA-256 {actual[:12]}... does not match {digest_path.name} ({expected[:12]}...)"
+    if actual not in expected:  # (the temporary one: a save stopped between its renames)
+        shown = expected[0] or expected[1] or ""
+        return f"SHA-256 {actual[:12]}... does not match {digest_path.name} ({shown[:12]}...)"
     return None
+
+
+def _read_digest(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _tmp(path: Path) -> Path:
+    """Where ``save_checkpoint`` writes ``path`` before renaming it into place."""
+    return path.with_name(path.name + ".tmp")
 
 
 def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int) -> Path:
@@ -170,30 +186,31 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt_{version:08d}.pt"
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = _tmp(path)
     digest_path = _digest_path(path)
-    digest_tmp = digest_path.with_name(digest_path.name + ".tmp")
+    digest_tmp = _tmp(digest_path)
+    renamed = False
     try:
         with open(tmp, "wb") as f:
             _torch_save(state, f)
             f.flush()
             os.fsync(f.fileno())
         _write_durably(digest_tmp, _sha256(tmp) + "\n")
+        tmp.rename(path)  # the checkpoint first: a digest's final name always has its file
+        renamed = True
         digest_tmp.rename(digest_path)
-        tmp.rename(path)  # the digest is in place first: a final name always has one
         _fsync_dir(directory)
     except BaseException:
-        for leftover in (tmp, digest_tmp):
+        # Once the checkpoint is in place, its temporary digest is what verifies it: kept.
+        for leftover in (tmp,) if renamed else (tmp, digest_tmp):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
-        if not path.exists():
-            with contextlib.suppress(FileNotFoundError):
-                digest_path.unlink()
         raise
     for old in checkpoints(directory)[:-keep]:
         old.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            _digest_path(old).unlink()
+        for digest in (_digest_path(old), _tmp(_digest_path(old))):
+            with contextlib.suppress(FileNotFoundError):
+                digest.unlink()
     return path
 
 

@@ -48,7 +48,7 @@ COUNTERS: dict[str, str] = {
     "sft_samples": "demonstration samples the SFT trainer trained on",
     "checkpoint_failures": "checkpoints not written (a full disk): the older ones stay",
     # weights
-    "weights_rejected": "weight updates the broadcaster refused (size, layout, dtype, version)",
+    "weights_rejected": "weight versions refused by the broadcaster, a rollout server or a restarted trainer: size, layout or dtype, a version not newer or no trainer produced, an HMAC that does not match the run's weights key, NaN or inf",
     "weights_unsent": "weight versions the broadcaster had no room for within a second (resent)",
     # any role
     "bad_frames": "messages that failed to decode, or of a type the socket does not take",
@@ -76,4 +76,5 @@ GAUGES: dict[str, str] = {
     "tokens_per_s": "SFT trainer: packed tokens per second over the last 20 s",
     "links": "weight broadcaster: live weight links (one per rollout server)",
     "last_sync_ms": "weight broadcaster: how long the last broadcast to every link took, in ms",
+    "weights_check_ms": "weight broadcaster, rollout server: how long checking the last weight version took (its HMAC over the buffer, finiteness), in ms",
 }

@@ -51,7 +51,7 @@ from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
-from transport import security
+from transport import security, weight_auth
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
@@ -66,6 +66,9 @@ class Role(abc.ABC, Generic[SettingsT]):
     ``SettingsT`` is the dataclass of their ``roles.<name>.settings`` (``EnvWorkerSettings``...)."""
 
     name: ClassVar[str]
+    weights_key = b""
+    """The run's weights key (``transport/weight_auth.py``): signs and checks weight versions.
+    ``main`` derives it from the run secret; b"" in a one-host run, which has none."""
 
     def __init__(
         self,
@@ -364,6 +367,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         address=args.address,
         redis_password=redis_password,
     )
+    role.weights_key = weight_auth.weights_key(secret)
     if secret is not None:  # a multi-host run: only the run's peers may talk to us
         security.enable(
             secret,

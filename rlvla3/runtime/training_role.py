@@ -34,8 +34,9 @@ class TrainingRole(Role[TrainingSettingsT]):
 
     def start_weight_publisher(self, module: Any, version: int) -> Any:
         """A ``transport.weight_publisher.WeightPublisher`` to the live weight broadcaster: it
-        follows the broadcaster across restarts and records each version in Redis before sending
-        it (the broadcaster accepts no version above that)."""
+        follows the broadcaster across restarts, records each version in Redis before sending
+        it (the broadcaster accepts no version above that) and signs it with the run's weights
+        key."""
         from transport.weight_publisher import WeightPublisher  # torch: only the trainers need it
 
         def broadcaster() -> str | None:
@@ -45,7 +46,11 @@ class TrainingRole(Role[TrainingSettingsT]):
         self.wait_for_endpoints("weight_broadcaster", "updates")
         publisher = self.own(
             WeightPublisher(
-                module, broadcaster, version, announce=self.registry.set_trained_version
+                module,
+                broadcaster,
+                version,
+                announce=self.registry.set_trained_version,
+                key=self.weights_key,
             )
         )
         weights_bytes = publisher.layout.numel * 4  # (float32 on the wire)
@@ -67,23 +72,25 @@ class TrainingRole(Role[TrainingSettingsT]):
 
         ``version`` is what the trainer restored itself (its checkpoint's, -1 for none). When
         the run has gone further (the broadcaster holds, or a trainer announced, a newer
-        version), the weights the broadcaster holds are loaded into ``module`` if newer, and
-        the version count continues after the newest the run has seen: versions only move
+        version), the weights the broadcaster holds are loaded into ``module`` if they are newer
+        and pass ``_held_weights_problem`` (signed with the run's weights key, produced by a
+        trainer, finite; otherwise the checkpoint's weights stay), and the version count continues after the newest the run has seen: versions only move
         forward, so the servers take the next publish and the chunks they make are not
         "newer than the trainer" (which would be refused for ever).
         """
-        run_version = max(self.registry.weight_version(), self.registry.trained_version())
+        trained = self.registry.trained_version()
+        run_version = max(self.registry.weight_version(), trained)
         if run_version <= version:
             return version
         held = self._held_weights(version)
         if held is not None and held.version > version:
-            from transport.weights import FlatLayout
-
-            layout = FlatLayout.of(module)
-            if (held.layout, held.flat.size) == (layout.digest, layout.numel):
+            problem = self._held_weights_problem(module, held, version, trained)
+            if problem is None:
                 import torch
 
-                layout.load(module, torch.from_numpy(held.flat.copy()))
+                from transport.weights import FlatLayout
+
+                FlatLayout.of(module).load(module, torch.from_numpy(held.flat.copy()))
                 self.log.info(
                     "took weights v%d held by the weight broadcaster (newer than v%d)",
                     held.version,
@@ -91,8 +98,10 @@ class TrainingRole(Role[TrainingSettingsT]):
                 )
                 version = held.version
             else:
-                self.log.warning(
-                    "the broadcaster's weights v%d have another layout; not taken", held.version
+                self.drop(
+                    "weights_rejected",
+                    f"the broadcaster's weights v{held.version} not taken: {problem}; "
+                    f"keeping those of v{version}",
                 )
         if run_version > version:
             self.log.warning(
@@ -102,6 +111,22 @@ class TrainingRole(Role[TrainingSettingsT]):
                 version,
             )
         return max(version, run_version)
+
+    def _held_weights_problem(self, module: Any, held: Any, version: int, trained: int) -> Any:
+        """Why the broadcaster's ``WeightsUpdate`` ``held`` must not replace the weights of
+        ``version`` the trainer restored (None: it may): another layout, or a copy that is not
+        newer, that no trainer produced, not signed with the run's weights key, or not finite
+        (``transport/weight_auth.py``). The trainer's own checkpoint passed its digest check;
+        the broadcaster's copy must pass this one to be preferred."""
+        from transport.weight_auth import VersionGate
+        from transport.weights import FlatLayout
+
+        layout = FlatLayout.of(module)
+        if (held.layout, held.flat.size) != (layout.digest, layout.numel):
+            return f"layout {held.layout} of {held.flat.size} values, not {layout.digest}"
+        return VersionGate(self.weights_key, newest=version).problem(
+            held.version, held.flat, held.tag, trained
+        )
 
     def _held_weights(self, after_version: int, timeout_s: float = 10.0) -> Any:
         """The broadcaster's ``WeightsUpdate`` if newer than ``after_version``, else None
