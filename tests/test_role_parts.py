@@ -60,9 +60,12 @@ def test_a_failed_flush_keeps_everything_for_the_next() -> None:
 
 
 def test_drops_are_reported_at_most_once_per_period() -> None:
-    reports = DropReports(every_s=0.5)
+    now = [100.0]
+    reports = DropReports(every_s=0.5, clock=lambda: now[0])
     assert reports.due("bad_frames") == 0
     assert reports.due("bad_frames") is None and reports.due("bad_frames") is None
     assert reports.due("bad_chunks") == 0  # each counter on its own
-    time.sleep(0.6)
-    assert reports.due("bad_frames") == 2
+    now[0] += 0.4
+    assert reports.due("bad_frames") is None  # still inside the period
+    now[0] += 0.2
+    assert reports.due("bad_frames") == 3

@@ -12,6 +12,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from rlvla3.runtime.registry import Registry
 
@@ -69,15 +70,16 @@ class DropReports:
     were dropped since, so that a flood of bad input cannot flood the log. Thread-safe: env
     threads drop concurrently."""
 
-    def __init__(self, every_s: float = 10.0) -> None:
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
+        self._clock = clock  # tests pass a fake one
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int]] = {}  # counter -> (last logged, suppressed)
 
     def due(self, counter: str) -> int | None:
         """None: stay quiet about this drop of ``counter``; else log it, saying how many were
         dropped unreported since the last report."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             last, suppressed = self._last.get(counter, (-self.every_s, 0))
             report = now - last >= self.every_s
