@@ -65,8 +65,8 @@ def make_env(
     """Build the adapter for ``env_id``.
 
     Args:
-        env_id: ``rlvla3/<Task>-vN`` (built-in), ``maniskill/...`` or ``libero/...`` (reserved,
-            raise :class:`SimulatorNotInstalledError` naming the extra), or a gymnasium id.
+        env_id: ``rlvla3/<Task>-vN`` (built-in), ``maniskill/...`` or ``libero/...`` (their
+            extra installed, else :class:`SimulatorNotInstalledError` naming it), or a gymnasium id.
         seed: seed of the first episode (later ``reset()`` calls without a seed continue the
             env's own random stream). Also seeds the straggler delays when ``straggler.seed`` is
             None.

@@ -315,6 +315,6 @@ def test_the_fuzz_suites_bad_messages_raise_only_codec_errors(frames: list[bytes
 @pytest.mark.parametrize("frames", nested_array_messages(), ids=lambda f: f"{len(f[0])}B")
 def test_deeply_nested_arrays_raise_a_codec_error_not_recursion(frames: list[bytes]) -> None:
     """~200 KB of nested msgpack arrays where an array belongs: a ``MalformedFrame`` (counted
-    and dropped by a receiver), not the ``RecursionError`` that used to stop the role."""
+    and dropped by a receiver), not a ``RecursionError``, which would stop the role."""
     with pytest.raises(MalformedFrame, match="Expected `"):
         decode(frames)

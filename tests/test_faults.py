@@ -362,7 +362,7 @@ _LISTENING = [
 _REFUSALS = ("bad_frames", "bad_requests", "bad_chunks", "weights_rejected")
 _FUZZ_MESSAGES = 10_000
 # Nested-array headers of 50 KB (under the smallest socket's 64 KiB, so each reaches the codec):
-# 6 a socket, twice the launcher's max_restarts, each of which used to stop the role.
+# 6 a socket, twice the launcher's max_restarts, each of which would stop the role without the typed header schema.
 _NESTED = nested_array_messages(depth=50_000)
 
 

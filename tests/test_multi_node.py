@@ -246,3 +246,10 @@ def test_the_progress_line_says_when_nothing_moves(registry) -> None:
     line = tracker.line(registry, 35.0, 0)
     assert "NO PROGRESS" not in line and "env_steps=500 (100/s)" in line
     assert "NO PROGRESS for 20s: env steps and weight version" in tracker.line(registry, 55.0, 0)
+
+
+def test_a_redis_url_brackets_an_ipv6_host() -> None:
+    from rlvla3.launch.redis_server import url_host
+
+    assert url_host("fd00::2") == "[fd00::2]" and url_host("127.0.0.1") == "127.0.0.1"
+    assert f"redis://{url_host('::1')}:6379/0" == "redis://[::1]:6379/0"

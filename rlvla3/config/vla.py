@@ -114,8 +114,6 @@ class VLAConfig:
 
 
 _ENV_FIELDS = {f.name: f for f in dataclasses.fields(VLAConfig) if "without_env" in f.metadata}
-FIELDS_FROM_ENV_SPACES = tuple(_ENV_FIELDS)
-"""The fields the env's observation and action spaces decide when ``policy.vla`` leaves them out."""
 
 
 def _problems(config: VLAConfig) -> list[str]:

@@ -91,7 +91,7 @@ class EmbeddedRedis:
         if self.directory is None:
             raise RedisServerError("embedded redis is not started")
         if self.host is not None:
-            return f"redis://{_url_host(self.host)}:{self.port}/0"
+            return f"redis://{url_host(self.host)}:{self.port}/0"
         return f"unix://{self.directory / 'redis.sock'}"
 
     def start(self) -> EmbeddedRedis:
@@ -214,7 +214,8 @@ def _free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
-def _url_host(host: str) -> str:
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host
 
 

@@ -32,7 +32,7 @@ import redis
 from rlvla3.config import redis_url
 from rlvla3.config.run_config import Config
 from rlvla3.launch.cluster import Seat, head_address, redis_port
-from rlvla3.launch.redis_server import EmbeddedRedis
+from rlvla3.launch.redis_server import EmbeddedRedis, url_host
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.registry import Registry
 
@@ -168,7 +168,7 @@ def _candidates(
     stores = []
     port = redis_port(cfg, seat)
     if head is not None and port:
-        stores.append(RunStore(f"redis://{head}:{port}/0", secret))
+        stores.append(RunStore(f"redis://{url_host(head)}:{port}/0", secret))
     info = read_run_info(run_dir)
     if info is not None and info.get("redis_url") and info.get("run_id") == cfg.run.name:
         stores.append(RunStore(info["redis_url"], secret if info.get("redis_auth") else None))

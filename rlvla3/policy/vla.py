@@ -25,7 +25,7 @@ linears never compute on pad tokens; (3) on GPU it is one ``flash_attn_varlen_fu
 has no mask argument anyway; (4) an output can never depend on the amount of padding. On CPU it
 costs one batched SDPA call per distinct instruction length (one call when all instructions have
 the same length).
-The padded form (``trunk_padded`` with a key padding mask) is kept for benchmarks and tests.
+The padded form (``trunk_padded`` with a key padding mask) is what the tests compare the packed one with.
 
 Action heads (``VLAConfig.action_head``):
 
