@@ -136,7 +136,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
             self.stop_event.wait(0.5)  # the launcher evaluates and stops the run
             return
         if self.steps >= self.cfg.sft.max_steps:  # (also when resumed after the end)
-            self._finish()
+            self._ask_to_end()
             return
         with self.busy("SFT step"):
             metrics = self._train_step()
@@ -152,7 +152,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.gauge("tokens_per_s", self.token_rate.rate())
         self.last_loss = metrics["loss"]
 
-    def _finish(self) -> None:
+    def _ask_to_end(self) -> None:
         """Ask for the stop (and the evaluation) once the final weights are on the servers: the
         launcher evaluates the broadcast version, which must be this last one. Gives up waiting
         after ``_FINAL_BROADCAST_WAIT_S`` (a broadcaster that is down), saying so."""

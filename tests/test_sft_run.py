@@ -66,6 +66,8 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # it learns
     registry = Registry(redis_url, "sft_short")
     final = registry.weight_version()
+    # every role ended cleanly (a role whose exit path raised would stay "stopping")
+    assert {r.status for r in registry.roles()} == {"done"}
     assert final >= 4  # v0 at start, every 10 steps, and the final weights
     server = next(r for r in registry.roles() if r.role == "rollout_server")
     assert server.stats["policy_version"] == final  # the server loaded the final version
