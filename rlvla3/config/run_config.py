@@ -179,6 +179,20 @@ def _validate_token_vla(cfg: Config) -> None:
         )
 
 
+def _validate_action_steps(cfg: Config) -> None:
+    steps = cfg.policy.token_vla.action_steps
+    if steps > 1 and cfg.policy.kind != "token_vla":
+        raise ConfigError(
+            f"policy.token_vla.action_steps: {steps} steps per call need policy.kind: token_vla "
+            f"(policy.kind {cfg.policy.kind} acts one step per call)"
+        )
+    if steps > 1 and cfg.env.vectorized:
+        raise ConfigError(
+            f"policy.token_vla.action_steps: {steps} steps per call are executed by the per-env "
+            "runner; env.vectorized steps every env of its group together, one step per call"
+        )
+
+
 def _validate(cfg: Config) -> None:
     name = cfg.run.name
     bad_char = any(c in ":/\\" or c.isspace() or not c.isprintable() for c in name)
@@ -213,6 +227,7 @@ def _validate(cfg: Config) -> None:
     _validate_weight_path(cfg)
     if cfg.policy.kind == "token_vla":
         _validate_token_vla(cfg)
+    _validate_action_steps(cfg)
     if cfg.policy.init_launch and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"

@@ -204,6 +204,12 @@ class PolicyConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Low-rank adapters (``policy.lora`` below): the trainers train only them and the heads."""
 
+    @property
+    def action_steps(self) -> int:
+        """Env steps one policy call covers: ``policy.token_vla.action_steps`` for a token VLA
+        (the only family with action chunks), else 1."""
+        return self.token_vla.action_steps if self.kind == "token_vla" else 1
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlgoConfig:

@@ -3,7 +3,9 @@
 A continuous action space ``Box(low, high, (D,))`` is cut into ``bins`` uniform bins per
 dimension (OpenVLA's discretisation); the policy's action is int64[B, D] bin indices and the env
 steps with the bin centres. A discrete space ``Discrete(n)`` is one dimension of ``n`` choices:
-the policy's action is int64[B, 1], the env's the int64[B] index.
+the policy's action is int64[B, 1], the env's the int64[B] index. An action chunk of K steps
+adds a step axis before the dimensions: int64[B, K, D] bins, float32[B, K, D] centres or
+int64[B, K] indices.
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ class ActionBins:
         dims: action dimensions D (tokens decoded per step).
         bins: choices per dimension (action tokens).
         low, high: float64[D] bin edges of a continuous space; None for a discrete one.
+        steps: env steps per action (``action_steps``): above 1, an action chunk.
     """
 
     dims: int
     bins: int
     low: np.ndarray | None = None
     high: np.ndarray | None = None
+    steps: int = 1
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """One action's shape: ``(D,)``, or ``(K, D)`` for an action chunk of K steps."""
+        return (self.dims,) if self.steps == 1 else (self.steps, self.dims)
 
     @property
     def discrete(self) -> bool:
@@ -44,16 +53,16 @@ class ActionBins:
         return self.low is None
 
     def to_env(self, action: Tensor) -> Tensor:
-        """Bin indices int64[B, D] -> bin centres float32[B, D], or the index int64[B]."""
+        """Bin indices int64[..., D] -> bin centres float32[..., D], or the index int64[...]."""
         if self.discrete:
-            return action[:, 0]
+            return action[..., 0]
         low, high = self._edges(action.device)
         return bins_to_continuous(action, low=low, high=high, num_bins=self.bins)
 
     def from_env(self, env_action: Tensor) -> Tensor:
-        """Env actions (float[B, D], or int[B] indices) -> bin indices int64[B, D]."""
+        """Env actions (float[..., D], or int[...] indices) -> bin indices int64[..., D]."""
         if self.discrete:
-            return env_action.long().reshape(-1, 1)
+            return env_action.long().reshape(-1, *self.action_shape)
         low, high = self._edges(env_action.device)
         return continuous_to_bins(env_action, low=low, high=high, num_bins=self.bins)
 
@@ -69,7 +78,7 @@ def action_bins(space: spaces.Space, config: TokenVLAConfig) -> ActionBins:
     """The binning of ``space`` (edges from the space unless ``action_low``/``action_high`` set
     them). Raises one ``ConfigError`` naming the field when the space cannot be binned."""
     if isinstance(space, spaces.Discrete):
-        return ActionBins(dims=1, bins=int(space.n))
+        return ActionBins(dims=1, bins=int(space.n), steps=config.action_steps)
     if not isinstance(space, spaces.Box) or len(space.shape) != 1:
         raise ConfigError(
             f"{_FIELD}: the env's action space {space} cannot be action tokens "
@@ -80,7 +89,7 @@ def action_bins(space: spaces.Space, config: TokenVLAConfig) -> ActionBins:
     high = _edge(config.action_high, space.high, dims, "action_high")
     if not (low < high).all():
         raise ConfigError(f"{_FIELD}.action_low: must be below action_high in every dimension")
-    return ActionBins(dims=dims, bins=config.bins, low=low, high=high)
+    return ActionBins(dims=dims, bins=config.bins, low=low, high=high, steps=config.action_steps)
 
 
 def _edge(configured: Sequence[float] | None, from_space: np.ndarray, dims: int, name: str):

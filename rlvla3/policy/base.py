@@ -71,12 +71,16 @@ class ActionSpec:
     """What one of the policy's own actions (``act``'s ``action``, a chunk's ``actions[t]``) is.
 
     Attributes:
-        shape: per-step shape, e.g. ``()`` for a discrete index, ``(7,)`` for 7 bins or floats.
+        shape: per-call shape, e.g. ``()`` for a discrete index, ``(7,)`` for 7 bins or floats,
+            ``(K, 7)`` for an action chunk of K steps.
         num_choices: integer actions in ``[0, num_choices)``; None: finite floats.
+        env_steps: env steps one action covers: 1, or K for an action chunk, whose env action
+            is ``[K, ...]`` (the env worker steps ``env_action[k]`` in order).
     """
 
     shape: tuple[int, ...]
     num_choices: int | None = None
+    env_steps: int = 1
 
 
 class ActorCritic(nn.Module, abc.ABC):

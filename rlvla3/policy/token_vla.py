@@ -7,13 +7,16 @@ text) followed by D action tokens, one per action dimension. Action tokens are t
 dimension's distribution is the softmax over those ``bins`` logits alone, so log-probs are exact
 and cheap, and the log-prob of an action is the sum over its D tokens.
 
-- ``act`` decodes the D tokens one at a time (greedy: argmax), each a forward over the prompt
-  and the tokens so far. ``evaluate`` is one teacher-forced forward over the prompt and all D
-  tokens. Both lay a batch out the same way, prompts right-padded and each row's action tokens
-  right after its own prompt, so every real token keeps the position it has unpadded and causal
-  attention never sees the padding: a row's log-probs do not depend on what it is batched with,
-  and ``act``'s equal ``evaluate``'s (tested to 1e-4 in float32). No KV cache: the padding
-  layout a cache would need (left padding and shifted positions) differs by family.
+- With ``action_steps`` K above 1 a call is an action chunk: K x D action tokens, step-major
+  (step 0's D dimensions, then step 1's...), the action int64[B, K, D] (int64[B, D] for K = 1)
+  and the log-prob the sum over all K x D tokens.
+- ``act`` decodes the tokens one at a time (greedy: argmax; ``rlvla3/policy/token_decode.py``:
+  with the model's KV cache for LLaVA and Idefics3, a forward over the prompt and the tokens so
+  far per token for other families). ``evaluate`` is one teacher-forced forward over the prompt
+  and all the tokens. Both give each row's action tokens the positions right after its own
+  (right-padded) prompt, so every real token keeps the position it has unpadded and attention
+  never sees the padding: a row's log-probs do not depend on what it is batched with, and
+  ``act``'s equal ``evaluate``'s (tested to 1e-4 in float32).
 - The value head (float32, an MLP) reads the last hidden state of the last prompt token, the
   position from which the first action token is predicted.
 - The model is a submodule (``self.model``), so ``state_dict``, checkpoints, the flat weight
@@ -36,6 +39,7 @@ from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
 from rlvla3.policy.hf_model import LoadedVLM, load_vlm, resolve_dtype
+from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
 
 _SUFFIX_TOKEN_TYPE = {"paligemma": 1}
@@ -70,41 +74,36 @@ class TokenVLAPolicy(ActorCritic):
 
     # ----------------------------------------------------------------------------- interface
     def action_spec(self) -> ActionSpec:
-        """Bin indices int64[D] in ``[0, bins)``."""
-        return ActionSpec((self.bins.dims,), num_choices=self.bins.bins)
+        """Bin indices int64[D] in ``[0, bins)``, or int64[K, D] for action chunks of K steps."""
+        bins = self.bins
+        return ActionSpec(bins.action_shape, num_choices=bins.bins, env_steps=bins.steps)
 
     @torch.no_grad()
     def act(self, obs: ObsBatch, deterministic: bool = False) -> ActOutput:
-        """Decode D action tokens per observation (sampled, or argmax when ``deterministic``):
-        action int64[B, D], log_prob float32[B] (summed over D), value float32[B]."""
+        """Decode K x D action tokens per observation (sampled, or argmax when
+        ``deterministic``): action int64[B, D] (int64[B, K, D] for K > 1), log_prob float32[B]
+        (summed over the tokens), value float32[B]."""
         inputs, lengths = self._prompt_inputs(obs)
-        actions = torch.zeros(len(lengths), 0, dtype=torch.int64, device=lengths.device)
-        log_prob = value = None
-        for j in range(self.bins.dims):
-            logits, last_hidden = self._score(inputs, lengths, actions)
-            dist = Categorical(logits=logits[:, j], validate_args=False)
-            token = dist.probs.argmax(-1) if deterministic else dist.sample()
-            step_log_prob = dist.log_prob(token)
-            if j == 0:
-                value, log_prob = self.value_head(last_hidden).squeeze(-1), step_log_prob
-            else:
-                log_prob = log_prob + step_log_prob
-            actions = torch.cat([actions, token[:, None]], dim=1)
-        return ActOutput(action=actions, log_prob=log_prob, value=value)
+        decoder = ActionDecoder(self.model, self.action_ids, self._score)
+        count = self.bins.steps * self.bins.dims
+        decoded = decoder.decode(inputs, lengths, count, deterministic)
+        action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
+        value = self.value_head(decoded.last_hidden).squeeze(-1)
+        return ActOutput(action=action, log_prob=decoded.log_prob, value=value)
 
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
         """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
-        over the D tokens) and value float32[B] of actions int64[B, D]."""
+        over the K x D tokens) and value float32[B] of actions int64[B, D] (int64[B, K, D])."""
         inputs, lengths = self._prompt_inputs(obs)
         action = action.to(device=lengths.device, dtype=torch.int64)
-        if tuple(action.shape) != (len(lengths), self.bins.dims):
-            raise ValueError(
-                f"action shape {tuple(action.shape)} != expected {(len(lengths), self.bins.dims)}"
-            )
-        logits, last_hidden = self._score(inputs, lengths, action)
-        dist = Categorical(logits=logits[:, : self.bins.dims], validate_args=False)
+        expected = (len(lengths), *self.bins.action_shape)
+        if tuple(action.shape) != expected:
+            raise ValueError(f"action shape {tuple(action.shape)} != expected {expected}")
+        tokens = action.reshape(len(lengths), -1)  # step-major, as act decodes them
+        logits, last_hidden = self._score(inputs, lengths, tokens)
+        dist = Categorical(logits=logits[:, : tokens.shape[1]], validate_args=False)
         return EvalOutput(
-            log_prob=dist.log_prob(action).sum(-1),
+            log_prob=dist.log_prob(tokens).sum(-1),
             entropy=dist.entropy().sum(-1),
             value=self.value_head(last_hidden).squeeze(-1),
         )
@@ -119,11 +118,12 @@ class TokenVLAPolicy(ActorCritic):
         return ("value_head",)
 
     def to_env_action(self, action: Tensor) -> Tensor:
-        """Bin indices -> bin centres float32[B, D] (or the discrete index int64[B])."""
+        """Bin indices -> bin centres float32[B, D] (or the discrete index int64[B]); an action
+        chunk's float32[B, K, D] (int64[B, K])."""
         return self.bins.to_env(action)
 
     def from_env_action(self, env_action: Tensor) -> Tensor:
-        """Env actions -> bin indices int64[B, D]."""
+        """Env actions -> bin indices int64[B, D] (an action chunk's int64[B, K, D])."""
         return self.bins.from_env(env_action)
 
     # ----------------------------------------------------------------------------- the model

@@ -1,0 +1,98 @@
+"""Action chunks (``policy.token_vla.action_steps``): a token VLA decoding K steps of actions per
+call with its KV cache, exact log-probs, and the config's checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from rlvla3.config.run_config import load_config  # noqa: E402
+from rlvla3.config.typed_load import ConfigError  # noqa: E402
+from rlvla3.policy import token_decode  # noqa: E402
+from tests.test_token_vla import make_policy, observations  # noqa: E402
+from tests.tiny_vlms import write_tiny_vlm  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["llava", "idefics3"])
+def model_dir(request, tmp_path_factory) -> Path:
+    return write_tiny_vlm(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_cached_decoding_gives_the_log_probs_evaluate_recomputes(model_dir, steps) -> None:
+    policy = make_policy(model_dir, action_steps=steps)
+    assert policy.action_spec().env_steps == steps
+    shape = (2,) if steps == 1 else (steps, 2)
+    assert policy.action_spec().shape == shape
+    decoder = token_decode.ActionDecoder(policy.model, policy.action_ids, policy._score)
+    assert decoder.cached  # both test families decode with the cache
+    obs = observations(4)  # instructions of different lengths: prompts of different lengths
+    torch.manual_seed(0)
+    for deterministic in (False, True):
+        out = policy.act(obs, deterministic=deterministic)
+        assert out.action.shape == (4, *shape) and out.action.dtype == torch.int64
+        assert ((out.action >= 0) & (out.action < 16)).all()
+        again = policy.evaluate(obs, out.action)
+        torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
+        torch.testing.assert_close(again.value, out.value, atol=1e-4, rtol=0)
+    # a row alone decodes what it decodes in its batch
+    greedy = policy.act(obs, deterministic=True)
+    alone = policy.act({k: v[1:2] for k, v in obs.items()}, deterministic=True)
+    assert torch.equal(alone.action[0], greedy.action[1])
+    torch.testing.assert_close(alone.log_prob[0], greedy.log_prob[1], atol=1e-4, rtol=0)
+
+
+def test_the_cached_and_uncached_loops_decode_the_same_chunk(model_dir, monkeypatch) -> None:
+    policy = make_policy(model_dir, action_steps=3)
+    obs = observations(3, seed=4)
+    cached = policy.act(obs, deterministic=True)
+    monkeypatch.setattr(token_decode, "CACHED_FAMILIES", frozenset())
+    uncached = policy.act(obs, deterministic=True)
+    assert torch.equal(cached.action, uncached.action)
+    torch.testing.assert_close(cached.log_prob, uncached.log_prob, atol=1e-4, rtol=0)
+    torch.testing.assert_close(cached.value, uncached.value, atol=1e-4, rtol=0)
+
+
+def test_an_action_chunk_maps_to_env_actions_and_back(model_dir) -> None:
+    from gymnasium import spaces
+
+    policy = make_policy(model_dir, action_steps=3)
+    out = policy.act(observations(2))
+    env_action = policy.to_env_action(out.action)
+    assert env_action.shape == (2, 3, 2) and env_action.dtype == torch.float32
+    assert torch.equal(policy.from_env_action(env_action), out.action)
+    discrete = make_policy(model_dir, {"action": spaces.Discrete(5)}, action_steps=3)
+    out = discrete.act(observations(2))
+    assert out.action.shape == (2, 3, 1)
+    index = discrete.to_env_action(out.action)
+    assert index.shape == (2, 3) and torch.equal(discrete.from_env_action(index), out.action)
+
+
+@pytest.mark.parametrize(
+    ("keys", "match"),
+    [
+        (["policy.token_vla.action_steps=0"], r"policy.token_vla.action_steps: must be >= 1"),
+        (
+            ["policy.kind=vla", "policy.token_vla.action_steps=2"],
+            r"policy.token_vla.action_steps: .*need policy.kind: token_vla",
+        ),
+        (
+            [
+                "policy.kind=token_vla",
+                "policy.token_vla.path=/x",
+                "policy.token_vla.action_steps=2",
+                "env.vectorized=true",
+            ],
+            r"policy.token_vla.action_steps: .*env.vectorized",
+        ),
+    ],
+)
+def test_action_steps_that_cannot_run_are_one_clear_error(keys, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, keys)
+    ok = load_config(None, ["policy.kind=token_vla", "policy.token_vla.path=/x"])
+    assert ok.policy.action_steps == 1
