@@ -37,6 +37,8 @@ class Stepped:
         restarted: this was no step but the env's reset (a vector env that resets its finished
             envs at their next step, ignoring their action): ``obs`` is the new episode's first
             observation, and there is no transition to record.
+        sim_steps: simulator steps it took: 1, or the executed steps of an action chunk
+            (``reward`` then their sum; the env worker's ``roles/env/action_chunks.py``).
     """
 
     obs: Obs
@@ -46,6 +48,7 @@ class Stepped:
     info: dict[str, Any]
     reset_obs: Obs | None = None
     restarted: bool = False
+    sim_steps: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,3 +96,94 @@ def test_action_steps_that_cannot_run_are_one_clear_error(keys, match) -> None:
         load_config(None, keys)
     ok = load_config(None, ["policy.kind=token_vla", "policy.token_vla.path=/x"])
     assert ok.policy.action_steps == 1
+
+
+# --------------------------------------------------------------------------------- env side
+def _chunk_run(steps: int, episode_limit: int, requests: int):
+    """Two CartPoles (one group) stepped by an ``EnvRunner`` whose policy answers with action
+    chunks of ``steps`` actions (alternating pushes: the pole stays up, so every episode runs to
+    its time limit); what the runner recorded."""
+    import numpy as np
+
+    from rlvla3.config.run_config import config_from_dict
+    from rlvla3.runtime.rate_meter import RateMeter
+    from roles.env.action_chunks import ActionChunkEnvs
+    from roles.env.chunk_sink import ChunkStream
+    from roles.env.env_runner import EnvRunner
+    from roles.env.env_slot import EnvSlot
+    from roles.env.pacing import Pacing
+    from roles.env.runner_thread import RunnerParts, make_env_group
+    from roles.env.sim_meter import SimMeter
+    from tests.test_vector_runner import _Client, _Episodes, _Host, _Sink
+    from transport.messages import ActionBatchReply
+
+    class ChunkClient(_Client):
+        def ask(self, obs, rows):
+            reply = super().ask(obs, rows)
+            n = len(reply.log_probs)
+            env_actions = np.tile(np.arange(steps) % 2, (n, 1)).astype(np.int64)  # [n, K]
+            return ActionBatchReply(
+                request_id=reply.request_id,
+                actions=env_actions[..., None],  # the policy's int64[n, K, 1]
+                env_actions=env_actions,
+                log_probs=reply.log_probs,
+                values=reply.values,
+                policy_version=reply.policy_version,
+            )
+
+    cfg = config_from_dict(
+        {
+            "env": {
+                "id": "CartPole-v1",
+                "num_envs_per_worker": 2,
+                "envs_per_request": 2,
+                "chunk_len": 8,
+                "kwargs": {"max_episode_steps": episode_limit},
+            },
+            "policy": {"kind": "token_vla", "token_vla": {"path": "/x", "action_steps": steps}},
+            "roles": {"env_worker": {"count": 1}},
+        }
+    )
+    host = _Host(requests)
+    indices = [0, 1]
+    parts = RunnerParts(
+        env_indices=indices,
+        make_envs=lambda: make_env_group(cfg, 0, indices, vector=False),
+        client=ChunkClient(host),
+        sink=_Sink(host),
+        meter=SimMeter(host, RateMeter()),
+        pacing=Pacing(host.stop_event, groups=1, lock_step=False, version=0),
+        episodes=_Episodes(host),
+        counters=host,
+        stop_event=host.stop_event,
+        env_id="CartPole-v1",
+    )
+    envs = parts.make_envs()
+    assert isinstance(envs, ActionChunkEnvs)
+    slots = [EnvSlot(i, ChunkStream(i, f"0/{i}#test"), None) for i in indices]
+    EnvRunner(parts, slots, chunk_len=8).run(envs)
+    return host, slots
+
+
+def test_an_env_runner_executes_action_chunks_and_counts_real_steps() -> None:
+    """K = 3 and episodes of 7 steps: each episode is 3 transitions (3 + 3 + 1 steps; the last
+    chunk's other 2 actions dropped at the time limit), rewards summed per transition."""
+    import numpy as np
+
+    host, slots = _chunk_run(steps=3, episode_limit=7, requests=40)
+    assert host.episodes and all(length == 7 and ret == 7.0 for ret, length, *_ in host.episodes)
+    transitions = host.chunks
+    rewards = np.concatenate([c.rewards for c in transitions])
+    truncated = np.concatenate([c.truncated for c in transitions])
+    ends = np.flatnonzero(truncated)
+    assert len(ends) == len(host.episodes)
+    for end in ends:  # every episode: [3, 3, 1], truncated on its last transition only
+        assert rewards[end - 2 : end + 1].tolist() == [3.0, 3.0, 1.0]
+        assert not truncated[end - 2 : end].any()
+    assert all(c.actions.shape[1:] == (3, 1) for c in transitions)
+    assert not any(c.terminated.any() for c in transitions)
+    # env_steps counts simulator steps (CartPole's reward is 1 a step): the pushed transitions'
+    # and those still unsent at the stop
+    unsent = sum(step.sim_steps for slot in slots for step in slot.steps)
+    assert unsent == sum(step.reward for slot in slots for step in slot.steps)
+    assert host.counters["env_steps"] == int(rewards.sum()) + unsent > len(rewards)

@@ -2,7 +2,8 @@
 
 It asks a rollout server for the group's actions (one request per step), steps the envs,
 records each env's transitions in its ``EnvSlot`` and cuts them into chunks of
-``env.chunk_len`` steps (shorter at an episode end) for the trainers. Groups never wait for
+``env.chunk_len`` transitions (shorter at an episode end) for the trainers. With action chunks
+(``ActionChunkEnvs``) a step of the group executes each env's K actions, one transition each. Groups never wait for
 each other, except in ``sync`` mode's lock-step (``Pacing``).
 """
 
@@ -36,7 +37,7 @@ class EnvRunner:
         round_steps = 0
         while not parts.stop_event.is_set():
             results = parts.meter.step(envs.step, [act.env_action for act in acts])
-            parts.meter.transitions(sum(not res.restarted for res in results))
+            parts.meter.transitions(sum(res.sim_steps for res in results if not res.restarted))
             round_steps += 1
             ended = [
                 (False, False) if res.restarted else self._record(slot, act, res)
@@ -79,7 +80,7 @@ class EnvRunner:
             )
             reward = reward if math.isfinite(reward) else 0.0
             terminated, truncated = False, True
-        slot.add(Step(slot.obs, act, reward, terminated, truncated))
+        slot.add(Step(slot.obs, act, reward, terminated, truncated, res.sim_steps))
         return terminated or truncated, fault
 
     def _end_episodes(

@@ -37,6 +37,8 @@ class Step:
     reward: float
     terminated: bool
     truncated: bool
+    sim_steps: int = 1
+    """Simulator steps it took (an action chunk's executed steps; ``reward`` is their sum)."""
 
 
 def stacked(steps: list[Step]) -> Transitions:
@@ -65,7 +67,8 @@ class EnvSlot:
         self.group_rounds = group_rounds
         self.steps: list[Step] = []
         self.obs: dict[str, np.ndarray] = {}
-        self.episode_return, self.episode_len = 0.0, 0
+        self.episode_return = 0.0
+        self.episode_len = 0  # simulator steps (an action chunk counts its executed steps)
         self.versions = (0, 0)  # oldest and newest weight version of its current episode
         self.greedy = False  # every action of its current episode so far was greedy
 
@@ -88,7 +91,7 @@ class EnvSlot:
         """Record one transition of its episode."""
         self.steps.append(step)
         self.episode_return += step.reward
-        self.episode_len += 1
+        self.episode_len += step.sim_steps
         version = step.act.version
         self.versions = (min(self.versions[0], version), max(self.versions[1], version))
         self.greedy = self.greedy and step.act.greedy

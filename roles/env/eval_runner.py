@@ -48,10 +48,10 @@ class EvalRunner:
                 return None
             with parts.meter.inside():
                 res = self.envs.step([act.env_action])[0]
-            parts.counters.count("eval_env_steps")
+            parts.counters.count("eval_env_steps", res.sim_steps)
             obs = res.obs
             total += res.reward
-            length += 1
+            length += res.sim_steps
             if not finite(obs, res.reward):  # a simulator blow-up ends the episode, unsuccessful
                 return {"return": total, "length": length, "success": False}
             if res.terminated or res.truncated:

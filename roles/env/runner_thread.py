@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rlvla3.config.run_config import Config
+from roles.env.action_chunks import ActionChunkEnvs
 from roles.env.chunk_sink import ChunkSink
 from roles.env.episode_queue import EpisodeQueue
 from roles.env.pacing import Pacing
@@ -93,7 +94,8 @@ def make_env_group(
     cfg: Config, worker_index: int, env_indices: list[int], vector: bool
 ) -> EnvGroup:
     """The simulators of envs ``env_indices`` of worker ``worker_index``, seeded apart from
-    every other env of the run: one vector env (``vector``) or one simulator each."""
+    every other env of the run: one vector env (``vector``) or one simulator each (stepped
+    with action chunks when ``policy.action_steps`` is above 1)."""
     env = cfg.env
     base = cfg.run.seed + 10_000 * worker_index
     if vector:
@@ -102,6 +104,8 @@ def make_env_group(
     for env_index in env_indices:
         seed = base + env_index
         sims.append(make_env(env.id, seed=seed, straggler=_straggler(cfg, seed), **env.kwargs))
+    if cfg.policy.action_steps > 1:  # each action is a chunk of K env actions
+        return ActionChunkEnvs(SeparateEnvs(sims), cfg.policy.action_steps)
     return SeparateEnvs(sims)
 
 

@@ -1,0 +1,62 @@
+"""Action chunks on the env side: a group of separate envs whose every action is K steps
+(``policy.token_vla.action_steps``; docs/models.md, Action chunks).
+
+One policy call is one transition, a macro-action: the env executes the chunk's steps in order
+and stops at the step that ends its episode (a terminal state, a time limit, or a simulator
+fault: a non-finite observation or reward), dropping the rest of the chunk. The transition's
+reward is the sum of the executed steps' rewards, its episode end the last executed step's, and
+``Stepped.sim_steps`` says how many steps the simulator took, so that ``env_steps`` and episode
+lengths count real simulator steps. The runners record such a transition like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from roles.env.env_slot import finite
+from sim.adapter import Obs, SimAdapter
+from sim.env_group import EnvGroup, SeparateEnvs, Stepped
+
+
+class ActionChunkEnvs(EnvGroup):
+    """A ``SeparateEnvs`` group stepped with action chunks of ``steps`` env actions each."""
+
+    def __init__(self, envs: SeparateEnvs, steps: int) -> None:
+        self.envs = envs
+        self.steps = steps
+        """K: env actions per chunk (``action_steps``)."""
+        self.size = envs.size
+        self.observation_space = envs.observation_space
+
+    def reset(self, i: int, seed: int | None = None) -> Obs:
+        return self.envs.reset(i, seed=seed)
+
+    def step(self, actions: list[Any]) -> list[Stepped]:
+        """Execute each env's chunk (``[K, ...]``: ``K`` env actions) on its env, in order."""
+        return [
+            execute_chunk(env, chunk, self.steps)
+            for env, chunk in zip(self.envs.envs, actions, strict=True)
+        ]
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def execute_chunk(env: SimAdapter, chunk: Any, steps: int) -> Stepped:
+    """Step ``env`` with the ``steps`` env actions of ``chunk`` until its episode ends; one
+    ``Stepped`` for what was executed (reward summed, the last step's observation and end)."""
+    chunk = np.asarray(chunk)
+    if chunk.ndim < 1 or len(chunk) != steps:
+        raise ValueError(
+            f"an action chunk of {steps} steps has shape {list(chunk.shape)}, not [{steps}, ...]"
+        )
+    reward, executed = 0.0, 0
+    for action in chunk:
+        obs, step_reward, terminated, truncated, info = env.step(action)
+        reward += step_reward
+        executed += 1
+        if terminated or truncated or not finite(obs, step_reward):
+            break  # the rest of the chunk is dropped
+    return Stepped(obs, reward, terminated, truncated, info, sim_steps=executed)
