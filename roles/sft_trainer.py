@@ -55,6 +55,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         tokens = {
             "fixed_tokens": counting.fixed_tokens,
             "instruction_tokens": counting.instruction_tokens,
+            "action_steps": self.cfg.policy.action_steps,  # a frame's target: K actions
         }
         if s.stream_buffer_frames:
             self.data: DemoSet | DemoStream = DemoStream(

@@ -66,9 +66,20 @@ def _lengths(
     return (fixed_tokens + real).astype(np.int64)
 
 
-def _episode_arrays(episode: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _episode_arrays(
+    episode: dict[str, np.ndarray], action_steps: int = 1
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     obs = {k[len(_PREFIX) :]: v for k, v in episode.items() if k.startswith(_PREFIX)}
-    return obs, episode["action"].astype(np.float32)
+    actions = episode["action"].astype(np.float32)
+    return obs, actions if action_steps == 1 else action_windows(actions, action_steps)
+
+
+def action_windows(actions: np.ndarray, steps: int) -> np.ndarray:
+    """An episode's actions ``[T, ...]`` as each frame's action chunk ``[T, steps, ...]``: frame
+    ``t``'s next ``steps`` actions ``t .. t + steps - 1``, the episode's last action repeated
+    past its end (as OpenVLA-OFT pads its chunks)."""
+    index = np.minimum(np.arange(len(actions))[:, None] + np.arange(steps), len(actions) - 1)
+    return actions[index]
 
 
 def _pool_size(budget: int, mean_length: float, available: int) -> int:
@@ -88,7 +99,8 @@ def _check_budget(lengths: np.ndarray, budget: int, first_index: int = 0) -> Non
 
 
 class DemoSet:
-    """Every frame of a LeRobot dataset as arrays: ``obs[key]`` [N, ...] and ``actions`` [N, D].
+    """Every frame of a LeRobot dataset as arrays: ``obs[key]`` [N, ...] and ``actions`` [N, D]
+    (``[N, K, D]`` with action chunks).
 
     Args:
         root: dataset directory.
@@ -96,6 +108,8 @@ class DemoSet:
             ``num_fixed_tokens``).
         instruction_tokens: byte tokens int[N, L] -> the policy's instruction tokens per sample
             int[N] (``VLAConfig.instruction_token_counts``); default: the non-pad bytes.
+        action_steps: above 1, each frame's action is the chunk of its episode's next
+            ``action_steps`` actions ``[K, D]`` (``action_windows``).
     """
 
     def __init__(
@@ -103,10 +117,14 @@ class DemoSet:
         root: str | Path,
         fixed_tokens: int,
         instruction_tokens: InstructionTokens | None = None,
+        action_steps: int = 1,
     ) -> None:
         dataset = LeRobotDataset(root)
         _check_dataset(dataset, root)
-        parts = [_episode_arrays(dataset.episode(e.episode_index)) for e in dataset.episodes]
+        parts = [
+            _episode_arrays(dataset.episode(e.episode_index), action_steps)
+            for e in dataset.episodes
+        ]
         self.obs = {k: np.concatenate([obs[k] for obs, _ in parts]) for k in parts[0][0]}
         self.actions = np.concatenate([actions for _, actions in parts])
         self.lengths = _lengths(self.obs, fixed_tokens, instruction_tokens)
@@ -162,6 +180,7 @@ class DemoStream:
         *,
         buffer_frames: int = 20_000,
         seed: int = 0,
+        action_steps: int = 1,
     ) -> None:
         if buffer_frames < 1:
             raise ValueError(f"buffer_frames must be >= 1, got {buffer_frames}")
@@ -170,6 +189,7 @@ class DemoStream:
         self.num_episodes = len(self.dataset.episodes)
         self.total_frames = len(self.dataset)
         self.fixed_tokens, self.instruction_tokens = fixed_tokens, instruction_tokens
+        self.action_steps = action_steps  # above 1: each frame's target is an action chunk
         lengths = [e.length for e in self.dataset.episodes]
         self._first_frame = np.concatenate([[0], np.cumsum(lengths)])  # per episode position
         self._longest_episode = max(lengths)
@@ -213,7 +233,9 @@ class DemoStream:
                 self._epochs += 1
                 for position in self._epoch_order():
                     episode = self.dataset.episodes[position]
-                    obs, actions = _episode_arrays(self.dataset.episode(episode.episode_index))
+                    obs, actions = _episode_arrays(
+                        self.dataset.episode(episode.episode_index), self.action_steps
+                    )
                     lengths = _lengths(obs, self.fixed_tokens, self.instruction_tokens)
                     # each frame its own copy: a frame left in the buffer must not keep its
                     # whole episode alive (memory is capacity frames, not episodes)

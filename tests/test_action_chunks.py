@@ -187,3 +187,53 @@ def test_an_env_runner_executes_action_chunks_and_counts_real_steps() -> None:
     unsent = sum(step.sim_steps for slot in slots for step in slot.steps)
     assert unsent == sum(step.reward for slot in slots for step in slot.steps)
     assert host.counters["env_steps"] == int(rewards.sum()) + unsent > len(rewards)
+
+
+# --------------------------------------------------------------------------------- SFT targets
+def test_a_frames_target_is_its_next_k_actions_padded_with_the_last() -> None:
+    import numpy as np
+
+    from sft.data import action_windows
+
+    actions = np.arange(8, dtype=np.float32).reshape(4, 2)  # 4 steps of 2 dims
+    windows = action_windows(actions, 3)
+    assert windows.shape == (4, 3, 2)
+    assert windows[0].tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert windows[2].tolist() == [[4, 5], [6, 7], [6, 7]]  # past the end: the last repeated
+    assert windows[3].tolist() == [[6, 7]] * 3
+    assert action_windows(actions[:1], 2).tolist() == [[[0, 1], [0, 1]]]
+
+
+def test_sft_data_reads_action_chunks_from_a_lerobot_dataset(tmp_path) -> None:
+    import numpy as np
+
+    from sft.data import DemoSet, DemoStream
+    from sft.lerobot import LeRobotWriter
+    from tests.test_lerobot import FEATURES, _episode
+
+    rng = np.random.default_rng(0)
+    episodes = [_episode(rng, n) for n in (4, 2)]
+    with LeRobotWriter(tmp_path / "ds", FEATURES) as writer:
+        for episode in episodes:
+            writer.add_episode(episode, "push")
+    demos = DemoSet(tmp_path / "ds", fixed_tokens=1, action_steps=3)
+    assert demos.actions.shape == (6, 3, 2)
+    second = episodes[1]["action"]  # frames 4, 5: the second episode's, padded at its end
+    np.testing.assert_array_equal(demos.actions[4], second[[0, 1, 1]])
+    np.testing.assert_array_equal(demos.actions[5], second[[1, 1, 1]])
+    stream = DemoStream(tmp_path / "ds", fixed_tokens=1, buffer_frames=6, action_steps=3)
+    try:
+        batch = stream.packed_batch(budget=100, rng=np.random.default_rng(1), timeout_s=30)
+    finally:
+        stream.close()
+    assert batch.actions.shape[1:] == (3, 2)
+    firsts = {tuple(a[0]) for a in batch.actions}
+    assert firsts <= {tuple(a) for e in episodes for a in e["action"]}
+
+
+def test_a_token_vla_frame_counts_k_times_d_action_tokens(model_dir) -> None:
+    from rlvla3.policy.sft_tokens import frame_tokens
+
+    one = frame_tokens(make_policy(model_dir)).fixed_tokens
+    three = frame_tokens(make_policy(model_dir, action_steps=3)).fixed_tokens
+    assert three - one == 2 * 2  # two more steps of D = 2 tokens

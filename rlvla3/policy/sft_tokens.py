@@ -8,8 +8,8 @@ The loss is the same for every family (the negative log-likelihood of the demons
   patches) plus its instruction's, and attention runs per sample on the packed sequence;
 - the token VLA (``policy.kind: token_vla``) runs a ``transformers`` model on right-padded
   batches: a frame is its prompt (image tokens, instruction and state as text) plus one token per
-  action dimension. The budget counts these real tokens; the padding a batch adds on top is not
-  in it.
+  action dimension and step (``action_steps`` x D: its next K actions). The budget counts these
+  real tokens; the padding a batch adds on top is not in it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def frame_tokens(policy: nn.Module) -> FrameTokens:
 
 def _token_vla_tokens(policy: TokenVLAPolicy) -> FrameTokens:
     """The prompt without its instruction (the image's tokens, the template, a state of zeros)
-    plus the action tokens, and the instruction's tokens on their own. Approximate by a few
+    plus the K x D action tokens, and the instruction's tokens on their own. Approximate by a few
     tokens: a state of more values writes more of them, and a BPE tokenizer with merges may
     split the whole prompt differently than its parts."""
     config, processor = policy.config, policy.processor
@@ -69,7 +69,7 @@ def _token_vla_tokens(policy: TokenVLAPolicy) -> FrameTokens:
         states = np.zeros((1, 1), np.float32)  # one value: real states add a few tokens each
     text = policy.prompt.prompts(np.zeros((1, 1), np.int64), states)
     prompt = processor(images=[[image]], text=text, return_tensors="pt")
-    fixed = int(prompt["attention_mask"].sum()) + policy.bins.dims
+    fixed = int(prompt["attention_mask"].sum()) + policy.bins.steps * policy.bins.dims
     tokenizer = processor.tokenizer
 
     def instruction_tokens(instructions: np.ndarray) -> np.ndarray:
