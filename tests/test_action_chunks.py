@@ -237,3 +237,63 @@ def test_a_token_vla_frame_counts_k_times_d_action_tokens(model_dir) -> None:
     one = frame_tokens(make_policy(model_dir)).fixed_tokens
     three = frame_tokens(make_policy(model_dir, action_steps=3)).fixed_tokens
     assert three - one == 2 * 2  # two more steps of D = 2 tokens
+
+
+# --------------------------------------------------------------------------------- a real run
+@pytest.mark.slow
+def test_a_run_trains_a_token_vla_with_action_chunks(tmp_path, redis_url) -> None:
+    """env worker -> rollout server -> trainer -> broadcaster with ``action_steps: 2`` on a tiny
+    LLaVA: chunks of [2, D] actions accepted and trained, env steps counted as real steps
+    (more than the transitions trained on)."""
+    import json
+
+    from rlvla3.runtime.registry import Registry
+    from tests.launching import launcher_output, start_launcher, write_yaml
+    from tests.tiny_vlms import IMAGE_SIZE
+
+    model_dir = write_tiny_vlm(tmp_path / "model", "llava")
+    name = "token_vla_chunks"
+    cfg = {
+        "run": {
+            "name": name,
+            "redis_url": redis_url,
+            "heartbeat_ttl_s": 5.0,
+            "stop": {"max_env_steps": 160, "max_wall_s": 200},
+        },
+        "roles": {
+            "env_worker": {"count": 1},
+            "rollout_server": {"count": 1, "settings": {"max_batch": 4}},
+            "trainer": {"count": 1},
+            "weight_broadcaster": {"count": 1},
+        },
+        "env": {
+            "id": "rlvla3/TableTopEasy-v0",
+            "num_envs_per_worker": 2,
+            "chunk_len": 8,
+            "kwargs": {"image_size": IMAGE_SIZE, "instruction_max_len": 48},
+        },
+        "policy": {
+            "kind": "token_vla",
+            "token_vla": {
+                "path": str(model_dir),
+                "bins": 16,
+                "value_hidden": 16,
+                "action_steps": 2,
+            },
+        },
+        "algo": {"batch_steps": 16, "minibatch_size": 8, "epochs": 1},
+    }
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
+    try:
+        code = launcher.wait(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert code == 0, launcher_output(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "max_env_steps" in summary["stop_reason"]
+    counters = Registry(redis_url, name).counters()
+    assert counters["updates"] >= 2, counters
+    assert not counters.get("bad_chunks") and not counters.get("bad_requests"), counters
+    assert counters["env_steps"] >= 160
