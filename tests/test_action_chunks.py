@@ -106,15 +106,12 @@ def _chunk_run(steps: int, episode_limit: int, requests: int):
     import numpy as np
 
     from rlvla3.config.run_config import config_from_dict
-    from rlvla3.runtime.rate_meter import RateMeter
     from roles.env.action_chunks import ActionChunkEnvs
     from roles.env.chunk_sink import ChunkStream
     from roles.env.env_runner import EnvRunner
     from roles.env.env_slot import EnvSlot
     from roles.env.pacing import Pacing
-    from roles.env.runner_thread import RunnerParts, make_env_group
-    from roles.env.sim_meter import SimMeter
-    from tests.test_vector_runner import _Client, _Episodes, _Host, _Sink
+    from tests.test_vector_runner import _Client, _Host, runner_parts
     from transport.messages import ActionBatchReply
 
     class ChunkClient(_Client):
@@ -146,18 +143,8 @@ def _chunk_run(steps: int, episode_limit: int, requests: int):
     )
     host = _Host(requests)
     indices = [0, 1]
-    parts = RunnerParts(
-        env_indices=indices,
-        make_envs=lambda: make_env_group(cfg, 0, indices, vector=False),
-        client=ChunkClient(host),
-        sink=_Sink(host),
-        meter=SimMeter(host, RateMeter()),
-        pacing=Pacing(host.stop_event, groups=1, lock_step=False, version=0),
-        episodes=_Episodes(host),
-        counters=host,
-        stop_event=host.stop_event,
-        env_id="CartPole-v1",
-    )
+    pacing = Pacing(host.stop_event, groups=1, lock_step=False, version=0)
+    parts = runner_parts(host, cfg, indices, ChunkClient(host), pacing, vector=False)
     envs = parts.make_envs()
     assert isinstance(envs, ActionChunkEnvs)
     slots = [EnvSlot(i, ChunkStream(i, f"0/{i}#test"), None) for i in indices]
@@ -248,50 +235,14 @@ def test_a_run_trains_a_token_vla_with_action_chunks(tmp_path, redis_url) -> Non
     import json
 
     from rlvla3.runtime.registry import Registry
-    from tests.launching import launcher_output, start_launcher, write_yaml
-    from tests.tiny_vlms import IMAGE_SIZE
+    from tests.test_rl_loop import run_to_end
+    from tests.tiny_vlms import tabletop_run_config
 
     model_dir = write_tiny_vlm(tmp_path / "model", "llava")
     name = "token_vla_chunks"
-    cfg = {
-        "run": {
-            "name": name,
-            "redis_url": redis_url,
-            "heartbeat_ttl_s": 5.0,
-            "stop": {"max_env_steps": 160, "max_wall_s": 200},
-        },
-        "roles": {
-            "env_worker": {"count": 1},
-            "rollout_server": {"count": 1, "settings": {"max_batch": 4}},
-            "trainer": {"count": 1},
-            "weight_broadcaster": {"count": 1},
-        },
-        "env": {
-            "id": "rlvla3/TableTopEasy-v0",
-            "num_envs_per_worker": 2,
-            "chunk_len": 8,
-            "kwargs": {"image_size": IMAGE_SIZE, "instruction_max_len": 48},
-        },
-        "policy": {
-            "kind": "token_vla",
-            "token_vla": {
-                "path": str(model_dir),
-                "bins": 16,
-                "value_hidden": 16,
-                "action_steps": 2,
-            },
-        },
-        "algo": {"batch_steps": 16, "minibatch_size": 8, "epochs": 1},
-    }
-    run_dir = tmp_path / "run"
-    launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
-    try:
-        code = launcher.wait(timeout=240)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert code == 0, launcher_output(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = tabletop_run_config(name, redis_url, model_dir, action_steps=2)
+    cfg["algo"] = {"batch_steps": 16, "minibatch_size": 8, "epochs": 1}
+    summary = json.loads((run_to_end(tmp_path, cfg) / "summary.json").read_text())
     assert "max_env_steps" in summary["stop_reason"]
     counters = Registry(redis_url, name).counters()
     assert counters["updates"] >= 2, counters

@@ -289,42 +289,12 @@ def test_a_run_trains_a_token_vla_end_to_end(llava_dir, tmp_path, redis_url) -> 
     """env worker -> rollout server -> trainer -> broadcaster on the table-top task with a tiny
     LLaVA checkpoint: several versions trained and served, a checkpoint, summary.json."""
     from rlvla3.runtime.registry import Registry
-    from tests.launching import launcher_output, start_launcher, write_yaml
+    from tests.launching import launcher_output
+    from tests.test_rl_loop import run_to_end
+    from tests.tiny_vlms import tabletop_run_config
 
     name = "token_vla_run"
-    cfg = {
-        "run": {
-            "name": name,
-            "redis_url": redis_url,
-            "heartbeat_ttl_s": 5.0,
-            "stop": {"max_env_steps": 160, "max_wall_s": 200},
-        },
-        "roles": {
-            "env_worker": {"count": 1},
-            "rollout_server": {"count": 1, "settings": {"max_batch": 4}},
-            "trainer": {"count": 1},
-            "weight_broadcaster": {"count": 1},
-        },
-        "env": {
-            "id": "rlvla3/TableTopEasy-v0",
-            "num_envs_per_worker": 2,
-            "chunk_len": 8,
-            "kwargs": {"image_size": IMAGE_SIZE, "instruction_max_len": 48},
-        },
-        "policy": {
-            "kind": "token_vla",
-            "token_vla": {"path": str(llava_dir), "bins": 16, "value_hidden": 16},
-        },
-        "algo": {"batch_steps": 32, "minibatch_size": 16, "epochs": 1, "checkpoint_every": 2},
-    }
-    run_dir = tmp_path / "run"
-    launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
-    try:
-        code = launcher.wait(timeout=240)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert code == 0, launcher_output(run_dir)
+    run_dir = run_to_end(tmp_path, tabletop_run_config(name, redis_url, llava_dir))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "max_env_steps" in summary["stop_reason"]
     registry = Registry(redis_url, name)

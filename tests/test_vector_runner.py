@@ -110,6 +110,24 @@ class _Episodes(EpisodeQueue):
         self.host.episodes.append((e.episode_return, e.length, e.success, e.versions))
 
 
+def runner_parts(
+    host: _Host, cfg: Any, indices: list[int], client: PolicyClient, pacing: Pacing, vector: bool
+) -> RunnerParts:
+    """The parts of a runner of envs ``indices`` of ``cfg``'s env that report to ``host``."""
+    return RunnerParts(
+        env_indices=indices,
+        make_envs=lambda: make_env_group(cfg, 0, indices, vector=vector),
+        client=client,
+        sink=_Sink(host),
+        meter=SimMeter(host, RateMeter()),
+        pacing=pacing,
+        episodes=_Episodes(host),
+        counters=host,
+        stop_event=host.stop_event,
+        env_id=cfg.env.id,
+    )
+
+
 def _run(
     runner_class: type,
     steps: int,
@@ -136,18 +154,7 @@ def _run(
     pacing = Pacing(host.stop_event, groups=1, lock_step=lock_step, version=0)
     pacing.wait_for_version_after = lambda version: True  # type: ignore[method-assign]
     indices = list(range(envs))
-    parts = RunnerParts(
-        env_indices=indices,
-        make_envs=lambda: make_env_group(cfg, 0, indices, vector=True),
-        client=_Client(host),
-        sink=_Sink(host),
-        meter=SimMeter(host, RateMeter()),
-        pacing=pacing,
-        episodes=_Episodes(host),
-        counters=host,
-        stop_event=host.stop_event,
-        env_id=env_id,
-    )
+    parts = runner_parts(host, cfg, indices, _Client(host), pacing, vector=True)
     streams = [ChunkStream(i, f"0/{i}#test") for i in indices]
     if runner_class is EnvRunner:
         slots = [EnvSlot(i, stream, None) for i, stream in enumerate(streams)]

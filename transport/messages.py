@@ -61,7 +61,8 @@ class ActionReply(Message):
     Attributes:
         request_id: the request's id.
         action: the policy's action, as the trainer re-scores it: int64[] (discrete), int64[D]
-            (action bins) or float32[D] (continuous).
+            (action bins), float32[D] (continuous), or int64[K, D] (an action chunk of K steps,
+            ``policy.token_vla.action_steps``: its env action is ``[K, ...]``, one per step).
         log_prob: log-probability of ``action`` under the behaviour policy (nats).
         value: the critic's value estimate of the observation.
         policy_version: version of the weights that produced this reply.
