@@ -48,6 +48,7 @@ from rlvla3.runtime.counter_batch import CounterBatch, DropReports
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
 from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
+from rlvla3.runtime.redis_auth import RedisAuth
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
@@ -78,7 +79,7 @@ class Role(abc.ABC, Generic[SettingsT]):
         node: str,
         run_dir: Path,
         address: str | None = None,
-        redis_password: str | None = None,
+        redis_password: RedisAuth | str | None = None,
     ) -> None:
         self.cfg = cfg
         self.index = index
