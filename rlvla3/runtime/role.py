@@ -17,7 +17,8 @@ loop is held to the same timeout (``stuck_work``).
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run (or on one host bound beyond loopback) the launcher hands
 over the run secret through a pipe (``--secret-fd``, ``rlvla3/runtime/run_secret.py``): the
-role then authenticates to Redis with it and speaks CURVE on every socket
+role then authenticates to Redis with the run user's credentials derived from it
+(``rlvla3/runtime/redis_auth.py``) and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
 hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
 secret is no outage: the role stops at once.
