@@ -5,9 +5,10 @@ node; one env worker on each of two sim nodes) runs, in turn, (a) on one host, e
 loopback: ``rlvla3 launch launch/cartpole_3nodes.yaml``; (b) on the rehearsal cluster of
 ``launch/rehearsal/cluster.sh`` (three network namespaces with their own 10.x addresses, real
 slurmctld/slurmd/munge): ``sbatch --nodes=3 launch/slurm.sbatch launch/cartpole_3nodes.yaml``,
-so every message crosses a veth pair and a bridge, CURVE-encrypted, and Redis wants the run
-secret. Both share this machine's cores, so the ratio is the cost of the multi-host path
-(addresses, CURVE, AUTH, a network stack per hop), not of a real network. Per trial: time to
+so every message crosses a veth pair and a bridge, CURVE-encrypted, and Redis speaks TLS with
+the run user's derived password. Both share this machine's cores, so the ratio is the cost of
+the multi-host path (addresses, CURVE, Redis TLS, a network stack per hop), not of a real
+network. Per trial: time to
 solve (the launcher's ``wall_s``, start-up included) and env steps/s over the run. Trials of the
 two alternate (``--repeats`` each); the table shows the median.
 

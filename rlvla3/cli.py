@@ -8,8 +8,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlvla3.config.typed_load import ConfigError
+
+if TYPE_CHECKING:  # (the command imports what a subcommand needs when it runs)
+    from rlvla3.runtime.redis_auth import RedisAuth
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -102,19 +106,23 @@ def _serve_prometheus(registry, port: int) -> int:
         server.shutdown()
 
 
-def _monitor_password(info: dict) -> str | None:
-    """The run secret when the run's Redis wants it (a multi-node run's private Redis): from
-    ``RLVLA3_RUN_SECRET``, else the run dir's ``secret`` file (mode 0600, on every node)."""
+def _monitor_password(info: dict) -> RedisAuth | str | None:
+    """The run user's credentials when the run's Redis wants them (a multi-node run's private
+    Redis), derived from ``RLVLA3_RUN_SECRET``, else from the run dir's ``secret`` file (mode
+    0600, on every node); a configured ``run.redis_url``'s password."""
     from rlvla3.config import redis_url
     from rlvla3.runtime import run_secret
+    from rlvla3.runtime.redis_auth import run_redis_auth
 
     if "run_dir" not in info:  # --redis URL: the secret, if any, comes from the environment
-        return run_secret.from_env()
+        secret = run_secret.from_env()
+        return None if secret is None else run_redis_auth(secret)
     if redis_url.password_of(info.get("redis_url") or "") == redis_url.REDACTED:
         return run_secret.redis_password(Path(info["run_dir"]))  # a configured run.redis_url's
     if not info.get("redis_auth"):
         return None
-    return run_secret.load(Path(info["run_dir"]))
+    secret = run_secret.load(Path(info["run_dir"]))
+    return None if secret is None else run_redis_auth(secret)
 
 
 def _demos(args: argparse.Namespace) -> int:

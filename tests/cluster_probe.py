@@ -20,10 +20,14 @@ from transport.messages import ObsRequest
 _WAIT_MS = 3000
 
 
-def redis_without_password(url: str) -> str:
+def redis_without_password(url: str, **options: object) -> str:
+    """ "refused" when the server takes no command: it wants AUTH, or (a TLS-only port spoken
+    to in plain text, a certificate not trusted) hangs up."""
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5).get("anything")
+        redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5, **options).get("x")
     except redis.AuthenticationError:
+        return "refused"
+    except redis.ConnectionError:
         return "refused"
     except redis.ResponseError as err:
         return "refused" if "NOAUTH" in str(err) else f"error: {err}"
@@ -52,7 +56,13 @@ def zmq_request(endpoint: str, keys: tuple[bytes, bytes, bytes] | None) -> str:
 def main() -> None:
     url, endpoint = sys.argv[1], sys.argv[2]
     server_public = sys.argv[3].encode() if len(sys.argv) > 3 else None
-    result = {"redis": redis_without_password(url), "zmq_plain": zmq_request(endpoint, None)}
+    tls_url = url.replace("redis://", "rediss://")
+    result = {
+        "redis": redis_without_password(url),
+        # TLS trusting any certificate: past the handshake, the default user is off
+        "redis_tls": redis_without_password(tls_url, ssl_cert_reqs="none"),
+        "zmq_plain": zmq_request(endpoint, None),
+    }
     if server_public is not None:
         public, secret = zmq.curve_keypair()  # a key pair of its own, not the run's
         result["zmq_wrong_key"] = zmq_request(endpoint, (server_public, public, secret))

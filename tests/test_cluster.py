@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.rehearsal import Cluster, unavailable
+from rlvla3.launch.rendezvous import read_run_info
 from rlvla3.runtime import run_secret
 from tests.conftest import wait_until
 from tests.launching import write_yaml
@@ -292,8 +293,8 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
     try:
 
         def servers_updated() -> dict | None:
-            info = json.loads((stale / "run.json").read_text())
-            if info.get("launch_id") == "old":
+            info = read_run_info(stale)  # (None between moving the old one aside and joining)
+            if info is None or info.get("launch_id") == "old":
                 return None
             snap = c.monitor(2, stale)  # node simA, from its own run dir
             versions = [
@@ -318,7 +319,12 @@ def test_plain_hosts_refuse_strangers_and_stop_when_the_head_dies(
                 run_keys(secret).server_public.decode(),
             )
         )
-        assert probe == {"redis": "refused", "zmq_plain": "no reply", "zmq_wrong_key": "no reply"}
+        assert probe == {
+            "redis": "refused",
+            "redis_tls": "refused",
+            "zmq_plain": "no reply",
+            "zmq_wrong_key": "no reply",
+        }
         wait_until(
             lambda: c.monitor(3, tmp_path / "simB")["counters"].get("auth_refused", 0) >= 2,
             30,

@@ -25,8 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import torch
 import zmq
 
+from rlvla3.config.run_config import load_config
+from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.runtime.checkpoints import check, checkpoints
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.registry_records import RoleRecord
@@ -40,6 +43,8 @@ from transport.messages import (
     WeightsUpdate,
 )
 from transport.socket_limits import MAX_DATA_FRAMES
+from transport.weight_auth import weights_tag
+from transport.weights import Broadcaster, FlatLayout, start_store
 
 pytestmark = pytest.mark.slow
 
@@ -146,6 +151,56 @@ def kill_redis(run: Run) -> float:
     return time.monotonic() - started
 
 
+def fake_rank_zero(run: Run) -> float:
+    """A peer takes the broadcaster's place: it publishes its own weight store as the
+    broadcaster's, the rollout server is killed (-9) so that its replacement links there, and
+    it offers NaN weights and version 2**62, both signed with the run's weights key (a one-host
+    run's is empty: the peer holds what a member would). Both must be refused and counted; the
+    peer then leaves and the server relinks to the real broadcaster. Returns the seconds from
+    the first offer until the server is back on a genuine version."""
+    cfg = load_config(run.run_dir / "config.yaml")
+    numel = FlatLayout.of(build_policy(cfg, env_spaces(cfg))).numel
+    real_store = run.registry.endpoints("weight_broadcaster", "store")[0]
+    store = start_store("127.0.0.1", timeout_s=30)
+    fake = Broadcaster(store, timeout_s=30)
+    run.registry.publish_endpoint("weight_broadcaster", 0, "store", f"127.0.0.1:{store.port}")
+    old_link = run.registry.endpoints("rollout_server", "weights_link")[0]
+    os.kill(run.role("rollout_server").pid, signal.SIGKILL)
+    link_id = wait_until(
+        lambda: next(
+            iter(set(run.registry.endpoints("rollout_server", "weights_link")) - {old_link}), None
+        ),
+        120,
+        "the replacement server's link",
+    )
+    fake.add(link_id)
+    rejected = run.registry.counters().get("weights_rejected", 0)
+    started = time.monotonic()
+    trained = run.registry.trained_version()
+    nan = torch.full((numel,), float("nan"))
+    huge = torch.zeros(numel)
+    fake.publish(trained, nan, tag=weights_tag(b"", trained, nan))
+    fake.publish(2**62, huge, tag=weights_tag(b"", 2**62, huge))
+    wait_until(
+        lambda: run.registry.counters().get("weights_rejected", 0) >= rejected + 2,
+        30,
+        "both offers refused",
+    )
+    run.registry.publish_endpoint("weight_broadcaster", 0, "store", real_store)
+    for link in fake.links.values():  # the peer leaves: the server's link breaks, it relinks
+        link.group.abort()
+
+    def relinked() -> bool:  # a new link id, to the store published now; or the run is over
+        try:
+            links = run.registry.endpoints("rollout_server", "weights_link")
+            return links not in ([], [link_id]) and run.role("rollout_server").status == "running"
+        except (redis.ConnectionError, StopIteration):
+            return True  # (the run solved and its Redis stopped: the summary tells)
+
+    wait_until(relinked, 120, "the server relinked to the real broadcaster")
+    return time.monotonic() - started
+
+
 def fill_checkpoint_disk(run: Run) -> float:
     """The checkpoint dir is a tmpfs with room for one checkpoint: wait until a save fails;
     nothing to recover from (training goes on), so 0."""
@@ -209,13 +264,35 @@ FAULTS: dict[str, Fault] = {
         ),
     ),
     "kill -9 the run's redis-server": Fault(kill_redis, "restarted from its append-only file"),
+    "a fake rank 0 offers NaN weights and version 2**62": Fault(
+        fake_rank_zero, "non-finite values (NaN or inf)"
+    ),
     "checkpoint disk full (tmpfs)": Fault(
         fill_checkpoint_disk, "not written", checkpoint_disk="200k"
     ),
 }
 
 
-@pytest.mark.parametrize("name", list(FAULTS))
+_KNOWN_OPEN = {
+    "a fake rank 0 offers NaN weights and version 2**62": (
+        "both offers are refused and counted, but the real broadcaster then blocks in "
+        "Broadcaster.add on the link id the server published for the fake's store (no one "
+        "connects to it there), is killed as STALLED until out of restarts, and the run ends"
+    ),
+}
+"""Faults whose row still fails, and why (a strict xfail: fixing one fails the suite until
+its entry goes)."""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_OPEN[n]))
+        if n in _KNOWN_OPEN
+        else n
+        for n in FAULTS
+    ],
+)
 def test_the_main_job_survives(tmp_path, name: str) -> None:
     fault = FAULTS[name]
     run_dir = tmp_path / "run"

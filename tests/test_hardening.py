@@ -26,6 +26,7 @@ from rlvla3.launch.rendezvous import configured_store, read_run_info, write_run_
 from rlvla3.launch.run_dir import config_path, write_config
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.log_text import loggable
+from rlvla3.runtime.redis_auth import RUN_USER
 from rlvla3.runtime.registry import Registry, RunInUse
 from rlvla3.runtime.role_redis import run_redis
 from transport.bind_policy import BindRefused, check_bind
@@ -107,7 +108,8 @@ def test_a_role_started_by_hand_drops_the_secret_from_its_environment(monkeypatc
 def test_a_redis_password_stays_out_of_the_run_dir_files_and_messages(tmp_path) -> None:
     password = "hunter2-" + run_secret.new_secret()[:12]
     with EmbeddedRedis(host="127.0.0.1", password=password) as server:
-        url = server.url.replace("redis://", f"redis://:{password}@")
+        # (a user's Redis with a named user, as the embedded one's ACL has)
+        url = server.url.replace("redis://", f"redis://{RUN_USER}:{password}@")
         cfg = load_config(None, ["roles.trainer.count=1", f"run.redis_url={url}"])
         shown = write_config(tmp_path, cfg)
         assert password not in config_path(tmp_path).read_text()

@@ -17,6 +17,7 @@ from rlvla3.launch.progress import ProgressTracker
 from rlvla3.launch.redis_server import EmbeddedRedis
 from rlvla3.launch.slurm import HostListError, SlurmStep, expand_host_list
 from rlvla3.runtime import run_secret
+from rlvla3.runtime.redis_auth import RUN_USER, RedisAuth, run_password
 from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 from transport.security import CurveSecurity, run_keys
@@ -170,19 +171,21 @@ def test_the_secret_is_stored_0600_and_a_readable_one_is_refused(tmp_path, monke
         run_secret.load(tmp_path)
 
 
-def test_the_private_redis_of_a_multi_node_run_wants_the_secret(tmp_path) -> None:
+def test_the_private_redis_of_a_multi_node_run_wants_the_run_users_credentials(tmp_path) -> None:
+    """Without TLS (an ``EmbeddedRedis`` given a password alone) the ACL still applies: the
+    default user is off. The head's TLS and the ACL's commands: tests/test_redis_auth.py."""
     secret = run_secret.new_secret()
-    with EmbeddedRedis(host="127.0.0.1", password=secret) as server:
+    with EmbeddedRedis(host="127.0.0.1", password=run_password(secret)) as server:
         assert server.url.startswith("redis://127.0.0.1:")
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(server.url).ping()
         with pytest.raises(redis.AuthenticationError):
-            Registry(server.url, "r", "wrong-secret-0123456789").counters()
-        assert Registry(server.url, "r", secret).counters() == {}
+            Registry(server.url, "r", secret).counters()  # the secret itself is no password
+        assert Registry(server.url, "r", RedisAuth(run_password(secret), RUN_USER)).counters() == {}
         conf = next(server.directory.glob("redis.conf"))
         assert conf.stat().st_mode & 0o777 == 0o600
         cmdline = open(f"/proc/{server.process.pid}/cmdline", "rb").read()
-        assert secret.encode() not in cmdline  # not in `ps`
+        assert run_password(secret).encode() not in cmdline  # not in `ps`
 
 
 # --- CURVE ---------------------------------------------------------------------------------------

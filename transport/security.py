@@ -23,8 +23,6 @@ keys and keeps its speed (``bench/codec_sockets.py`` measures what CURVE costs).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +30,8 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
+
+from transport.derived_keys import derive
 
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _ZAP_DOMAIN = b"rlvla3"
@@ -63,7 +63,7 @@ def run_keys(secret: str) -> RunKeys:
     about the secret can be read back from a public key)."""
 
     def key_pair(label: bytes) -> tuple[bytes, bytes]:
-        raw = hmac.new(secret.encode(), b"rlvla3 curve " + label, hashlib.sha256).digest()
+        raw = derive(secret, b"rlvla3 curve " + label)
         private = z85.encode(raw)  # any 32 bytes are a Curve25519 secret key
         return zmq.curve_public(private), private
 

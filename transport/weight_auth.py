@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from transport.derived_keys import derive
+
 TAG_BYTES = 32
 NO_TAG = bytes(TAG_BYTES)
 """The tag of an unsigned version (no key can make it: refused everywhere)."""
@@ -40,7 +42,7 @@ def weights_key(secret: str | None) -> bytes:
     one-host run (no secret, see the module doc)."""
     if secret is None:
         return b""
-    return hmac.new(secret.encode(), _LABEL, hashlib.sha256).digest()
+    return derive(secret, _LABEL)
 
 
 def new_link_id(role: str, index: int) -> str:

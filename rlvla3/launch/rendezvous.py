@@ -2,15 +2,17 @@
 
 - One host: a private redis-server on a unix socket, no password (``run.redis_url`` overrides).
 - Multi-host head: a private redis-server on the head's node address, its port from
-  ``run.redis_port`` or the Slurm job, AUTH with the run secret.
+  ``run.redis_port`` or the Slurm job, TLS only, with the run user's password and ACL
+  (``rlvla3/runtime/redis_auth.py``; both derived from the run secret).
 - Multi-host other nodes: wait (``run.join_timeout_s``) until the head's Redis answers and the
   head has marked the launch. Where: ``run.redis_url``; else the head's address (its
   configured host, or its Slurm host) and the known port; else ``run.json`` in the shared run
-  dir. The secret: ``RLVLA3_RUN_SECRET``, else ``RUN_DIR/secret``.
+  dir. The secret: ``RLVLA3_RUN_SECRET``, else ``RUN_DIR/secret``. A node sends its password
+  only after the TLS handshake proved the server holds the run's certificate key.
 
 ``run.json`` in the run dir says how to reach the run's Redis (never the password), for roles
-and ``rlvla3 monitor``: ``run_id``, ``redis_url``, ``redis_auth`` (the run secret is its
-password), ``launch_id`` (the head's launch it belongs to), ``head`` (the head node's name,
+and ``rlvla3 monitor``: ``run_id``, ``redis_url``, ``redis_auth`` (it wants the run user's
+credentials, derived from the run secret), ``launch_id`` (the head's launch it belongs to), ``head`` (the head node's name,
 null on one host), ``node`` and ``launcher_pid`` (the node and launcher that wrote it: the head,
 or a node with a run dir of its own), ``started_at``.
 """
@@ -34,6 +36,8 @@ from rlvla3.config.run_config import Config
 from rlvla3.launch.cluster import Seat, head_address, redis_port
 from rlvla3.launch.redis_server import EmbeddedRedis, url_host
 from rlvla3.runtime import run_secret
+from rlvla3.runtime.redis_auth import RedisAuth, run_password, run_redis_auth
+from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
 
 _RETRY_S = 0.5
@@ -59,12 +63,12 @@ class RunStore:
 
     Attributes:
         url: its URL, its password (if any) shown as ``***``.
-        password: the run secret when the Redis is the run's private multi-host one, a
-            configured ``run.redis_url``'s password, else None.
+        password: the run user's credentials when the Redis is the run's private multi-host
+            one (``run_redis_auth``), a configured ``run.redis_url``'s password, else None.
     """
 
     url: str
-    password: str | None
+    password: RedisAuth | str | None
     server: EmbeddedRedis | None = field(default=None, compare=False)
     """The run's own redis-server when this node started it (the head), else None."""
 
@@ -93,10 +97,16 @@ def head_store(
         with EmbeddedRedis(**durable) as server:
             yield RunStore(server.url, None, server)
         return
+    if secret is None:
+        raise ValueError("a multi-host run's Redis needs the run secret")
     with EmbeddedRedis(
-        host=address, port=redis_port(cfg, seat), password=secret, **durable
+        host=address,
+        port=redis_port(cfg, seat),
+        password=run_password(secret),
+        tls=redis_tls_identity(secret),  # across hosts TLS only (the module doc)
+        **durable,
     ) as server:
-        yield RunStore(server.url, secret, server)
+        yield RunStore(server.url, run_redis_auth(secret), server)
 
 
 def find_head_store(
@@ -166,12 +176,13 @@ def _candidates(
     if cfg.run.redis_url is not None:
         return [configured_store(cfg.run.redis_url)]
     stores = []
+    auth = None if secret is None else run_redis_auth(secret)
     port = redis_port(cfg, seat)
     if head is not None and port:
-        stores.append(RunStore(f"redis://{url_host(head)}:{port}/0", secret))
+        stores.append(RunStore(f"rediss://{url_host(head)}:{port}/0", auth))
     info = read_run_info(run_dir)
     if info is not None and info.get("redis_url") and info.get("run_id") == cfg.run.name:
-        stores.append(RunStore(info["redis_url"], secret if info.get("redis_auth") else None))
+        stores.append(RunStore(info["redis_url"], auth if info.get("redis_auth") else None))
     return stores
 
 

@@ -16,6 +16,7 @@ import redis
 
 from rlvla3.config import redis_url
 from rlvla3.runtime import keys
+from rlvla3.runtime.redis_auth import RedisAuth, as_auth
 from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
 _MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
@@ -29,16 +30,18 @@ class Registry:
     """Typed access to one run's state in Redis.
 
     Args:
-        url: the Redis URL (``redis://host:port/0``, ``unix:///path``).
+        url: the Redis URL (``redis://host:port/0``, ``rediss://`` for TLS, ``unix:///path``).
         run_id: the run whose keys it reads and writes.
-        password: Redis AUTH password (the run secret of a multi-node run's private Redis);
-            None: the URL's own, if any. ``url`` then keeps the password redacted (``self.url``).
+        password: Redis credentials: a multi-host run's (``run_redis_auth``: its user, password
+            and pinned certificate), or a plain AUTH password; None: the URL's own, if any.
+            ``url`` then keeps the password redacted (``self.url``).
     """
 
-    def __init__(self, url: str, run_id: str, password: str | None = None) -> None:
+    def __init__(self, url: str, run_id: str, password: RedisAuth | str | None = None) -> None:
+        auth = as_auth(password)
         in_url = redis_url.password_of(url)
-        if password is None and in_url != redis_url.REDACTED:
-            password = in_url
+        if auth is None and in_url is not None and in_url != redis_url.REDACTED:
+            auth = RedisAuth(in_url)
         self.url = redis_url.redacted(url)  # what messages may show
         url = redis_url.without_password(url)
         self.run_id = run_id
@@ -49,8 +52,8 @@ class Registry:
         }
         if not url.startswith("unix:"):  # a dead peer host is noticed, not waited on forever
             options["socket_keepalive"] = True
-        if password is not None:
-            options["password"] = password
+        if auth is not None:
+            options.update(auth.client_options(url))
         self.redis = redis.Redis.from_url(url, **options)
 
     # --- role registry and heartbeats -------------------------------------------------------

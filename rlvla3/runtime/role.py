@@ -17,7 +17,8 @@ loop is held to the same timeout (``stuck_work``).
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run (or on one host bound beyond loopback) the launcher hands
 over the run secret through a pipe (``--secret-fd``, ``rlvla3/runtime/run_secret.py``): the
-role then authenticates to Redis with it and speaks CURVE on every socket
+role then authenticates to Redis with the run user's credentials derived from it
+(``rlvla3/runtime/redis_auth.py``) and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
 hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
 secret is no outage: the role stops at once.
@@ -48,6 +49,7 @@ from rlvla3.runtime.counter_batch import CounterBatch, DropReports
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
 from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
+from rlvla3.runtime.redis_auth import RedisAuth
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
@@ -78,7 +80,7 @@ class Role(abc.ABC, Generic[SettingsT]):
         node: str,
         run_dir: Path,
         address: str | None = None,
-        redis_password: str | None = None,
+        redis_password: RedisAuth | str | None = None,
     ) -> None:
         self.cfg = cfg
         self.index = index

@@ -1,5 +1,6 @@
 """Which Redis a role process talks to, and with which password: the run's own (its URL in the
-run dir's ``run.json``, the run secret as password where it wants AUTH), or a configured
+run dir's ``run.json``, the run user's credentials derived from the run secret where it wants
+AUTH), or a configured
 ``run.redis_url`` (its password in the run dir's ``redis_password`` where ``config.yaml``
 shows ``***``)."""
 
@@ -12,13 +13,16 @@ from pathlib import Path
 from rlvla3.config import redis_url
 from rlvla3.config.run_config import Config
 from rlvla3.runtime import run_secret
+from rlvla3.runtime.redis_auth import RedisAuth, run_redis_auth
 
 
-def run_redis(cfg: Config, run_dir: Path, secret: str | None) -> tuple[Config, str | None]:
-    """``cfg`` with the Redis URL roles use, and that Redis's password (None: none)."""
+def run_redis(
+    cfg: Config, run_dir: Path, secret: str | None
+) -> tuple[Config, RedisAuth | str | None]:
+    """``cfg`` with the Redis URL roles use, and that Redis's credentials (None: none)."""
     if cfg.run.redis_url is None:  # an embedded Redis: its URL is in run.json, not the config
-        cfg, redis_auth = _with_run_redis(cfg, run_dir / "run.json")
-        return cfg, secret if redis_auth else None
+        cfg, wants_auth = _with_run_redis(cfg, run_dir / "run.json")
+        return cfg, run_redis_auth(secret) if wants_auth and secret is not None else None
     return cfg, _configured_password(cfg, run_dir)
 
 
@@ -33,7 +37,7 @@ def _configured_password(cfg: Config, run_dir: Path) -> str | None:
 
 def _with_run_redis(cfg: Config, run_json: Path) -> tuple[Config, bool]:
     """``cfg`` with the Redis URL the launcher recorded in ``run.json`` (if it did), and whether
-    that Redis wants the run secret (AUTH)."""
+    that Redis wants the run user's credentials (AUTH)."""
     try:
         info = json.loads(run_json.read_text())
     except (OSError, ValueError):

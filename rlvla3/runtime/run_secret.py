@@ -1,4 +1,5 @@
-"""The per-run secret of a multi-node run: Redis AUTH password and the seed of its CURVE keys.
+"""The per-run secret of a multi-node run: the seed of its Redis password and TLS key, its CURVE
+keys and its weights key (``transport/derived_keys.py``).
 
 Made by the head node's launcher (or by ``launch/slurm.sbatch``, which hands it to every node's
 launcher in the ``RLVLA3_RUN_SECRET`` environment variable), kept in ``RUN_DIR/secret`` with

