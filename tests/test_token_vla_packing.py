@@ -4,6 +4,7 @@ from each other in a row, and the families that cannot pack refused with their r
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from rlvla3.policy.hf_varlen import VARLEN_ATTENTION  # noqa: E402
 from rlvla3.policy.token_vla_packing import (  # noqa: E402
     PackedEvaluator,
     pack_frames,
@@ -31,27 +33,34 @@ def _actions(n: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 16, (n, 2), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("row_tokens", [None, 300])
-def test_packed_evaluate_gives_each_frame_the_padded_figures(model_dir, row_tokens) -> None:
+@pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])
+def test_packed_evaluate_gives_each_frame_the_padded_figures(model_dir, varlen) -> None:
     policy = make_policy(model_dir).eval()
     obs, action = observations(FRAMES), _actions(FRAMES)
-    packed = PackedEvaluator(policy, 4096)
-    packed.row_tokens = row_tokens  # None: one row; 300: several rows, each with a tail
     with torch.no_grad():
-        padded, got = policy.evaluate(obs, action), packed(obs, action)
+        padded = policy.evaluate(obs, action)
+        # varlen: one row, frames bounded by cu_seqlens; mask: rows of 300 tokens with tails
+        packed = PackedEvaluator(policy, 300, varlen=varlen)
+        got = packed(obs, action)
     _, lengths = policy._prompt_inputs(obs)
     assert len(set(lengths.tolist())) > 2  # prompts of different lengths
     rows = packed.last.inputs["input_ids"].shape[0]
-    assert rows == 1 if row_tokens is None else rows > 1
+    assert rows == 1 if varlen else rows > 1
+    text = policy.model.config.get_text_config()
+    assert (text._attn_implementation == VARLEN_ATTENTION) == varlen
     assert packed.last.real_tokens == int(lengths.sum()) + FRAMES * 2
     for name in ("log_prob", "entropy", "value"):
         torch.testing.assert_close(getattr(got, name), getattr(padded, name), atol=1e-4, rtol=0)
+    with torch.no_grad():  # the padded path is unchanged beside it (the act side's)
+        again = policy.evaluate(obs, action)
+    torch.testing.assert_close(again.log_prob, padded.log_prob, atol=1e-5, rtol=0)
 
 
-def test_a_frame_never_attends_to_another_in_its_row(model_dir) -> None:
+@pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])
+def test_a_frame_never_attends_to_another_in_its_row(model_dir, varlen) -> None:
     policy = make_policy(model_dir).eval()
     obs, action = observations(FRAMES), _actions(FRAMES)
-    packed = PackedEvaluator(policy, 4096)
+    packed = PackedEvaluator(policy, 4096, varlen=varlen)
     with torch.no_grad():
         before = packed(obs, action).log_prob
         first = int(torch.argmin(packed.last.last_prompt))  # the row's first frame
@@ -65,12 +74,19 @@ def test_a_frame_never_attends_to_another_in_its_row(model_dir) -> None:
     torch.testing.assert_close(after[others], before[others], atol=1e-5, rtol=0)
 
 
-def test_packed_evaluate_trains(model_dir) -> None:
-    policy = make_policy(model_dir).train()
-    loss = -PackedEvaluator(policy, 4096)(observations(3), _actions(3)).log_prob.mean()
-    loss.backward()
-    grads = [p.grad for p in policy.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
+def test_packed_evaluate_gives_the_padded_gradients(model_dir) -> None:
+    padded = make_policy(model_dir).train()
+    packed = copy.deepcopy(padded)
+    obs, action = observations(4), _actions(4)
+    (-padded.evaluate(obs, action).log_prob.mean()).backward()
+    (-PackedEvaluator(packed, 4096)(obs, action).log_prob.mean()).backward()
+    grads = dict(packed.named_parameters())
+    compared = 0
+    for name, param in padded.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(grads[name].grad, param.grad, atol=1e-4, rtol=1e-3)
+            compared += 1
+    assert compared > 10
 
 
 def _qwen2_vl():
@@ -126,9 +142,14 @@ def test_families_that_cannot_pack_say_why(build, reason) -> None:
 def test_the_tested_families_pack_and_flash_attention_takes_one_row(model_dir) -> None:
     policy = make_policy(model_dir)
     assert packing_unsupported(policy.model) is None
-    assert PackedEvaluator(policy, 512).row_tokens == 512
-    policy.model.config._attn_implementation = "flash_attention_2"  # varlen: batches of one row
+    assert PackedEvaluator(policy, 512, varlen=False).row_tokens == 512  # sdpa: masked rows
+    text = policy.model.config.get_text_config()
+    text._attn_implementation = "flash_attention_2"  # varlen: batches of one row
     assert PackedEvaluator(policy, 512).row_tokens is None
+    assert text._attn_implementation == "flash_attention_2"  # left as it is
+    text._attn_implementation = "sdpa"
+    assert PackedEvaluator(policy, 512).row_tokens is None
+    assert text._attn_implementation == VARLEN_ATTENTION
 
 
 def test_an_input_neither_per_token_nor_per_image_is_named() -> None:

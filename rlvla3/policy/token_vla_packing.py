@@ -1,14 +1,20 @@
 """Padding-free ("packed") evaluation of a token VLA: several frames back to back in one row.
 
 A frame is its prompt (the processor's tokens: image tokens, instruction, state) followed by its
-D action tokens. ``pack_frames`` lays frames into rows of at most ``row_tokens`` tokens
-(best-fit decreasing, ``sft.packing.pack``) with ``position_ids`` that restart at 0 for every
-frame; the rows' only padding is each row's tail, which restarts its positions too and so is a
-segment of its own. No ``attention_mask`` is passed: that is how ``transformers`` 5 recognises a
-packed batch. With sdpa or eager attention its ``masking_utils`` finds the restarts
-(``find_packed_sequence_indices``) and builds a block-diagonal causal mask; with a FlashAttention
-implementation it runs varlen attention from the same ``position_ids``, but only on a batch of
-one row (``_is_packed_sequence``), so those models get every frame in one row.
+D action tokens. ``pack_frames`` lays frames back to back with ``position_ids`` that restart at
+0 for every frame, and no ``attention_mask`` (that is how ``transformers`` 5 recognises a packed
+batch). Which attention keeps the frames apart:
+
+- **varlen** (the default): the language model's sdpa or eager attention is switched to
+  ``rlvla3_varlen`` (``rlvla3/policy/hf_varlen.py``), our ``attention()`` over the frames'
+  ``cu_seqlens``; every frame in one row, no padding at all;
+- a FlashAttention implementation: ``transformers``' own varlen path, also one row (it packs
+  only a batch of one row, ``_is_packed_sequence``);
+- ``varlen=False`` on sdpa or eager: ``transformers``' ``masking_utils`` finds the restarts
+  (``find_packed_sequence_indices``) and builds a dense block-diagonal causal mask; frames go
+  into rows of at most ``row_tokens`` (best-fit decreasing, ``sft.packing.pack``), each row's
+  tail its own segment (its positions restart too). Every token then pays its row's length
+  squared: slower than padding on CPU (bench/token_vla_packing.py), kept for comparison.
 
 Images: the vision towers of LLaVA and Idefics3 / SmolVLM encode every image of the batch on its
 own and scatter the features over the image tokens in row-major order (``masked_scatter``), so
@@ -36,6 +42,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from rlvla3.policy.base import EvalOutput, ObsBatch
+from rlvla3.policy.hf_varlen import VARLEN_ATTENTION, use_varlen_attention
 from rlvla3.policy.token_vla import TokenVLAPolicy
 from sft.packing import pack
 
@@ -63,9 +70,11 @@ def packing_unsupported(model: nn.Module) -> str | None:
 
 
 def one_row_only(model: nn.Module) -> bool:
-    """Whether the model's attention packs only a batch of one row (FlashAttention varlen)."""
-    implementation = getattr(model.config, "_attn_implementation", None) or ""
-    return "flash" in implementation
+    """Whether the language model's attention is varlen, which takes one row (FlashAttention,
+    ``rlvla3_varlen``), rather than a block-diagonal mask over rows."""
+    text = model.config.get_text_config()
+    implementation = getattr(text, "_attn_implementation", None) or ""
+    return "flash" in implementation or implementation == VARLEN_ATTENTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +88,8 @@ class PackedRows:
         last_prompt: int64[B], the column of each frame's last prompt token in its row.
         real_tokens: tokens of the frames (prompts and action tokens).
         slots: R * W, the tokens the model runs on (real ones and the rows' tails).
+        cu_seqlens: int32[B + 1], the frames' bounds in a single row (None for several rows).
+        max_seqlen: the longest frame's tokens.
     """
 
     inputs: dict[str, Tensor]
@@ -86,6 +97,20 @@ class PackedRows:
     last_prompt: Tensor
     real_tokens: int
     slots: int
+    cu_seqlens: Tensor | None
+    max_seqlen: int
+
+    def varlen_kwargs(self) -> dict[str, Tensor | int]:
+        """The frames' bounds as the forward kwargs ``transformers`` hands its attention
+        functions (FlashAttention's names; ``rlvla3_varlen`` reads the same)."""
+        if self.cu_seqlens is None:
+            raise ValueError("varlen attention takes one packed row")
+        return {
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
+        }
 
     @property
     def padding_fraction(self) -> float:
@@ -147,7 +172,13 @@ def pack_frames(
                 f"token VLA packing: the processor's {key!r} {tuple(value.shape)} is neither per "
                 f"token nor per image of the {b} frames"
             )
-    return PackedRows(packed, row, start + lengths - 1, sum(sizes), len(bins) * width)
+    cu_seqlens = None
+    if len(bins) == 1:
+        bounds = torch.tensor([0] + [sizes[i] for i in bins[0]], device=device).cumsum(0)
+        cu_seqlens = bounds.to(torch.int32)
+    return PackedRows(
+        packed, row, start + lengths - 1, sum(sizes), len(bins) * width, cu_seqlens, max(sizes)
+    )
 
 
 def _per_token(value: Tensor, input_ids: Tensor) -> bool:
@@ -179,16 +210,21 @@ class PackedEvaluator:
 
     Args:
         policy: the token VLA (its model must pass ``packing_unsupported``).
-        row_tokens: the most tokens a row holds (``sft.token_budget``); one row for a model
-            whose attention packs one row only.
+        row_tokens: the most tokens a row holds (``sft.token_budget``) under a block-diagonal
+            mask; varlen attention takes every frame in one row.
+        varlen: switch the language model's sdpa or eager attention to ``rlvla3_varlen``
+            (``rlvla3/policy/hf_varlen.py``); False leaves transformers' dense packed mask.
     """
 
-    def __init__(self, policy: TokenVLAPolicy, row_tokens: int) -> None:
+    def __init__(self, policy: TokenVLAPolicy, row_tokens: int, *, varlen: bool = True) -> None:
         reason = packing_unsupported(policy.model)
         if reason is not None:
             raise ValueError(f"{type(policy.model).__name__} cannot pack: {reason}")
+        if varlen:
+            use_varlen_attention(policy.model)
         self.policy = policy
-        self.row_tokens = None if one_row_only(policy.model) else row_tokens
+        self.varlen = one_row_only(policy.model)
+        self.row_tokens = None if self.varlen else row_tokens
         self.last: PackedRows | None = None
 
     def __call__(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
@@ -215,6 +251,8 @@ class PackedEvaluator:
             keep = torch.unique(columns)
             kwargs["logits_to_keep"] = keep
             picked = torch.searchsorted(keep, columns)
+        if self.varlen:
+            kwargs.update(rows.varlen_kwargs())
         out = policy.model(**rows.inputs, output_hidden_states=True, use_cache=False, **kwargs)
         logits = out.logits[rows.row[:, None], picked][..., policy.action_ids].float()
         last_hidden = out.hidden_states[-1][rows.row, rows.last_prompt].float()
