@@ -21,7 +21,7 @@ token slots the model runs on that hold no frame's token; the padding bound is t
 layout's slots over the packed one's. The log-prob check is the largest per-frame difference
 of a packed mode from the padded one on the first batch (before any update).
 
-Usage: ``python bench/token_vla_packing.py [--steps 5] [--demos 50] [--family llava]
+Usage: ``python bench/token_vla_packing.py [--steps 8] [--demos 50] [--family llava]
 [--threads 1] [--json P]``; ``--smoke``: the ``test`` preset, 2 demos, one step.
 """
 
@@ -178,7 +178,7 @@ def print_table(r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__, smoke_help="the test preset, 2 demos, one step, for CI")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per mode")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per mode")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument(
         "--demos", type=int, default=50, help="DART demos generated (the config's 50)"
