@@ -53,8 +53,9 @@ def varlen_attention_forward(
         raise ValueError(f"{VARLEN_ATTENTION}: attention dropout is not supported")
     groups = getattr(module, "num_key_value_groups", 1)
     head_dim = query.shape[-1]
-    if scaling is not None:  # attention() scales by 1/sqrt(Dh): fold the model's scale into q
-        query = query * (scaling * math.sqrt(head_dim))
+    factor = 1.0 if scaling is None else scaling * math.sqrt(head_dim)
+    if not math.isclose(factor, 1.0):  # attention() scales by 1/sqrt(Dh): the model's into q
+        query = query * factor
     q, k, v = (
         x[0].transpose(0, 1) for x in (query, repeat_kv(key, groups), repeat_kv(value, groups))
     )
