@@ -142,8 +142,11 @@ def test_families_that_cannot_pack_say_why(build, reason) -> None:
 def test_the_tested_families_pack_and_flash_attention_takes_one_row(model_dir) -> None:
     policy = make_policy(model_dir)
     assert packing_unsupported(policy.model) is None
-    assert PackedEvaluator(policy, 512, varlen=False).row_tokens == 512  # sdpa: masked rows
     text = policy.model.config.get_text_config()
+    text.attention_dropout = 0.1
+    assert "drops attention weights out" in packing_unsupported(policy.model)
+    text.attention_dropout = 0.0
+    assert PackedEvaluator(policy, 512, varlen=False).row_tokens == 512  # sdpa: masked rows
     text._attn_implementation = "flash_attention_2"  # varlen: batches of one row
     assert PackedEvaluator(policy, 512).row_tokens is None
     assert text._attn_implementation == "flash_attention_2"  # left as it is

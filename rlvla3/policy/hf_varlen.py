@@ -45,10 +45,12 @@ def varlen_attention_forward(
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     cu_seqlens = kwargs.get("cu_seq_lens_q")
-    if cu_seqlens is None or attention_mask is not None or query.shape[0] != 1:
+    if cu_seqlens is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    if attention_mask is not None or query.shape[0] != 1:
+        raise ValueError(f"{VARLEN_ATTENTION}: cu_seq_lens_q bounds one packed row, unmasked")
     if dropout:
         raise ValueError(f"{VARLEN_ATTENTION}: attention dropout is not supported")
     groups = getattr(module, "num_key_value_groups", 1)

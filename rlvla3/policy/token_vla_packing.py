@@ -61,6 +61,8 @@ def packing_unsupported(model: nn.Module) -> str | None:
             "its rotary positions are multimodal (3-D position ids from the image grid, "
             "Qwen2-VL's kind), which do not restart per frame"
         )
+    if float(getattr(model.config.get_text_config(), "attention_dropout", 0.0) or 0.0) > 0:
+        return "its language model drops attention weights out, which varlen attention does not"
     if "token_type_ids" in params:
         return (
             "it takes token_type_ids (a bidirectional prefix per sample), which transformers' "
