@@ -41,6 +41,7 @@ from harness.tabletop_eval import evaluate
 from rlvla3.config.run_config import config_from_dict
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
+from rlvla3.policy.sft_tokens import frame_tokens
 from roles.sft_trainer import planar_symmetry
 from sft.data import DemoSet
 from sft.demos import generate_demos
@@ -195,10 +196,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     root = demo_root(args)
     policy = build(args).train()
+    counting = frame_tokens(policy)
     data = DemoSet(
-        root,
-        fixed_tokens=policy.config.num_fixed_tokens,
-        instruction_tokens=policy.config.instruction_token_counts,
+        root, fixed_tokens=counting.fixed_tokens, variable_tokens=counting.variable_tokens
     )
     if args.drop_velocity:
         data.obs["proprio"][:, 2:] = 0.0

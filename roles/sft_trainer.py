@@ -4,10 +4,11 @@ Reads a LeRobot-layout dataset (generating it from the env's scripted expert fir
 ``sft.generate_demos`` > 0 and it does not exist), and trains the same policy the RL roles use:
 each step takes as many samples as fit ``sft.token_budget`` tokens and minimises the negative
 log-likelihood of the demonstrated actions (for a token VLA: the cross-entropy of their action
-tokens). How a frame counts in tokens is the policy family's (``rlvla3/policy/sft_tokens.py``):
-the VLA packs samples without padding, attention per sample (variable-length: flash-attn varlen
-on GPU, SDPA per segment on CPU); a token VLA's ``transformers`` model takes right-padded
-batches. bf16 autocast on GPU and FP8 where the GPU has it (``sft.fp8_backend``: Transformer
+tokens). How a frame counts in tokens, and how a batch is evaluated, is the policy family's
+(``rlvla3/policy/sft_tokens.py``): the VLA packs samples without padding, attention per sample
+(variable-length: flash-attn varlen on GPU, SDPA per segment on CPU); a token VLA's
+``transformers`` model takes the frames back to back in rows with position ids restarting per
+frame (``sft.packing``; right-padded batches for a family that cannot pack). bf16 autocast on GPU and FP8 where the GPU has it (``sft.fp8_backend``: Transformer
 Engine or ``torch._scaled_mm``).
 
 Weights go to the broadcaster every ``sft.publish_every`` steps, so rollout servers serve — and
@@ -50,11 +51,13 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.device = self.start_torch()
         check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True)
         self.policy = build_policy(self.cfg).to(self.device).train()
-        counting = frame_tokens(self.policy)  # the policy family's sequence per frame
         s = self.cfg.sft
+        # the policy family's sequence per frame, and its packed or padded evaluation
+        counting = frame_tokens(self.policy, packing=s.packing, row_tokens=s.token_budget)
+        self.evaluate = counting.evaluate
         tokens = {
             "fixed_tokens": counting.fixed_tokens,
-            "instruction_tokens": counting.instruction_tokens,
+            "variable_tokens": counting.variable_tokens,
             "action_steps": self.cfg.policy.action_steps,  # a frame's target: K actions
         }
         if s.stream_buffer_frames:
@@ -74,6 +77,8 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
             type(self.data).__name__,
             "packed" if counting.packed else "right-padded",
         )
+        if counting.padded_because is not None:
+            self.log.info("right-padded batches: %s", counting.padded_because)
         self.data.check_budget(s.token_budget)
         self.symmetry = planar_symmetry(s.symmetry)
         self.precision = autocast_context(self.device)
@@ -183,7 +188,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         obs = {k: torch.from_numpy(v).to(self.device) for k, v in frames.items()}
         actions = self.policy.from_env_action(torch.from_numpy(env_actions))
         with self.precision():
-            loss = -self.policy.evaluate(obs, actions.to(self.device)).log_prob.mean()
+            loss = -self.evaluate(obs, actions.to(self.device)).log_prob.mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.policy), 1.0)

@@ -1,8 +1,8 @@
 """Demonstrations cut into packed batches of at most ``token_budget`` tokens.
 
-A sample's length is the number of tokens the VLA policy gives it: the fixed tokens (readout,
-proprio, image patches) plus its instruction's tokens (``VLAConfig.instruction_token_counts``:
-real bytes, or words). Each batch is the fullest best-fit-decreasing bin over a random pool of
+A sample's length is the number of tokens the policy gives it: the fixed tokens (for the VLA:
+readout, proprio, image patches) plus what varies per frame (the VLA: its instruction's tokens,
+real bytes or words; a token VLA: its prompt's text; ``rlvla3/policy/sft_tokens.py``). Each batch is the fullest best-fit-decreasing bin over a random pool of
 samples, so no token is padding.
 
 Two sources with one interface (``packed_batch``):
@@ -25,7 +25,8 @@ import numpy as np
 from sft.lerobot import DatasetError, LeRobotDataset
 from sft.packing import pack
 
-InstructionTokens = Callable[[np.ndarray], np.ndarray]
+VariableTokens = Callable[[dict[str, np.ndarray]], np.ndarray]
+"""The frames' observations [N, ...] -> each frame's tokens beyond the fixed ones int[N]."""
 _PREFIX = "observation."
 
 
@@ -53,16 +54,16 @@ def _check_dataset(dataset: LeRobotDataset, root: str | Path) -> None:
 
 
 def _lengths(
-    obs: dict[str, np.ndarray], fixed_tokens: int, instruction_tokens: InstructionTokens | None
+    obs: dict[str, np.ndarray], fixed_tokens: int, variable_tokens: VariableTokens | None
 ) -> np.ndarray:
-    """Tokens per frame: the fixed ones plus the instruction's."""
-    instr = obs.get("instruction")
-    if instr is None:
-        real = np.zeros(len(next(iter(obs.values()))), np.int64)
-    elif instruction_tokens is None:
-        real = (instr != 0).sum(axis=1)
+    """Tokens per frame: the fixed ones plus the variable ones (default: the instruction's
+    non-pad bytes)."""
+    if variable_tokens is not None:
+        real = np.asarray(variable_tokens(obs))
+    elif "instruction" in obs:
+        real = (obs["instruction"] != 0).sum(axis=1)
     else:
-        real = np.asarray(instruction_tokens(instr))
+        real = np.zeros(len(next(iter(obs.values()))), np.int64)
     return (fixed_tokens + real).astype(np.int64)
 
 
@@ -104,10 +105,9 @@ class DemoSet:
 
     Args:
         root: dataset directory.
-        fixed_tokens: tokens every sample has besides its instruction (``VLAConfig``'s
-            ``num_fixed_tokens``).
-        instruction_tokens: byte tokens int[N, L] -> the policy's instruction tokens per sample
-            int[N] (``VLAConfig.instruction_token_counts``); default: the non-pad bytes.
+        fixed_tokens: tokens every sample has (``FrameTokens.fixed_tokens``).
+        variable_tokens: the frames' observations -> each one's further tokens int[N]
+            (``FrameTokens.variable_tokens``); default: the instruction's non-pad bytes.
         action_steps: above 1, each frame's action is the chunk of its episode's next
             ``action_steps`` actions ``[K, D]`` (``action_windows``).
     """
@@ -116,7 +116,7 @@ class DemoSet:
         self,
         root: str | Path,
         fixed_tokens: int,
-        instruction_tokens: InstructionTokens | None = None,
+        variable_tokens: VariableTokens | None = None,
         action_steps: int = 1,
     ) -> None:
         dataset = LeRobotDataset(root)
@@ -127,7 +127,7 @@ class DemoSet:
         ]
         self.obs = {k: np.concatenate([obs[k] for obs, _ in parts]) for k in parts[0][0]}
         self.actions = np.concatenate([actions for _, actions in parts])
-        self.lengths = _lengths(self.obs, fixed_tokens, instruction_tokens)
+        self.lengths = _lengths(self.obs, fixed_tokens, variable_tokens)
         self.num_episodes = len(parts)
 
     def __len__(self) -> int:
@@ -167,7 +167,7 @@ class DemoStream:
     removes the frames it returns, so a frame is trained on once per pass of the loader.
 
     Args:
-        root, fixed_tokens, instruction_tokens: as for :class:`DemoSet`.
+        root, fixed_tokens, variable_tokens: as for :class:`DemoSet`.
         buffer_frames: the buffer's capacity in frames (memory: this many frames).
         seed: the episode order's seed.
     """
@@ -176,7 +176,7 @@ class DemoStream:
         self,
         root: str | Path,
         fixed_tokens: int,
-        instruction_tokens: InstructionTokens | None = None,
+        variable_tokens: VariableTokens | None = None,
         *,
         buffer_frames: int = 20_000,
         seed: int = 0,
@@ -188,7 +188,7 @@ class DemoStream:
         _check_dataset(self.dataset, root)
         self.num_episodes = len(self.dataset.episodes)
         self.total_frames = len(self.dataset)
-        self.fixed_tokens, self.instruction_tokens = fixed_tokens, instruction_tokens
+        self.fixed_tokens, self.variable_tokens = fixed_tokens, variable_tokens
         self.action_steps = action_steps  # above 1: each frame's target is an action chunk
         lengths = [e.length for e in self.dataset.episodes]
         self._first_frame = np.concatenate([[0], np.cumsum(lengths)])  # per episode position
@@ -236,7 +236,7 @@ class DemoStream:
                     obs, actions = _episode_arrays(
                         self.dataset.episode(episode.episode_index), self.action_steps
                     )
-                    lengths = _lengths(obs, self.fixed_tokens, self.instruction_tokens)
+                    lengths = _lengths(obs, self.fixed_tokens, self.variable_tokens)
                     # each frame its own copy: a frame left in the buffer must not keep its
                     # whole episode alive (memory is capacity frames, not episodes)
                     frames = [

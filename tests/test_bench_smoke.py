@@ -43,6 +43,7 @@ BENCHMARKS = {
     "tabletop_failures.py": [],
     "stale_drops.py": [],
     "throughput.py": [],
+    "token_vla_packing.py": [],
     "token_vla_tabletop.py": [],
     "vla_step.py": [],
     "weight_sync.py": [],

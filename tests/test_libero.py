@@ -5,6 +5,7 @@ headless MuJoCo GL backend work here; ``python -m sim.libero_setup`` installs th
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,23 @@ def test_random_steps_and_truncation(env: SimAdapter) -> None:
         assert truncated == (t == MAX_STEPS)
     with pytest.raises(RuntimeError, match="reset"):
         env.step(np.zeros(7, np.float32))
+
+
+def test_a_torchvision_that_does_not_load_is_uninstalled(monkeypatch) -> None:
+    """The index's torchvision is a CUDA build that fails to import beside a CPU torch (and
+    takes `import transformers` down with it): the setup removes it, and leaves one that loads."""
+    calls: list[list[str]] = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        loads = "uninstall" in cmd or not broken
+        return subprocess.CompletedProcess(cmd, 0 if loads else 1, "", "RuntimeError: no nms")
+
+    monkeypatch.setattr(libero_setup, "_installed", lambda name: "0.28.0")
+    monkeypatch.setattr(libero_setup.subprocess, "run", run)
+    broken = False
+    assert not libero_setup.drop_unloadable_torchvision()
+    assert not any("uninstall" in cmd for cmd in calls)
+    broken = True
+    assert libero_setup.drop_unloadable_torchvision()
+    assert calls[-1][-3:] == ["uninstall", "-y", "torchvision"]

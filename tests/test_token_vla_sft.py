@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -14,6 +15,7 @@ from rlvla3.config.token_vla import ObservationMapping  # noqa: E402
 from rlvla3.config.typed_load import ConfigError  # noqa: E402
 from rlvla3.policy import presets  # noqa: E402
 from rlvla3.policy.sft_tokens import frame_tokens  # noqa: E402
+from rlvla3.policy.token_vla_packing import PackedEvaluator  # noqa: E402
 from tests.launching import launcher_output, start_launcher, write_yaml  # noqa: E402
 from tests.test_token_vla import make_policy, observations  # noqa: E402
 from tests.tiny_vlms import write_tiny_vlm  # noqa: E402
@@ -70,23 +72,54 @@ def test_sft_trains_a_token_vla_from_a_preset_and_its_loss_falls(tmp_path, redis
     assert len(losses) == 30 and all(m["samples"] > 1 for m in metrics)
     assert losses[0] == pytest.approx(2 * np.log(16), rel=0.1)  # two near-uniform 16-way tokens
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5  # it learns
+    log = (run_dir / "logs" / "sft_trainer-0.log").read_text()
+    assert "(DemoSet, packed batches)" in log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["evaluation"]["episodes"] >= 2 and summary["final_loss"] == losses[-1]
 
 
-def test_a_token_vla_frame_counts_its_prompt_and_action_tokens(tmp_path) -> None:
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_a_token_vla_frame_counts_its_prompt_and_action_tokens(tmp_path, family) -> None:
+    policy = make_policy(write_tiny_vlm(tmp_path / family, family))  # with the state as text
+    counting = frame_tokens(policy)
+    obs = observations(6)
+    obs["proprio"][0] *= 100  # more digits: more tokens
+    frames = {k: v.numpy() for k, v in obs.items()}
+    counted = counting.fixed_tokens + counting.variable_tokens(frames)
+    _, lengths = policy._prompt_inputs(obs)
+    # the byte-level tokenizer has no merges: the prompt's parts add up exactly
+    assert counted.tolist() == (lengths + policy.bins.dims).tolist()
+
+
+def test_a_demo_batch_is_one_packed_row_of_its_counted_tokens(tmp_path) -> None:
+    from sft.data import DemoSet
+    from sft.demos import generate_demos
+
+    policy = make_policy(write_tiny_vlm(tmp_path / "idefics3", "idefics3"))
+    generate_demos("rlvla3/TableTopEasy-v0", 2, tmp_path / "demos", 0)
+    counting = frame_tokens(policy, row_tokens=1024)
+    data = DemoSet(tmp_path / "demos", counting.fixed_tokens, counting.variable_tokens)
+    batch = data.packed_batch(1024, np.random.default_rng(0))
+    obs = {k: torch.from_numpy(v) for k, v in batch.obs.items()}
+    with torch.no_grad():
+        counting.evaluate(obs, policy.from_env_action(torch.from_numpy(batch.actions)))
+    rows = counting.evaluate.last
+    assert batch.num_samples > 3 and rows.real_tokens == batch.num_tokens <= 1024
+    assert rows.inputs["input_ids"].shape == (1, batch.num_tokens)  # no padding at all
+
+
+def test_sft_packs_a_token_vla_unless_told_not_to(tmp_path) -> None:
     policy = make_policy(
         write_tiny_vlm(tmp_path / "llava", "llava"),
         prompt="{instruction}\n",
         observation=ObservationMapping(state=None),
     )
-    counting = frame_tokens(policy)
-    assert not counting.packed
-    obs = observations(4)
-    counted = counting.fixed_tokens + counting.instruction_tokens(obs["instruction"].numpy())
-    _, lengths = policy._prompt_inputs(obs)
-    # the byte-level tokenizer has no merges: the prompt's parts add up exactly
-    assert counted.tolist() == (lengths + policy.bins.dims).tolist()
+    packed = frame_tokens(policy, row_tokens=512)
+    assert packed.packed and packed.padded_because is None
+    assert isinstance(packed.evaluate, PackedEvaluator) and packed.evaluate.varlen  # one row
+    padded = frame_tokens(policy, packing=False)
+    assert not padded.packed and padded.padded_because == "sft.packing is false"
+    assert padded.evaluate == policy.evaluate
 
 
 def test_the_presets_command_writes_a_model_and_a_wrong_preset_names_its_field(

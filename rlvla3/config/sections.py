@@ -319,6 +319,8 @@ class SftConfig:
     """Std of the noise on the expert's executed actions (DART; 0: none)."""
     token_budget: int = bounded(2048, ge=1)
     """Tokens per packed training step (samples packed without padding)."""
+    packing: bool = True
+    """A token VLA's (``policy.kind: token_vla``) batches: its frames back to back in rows of ``token_budget`` tokens, position ids restarting per frame, nothing padded but a row's tail; false: right-padded to the longest frame, the padding on top of the budget (for comparison). A model family that cannot pack (multimodal rotary positions as Qwen2-VL's, ``token_type_ids`` as PaliGemma's) trains padded either way, and the SFT trainer logs why. Our VLA (``policy.kind: vla``) always packs."""
     stream_buffer_frames: int = bounded(0, ge=0)
     """0: load every frame; N: stream the dataset through a shuffled buffer of N frames."""
     lr: float = bounded(3e-4, gt=0)
