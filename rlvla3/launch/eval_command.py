@@ -180,7 +180,14 @@ def _resume(run_dir: Path, protocol: Protocol, meta: dict[str, Any]) -> dict[str
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stamp, indent=2) + "\n")
     keys = {e.key for e in protocol.episodes}
-    return {k: r for k, r in read_episodes(run_dir / EPISODES_FILE).items() if k in keys}
+    done = {k: r for k, r in read_episodes(run_dir / EPISODES_FILE).items() if k in keys}
+    # rewritten with the readable records only: a killed writer's torn last line would
+    # otherwise swallow the next record appended after it
+    episodes = run_dir / EPISODES_FILE
+    tmp = episodes.with_name(episodes.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+    tmp.rename(episodes)
+    return done
 
 
 class ProtocolHooks:
