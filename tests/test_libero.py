@@ -188,3 +188,97 @@ def test_random_steps_and_truncation(env: SimAdapter) -> None:
         assert truncated == (t == MAX_STEPS)
     with pytest.raises(RuntimeError, match="reset"):
         env.step(np.zeros(7, np.float32))
+
+
+# ------------------------------------------------------------- rlvla3 eval's LIBERO protocol
+OPENPI_MAX_STEPS = {  # openpi examples/libero/main.py
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+
+
+@pytest.mark.libero
+@pytest.mark.parametrize("suite", sorted(OPENPI_MAX_STEPS))
+def test_libero_protocol_is_every_task_times_its_init_states(suite: str) -> None:
+    """The episode list is exactly (tasks x fixed initial states) of the suite, in order, with
+    openpi's step limit and 10 settle steps; read from LIBERO's benchmark, nothing rendered."""
+    from sim.protocols import libero_protocol
+
+    try:
+        benchmark, _, _ = libero_setup.import_libero()
+    except SimulatorNotInstalledError as err:
+        pytest.skip(str(err))
+    task_suite = benchmark.get_benchmark_dict()[suite]()
+    protocol = libero_protocol(suite)
+    expected = [
+        (f"libero/{suite}/{task}", task_suite.get_task(task).name, state)
+        for task in range(task_suite.n_tasks)
+        for state in range(len(task_suite.get_task_init_states(task)))
+    ]
+    assert len(expected) == 50 * task_suite.n_tasks  # 50 fixed initial states per task
+    assert [(e.env_id, e.task, e.init_state) for e in protocol.episodes] == expected
+    limit = OPENPI_MAX_STEPS[suite]
+    kwargs = {"max_episode_steps": limit, "num_settle_steps": 10}
+    assert all(e.max_steps == limit and e.env_kwargs == kwargs for e in protocol.episodes)
+    assert all(e.seed == e.init_state for e in protocol.episodes)
+    assert [e.index for e in protocol.episodes] == list(range(len(expected)))
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_rlvla3_eval_smoke_one_task_two_init_states(
+    tmp_path: Path, libero_unavailable: str | None
+) -> None:
+    """CI's smoke: ``rlvla3 eval`` on one LIBERO task's first two initial states with a tiny
+    random VLA, through the eval roles; a JSON report and a video come out."""
+    if libero_unavailable is not None:
+        pytest.skip(libero_unavailable)
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    import yaml
+
+    from rlvla3.config.run_config import load_config
+    from rlvla3.policy.factory import build_policy, env_spaces
+    from rlvla3.runtime.checkpoints import model_state, save_checkpoint
+    from tests.launching import REPO
+
+    run = tmp_path / "run"
+    run.mkdir()
+    kwargs = {"image_size": 64, "render_quality": "fast"}
+    vla = {"d_model": 32, "num_layers": 1, "num_heads": 2, "patch_size": 16}
+    cfg = {
+        "run": {"name": "tiny_libero", "progress_interval_s": 10.0},
+        "roles": {"env_worker": {"count": 1}, "rollout_server": {"count": 1}},
+        "env": {"id": ENV_ID, "kwargs": kwargs},
+        "policy": {"kind": "vla", "vla": vla},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    loaded = load_config(run / "config.yaml")
+    torch.manual_seed(0)
+    policy = build_policy(loaded, env_spaces(loaded))
+    save_checkpoint(run / "checkpoints", 1, {"model": model_state(policy)}, keep=1)
+    out = tmp_path / "eval"
+    command = [sys.executable, "-m", "rlvla3.cli", "eval", str(run), "--env", ENV_ID]
+    command += ["--episodes", "2", "--videos", "1", "--out", str(out)]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "eval.json").read_text())
+    assert report["complete"] and report["protocol"]["episodes"] == 2
+    assert [e["init_state"] for e in report["episodes"]] == [0, 1]
+    for episode in report["episodes"]:  # the suite's limit (a success ends one sooner)
+        assert episode["length"] == 220 or episode["success"], episode
+    assert len(list((out / "videos").glob("*.gif"))) == 1
