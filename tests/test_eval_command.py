@@ -8,17 +8,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from rlvla3.config.run_config import load_config
 from rlvla3.launch.eval_report import read_episodes, wilson_interval
 from sim.protocols import ProtocolEpisode, maniskill_protocol, protocol_for, seeded_protocol
 from tests.conftest import wait_until
-from tests.launching import REPO
+from tests.launching import REPO, eval_command, run_eval, write_checkpoint_run
 
 ENV = "rlvla3/TableTopEasy-v0"
 
@@ -57,40 +54,13 @@ def test_protocol_episodes_round_trip_and_bad_ones_are_named() -> None:
 # --------------------------------------------------------------- real evaluations (the roles)
 def tiny_checkpoint(run_dir: Path, max_steps: int = 20) -> Path:
     """A run dir with a config and one checkpoint of a small random MLP on the table-top task."""
-    import torch
-
-    from rlvla3.policy.factory import build_policy, env_spaces
-    from rlvla3.runtime.checkpoints import model_state, save_checkpoint
-
-    run_dir.mkdir(parents=True)
     cfg = {
         "run": {"name": "tiny", "heartbeat_ttl_s": 3.0, "progress_interval_s": 1.0},
         "roles": {"env_worker": {"count": 1}, "rollout_server": {"count": 1}},
         "env": {"id": ENV, "kwargs": {"obs_mode": "state", "max_episode_steps": max_steps}},
         "policy": {"kind": "mlp", "hidden_sizes": [16]},
     }
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    loaded = load_config(run_dir / "config.yaml")
-    torch.manual_seed(0)
-    policy = build_policy(loaded, env_spaces(loaded))
-    return save_checkpoint(run_dir / "checkpoints", 1, {"model": model_state(policy)}, keep=1)
-
-
-def eval_command(source: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlvla3.cli", "eval", str(source), "--out", str(out), *extra]
-
-
-def run_eval(source: Path, out: Path, *extra: str) -> str:
-    done = subprocess.run(
-        eval_command(source, out, *extra),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    return write_checkpoint_run(run_dir, cfg)
 
 
 def outcomes(out: Path) -> dict[str, tuple]:
@@ -146,3 +116,16 @@ def test_a_killed_evaluation_resumes_without_replays(tmp_path: Path) -> None:
     assert sorted(r["seed"] for r in lines) == list(range(total))  # each once: no replays
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counters"]["eval_episodes"] == total - recorded  # the second run played
+
+
+def test_a_protocol_evaluation_runs_only_the_eval_roles() -> None:
+    from rlvla3.config.run_config import config_from_dict
+    from rlvla3.config.typed_load import ConfigError
+
+    eval_roles = {"eval_env_worker": {"count": 2}, "eval_rollout_server": {"count": 1}}
+    raw = {"run": {"eval": {"protocol": True}}, "roles": eval_roles, "env": {"id": ENV}}
+    assert config_from_dict(raw).num_processes("eval_env_worker") == 2
+    with pytest.raises(ConfigError, match="run.eval.protocol: runs only the eval roles"):
+        config_from_dict(raw | {"roles": eval_roles | {"trainer": {"count": 1}}})
+    with pytest.raises(ConfigError, match="roles.eval_rollout_server.count"):
+        config_from_dict(raw | {"roles": {"eval_env_worker": {"count": 1}}})

@@ -237,20 +237,9 @@ def test_rlvla3_eval_smoke_one_task_two_init_states(
     if libero_unavailable is not None:
         pytest.skip(libero_unavailable)
     import json
-    import os
-    import subprocess
-    import sys
 
-    import torch
-    import yaml
+    from tests.launching import run_eval, write_checkpoint_run
 
-    from rlvla3.config.run_config import load_config
-    from rlvla3.policy.factory import build_policy, env_spaces
-    from rlvla3.runtime.checkpoints import model_state, save_checkpoint
-    from tests.launching import REPO
-
-    run = tmp_path / "run"
-    run.mkdir()
     kwargs = {"image_size": 64, "render_quality": "fast"}
     vla = {"d_model": 32, "num_layers": 1, "num_heads": 2, "patch_size": 16}
     cfg = {
@@ -259,23 +248,10 @@ def test_rlvla3_eval_smoke_one_task_two_init_states(
         "env": {"id": ENV_ID, "kwargs": kwargs},
         "policy": {"kind": "vla", "vla": vla},
     }
-    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-    loaded = load_config(run / "config.yaml")
-    torch.manual_seed(0)
-    policy = build_policy(loaded, env_spaces(loaded))
-    save_checkpoint(run / "checkpoints", 1, {"model": model_state(policy)}, keep=1)
+    write_checkpoint_run(tmp_path / "run", cfg)
     out = tmp_path / "eval"
-    command = [sys.executable, "-m", "rlvla3.cli", "eval", str(run), "--env", ENV_ID]
-    command += ["--episodes", "2", "--videos", "1", "--out", str(out)]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    extra = ("--env", ENV_ID, "--episodes", "2", "--videos", "1")
+    run_eval(tmp_path / "run", out, *extra, timeout_s=1200)
     report = json.loads((out / "eval.json").read_text())
     assert report["complete"] and report["protocol"]["episodes"] == 2
     assert [e["init_state"] for e in report["episodes"]] == [0, 1]
