@@ -1,9 +1,11 @@
 """The ``rlvla3`` command: ``launch`` a run, ``monitor`` it, print its resolved ``config``,
-write ``demos``, ``export`` a checkpoint (LoRA adapters merged)."""
+write ``demos``, ``export`` a checkpoint (LoRA adapters merged), ``eval`` a checkpoint with a
+benchmark's protocol."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -170,6 +172,61 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from rlvla3.launch.eval_command import EvalRequest, evaluate
+
+    named = {f.name for f in dataclasses.fields(EvalRequest)} - {"overrides"}
+    request = EvalRequest(**{n: getattr(args, n) for n in named}, overrides=tuple(args.set))
+    return evaluate(request)
+
+
+def _add_set(p: argparse.ArgumentParser, help_text: str) -> None:
+    """The repeatable ``--set KEY=VALUE`` config override."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help_text)
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint with a benchmark's protocol (docs/evaluation.md)",
+    )
+    p.add_argument("source", help="a checkpoint file or a run dir (its newest checkpoint)")
+    p.add_argument("--config", default=None, help="the run's YAML (default: the run dir's)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--suite",
+        default=None,
+        choices=("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"),
+        help="a LIBERO suite: every task x its fixed initial states (openpi's protocol)",
+    )
+    where.add_argument(
+        "--env",
+        default=None,
+        help="an env id (default: the run's env.id); libero/... ids "
+        "evaluate that one task, maniskill/... ids ManiSkill's protocol",
+    )
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes per LIBERO task (default 50), else in all (ManiSkill 100, others 50)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="first reset seed (not LIBERO)")
+    p.add_argument("--sample", action="store_true", help="sample actions (default: greedy)")
+    p.add_argument("--workers", type=int, default=1, help="eval env worker processes")
+    p.add_argument(
+        "--videos", type=int, default=0, metavar="K", help="GIFs of the first K episodes"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results dir (default: eval-<protocol> in the run dir); "
+        "an interrupted evaluation into the same dir resumes",
+    )
+    _add_set(p, "override a value of the evaluation run's config (repeatable)")
+    p.set_defaults(func=_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``rlvla3`` command."""
     parser = argparse.ArgumentParser(prog="rlvla3", description=__doc__)
@@ -183,13 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="launch YAML, e.g. launch/cartpole.yaml (without one: the defaults of "
         "rlvla3/config/run_config.py plus --set; a run needs at least one role)",
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set run.mode=sync (repeatable)",
-    )
+    _add_set(p, "override a config value, e.g. --set run.mode=sync (repeatable)")
     p.add_argument("--node", default=None, help="start only this node's roles (multi-host runs)")
     p.add_argument("--out", default=None, help="run dir (default: run.output_dir/run.name)")
     p.add_argument(
@@ -201,13 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print a launch YAML resolved, with every default")
     p.add_argument("config", nargs="?", default=None, help="launch YAML (none: the defaults)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, as for launch (repeatable)",
-    )
+    _add_set(p, "override a config value, as for launch (repeatable)")
     p.set_defaults(func=_config)
 
     p = sub.add_parser("monitor", help="live view of a run (or one --json snapshot)")
@@ -264,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", default=None, help="the run's config.yaml (default: the one in the run dir)"
     )
     p.set_defaults(func=_export)
+    _add_eval(sub)
     return parser
 
 

@@ -7,20 +7,28 @@ for every action. When the round's ``run.eval.episodes`` episodes are done it re
 (``"kind": "eval"``), TensorBoard (``eval/``) and the run's ``evaluations`` series in Redis, and
 marks the round finished so the server may take the next version. It pushes no chunks: nothing
 it does reaches the trainer.
+
+In a protocol evaluation (``run.eval.protocol``, what ``rlvla3 eval`` runs) its envs instead
+play a benchmark's episode list, shared by every eval env worker of the run through Redis
+(``roles/env/protocol_runner.py``); the launcher collects the results.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import numpy as np
 
+from rlvla3.runtime.eval_queue import EvalQueue
+from rlvla3.runtime.keys import role_id
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.role import main
 from roles.env.env_slot import EnvSlot
 from roles.env.eval_rounds import EvalRounds
 from roles.env.eval_runner import EvalRunner
+from roles.env.protocol_runner import ProtocolRunner, task_envs_factory
 from roles.env.runner_thread import Runner
 from roles.env_worker import EnvWorker
 
@@ -38,11 +46,29 @@ class EvalEnvWorker(EnvWorker):
         super().setup()
 
     def runner(self, env_indices: list[int]) -> Runner:
+        if self.cfg.run.eval.protocol:
+            return self._protocol_runner(env_indices)
         slot = EnvSlot(0, self.chunk_stream(env_indices[0]), group_rounds=None)
         return EvalRunner(self.runner_parts(env_indices), slot, self.rounds, self.cfg.run.eval.seed)
 
+    def _protocol_runner(self, env_indices: list[int]) -> Runner:
+        cfg = self.cfg
+        parts = dataclasses.replace(
+            self.runner_parts(env_indices),
+            make_envs=task_envs_factory(dict(cfg.env.kwargs), cfg.policy.action_steps),
+        )
+        return ProtocolRunner(
+            parts,
+            EvalQueue(self.registry),
+            role_id(self.name, self.index),
+            (self.run_dir / "videos", cfg.run.eval.videos),
+            self.log,
+        )
+
     def step(self) -> None:
         super().step()
+        if self.cfg.run.eval.protocol:
+            return  # the launcher collects a protocol's results
         round_, version, done = self.registry.eval_round()
         if round_ > self.rounds.round:
             self._start_round(round_, version, already_done=done >= round_)

@@ -25,7 +25,7 @@ class EvalRolloutServer(RolloutServer):
 
     def setup(self) -> None:
         super().setup()
-        self.greedy = True
+        self.greedy = not self.cfg.run.eval.sample
         self.next_round_check = 0.0
         self.rounds_started = 0
 
@@ -50,7 +50,7 @@ class EvalRolloutServer(RolloutServer):
             self.log.info("evaluation round %d: weights v%d", round_, self.version)
 
     def _refresh_greedy(self) -> None:
-        """Always greedy: evaluation measures the policy's best actions."""
+        """Fixed: evaluation measures the policy's best actions (or its samples, asked for)."""
 
 
 if __name__ == "__main__":

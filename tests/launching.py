@@ -47,3 +47,38 @@ def pid_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def write_checkpoint_run(run_dir: Path, cfg: dict) -> Path:
+    """A run dir holding ``cfg`` as its ``config.yaml`` and one checkpoint of its policy,
+    randomly initialised (torch seed 0); returns the checkpoint."""
+    import torch
+
+    from rlvla3.config.run_config import load_config
+    from rlvla3.policy.factory import build_policy, env_spaces
+    from rlvla3.runtime.checkpoints import model_state, save_checkpoint
+
+    run_dir.mkdir(parents=True)
+    loaded = load_config(write_yaml(run_dir / "config.yaml", cfg))
+    torch.manual_seed(0)
+    policy = build_policy(loaded, env_spaces(loaded))
+    return save_checkpoint(run_dir / "checkpoints", 1, {"model": model_state(policy)}, keep=1)
+
+
+def eval_command(source: Path, out: Path, *extra: str) -> list[str]:
+    """``rlvla3 eval SOURCE --out OUT ...``."""
+    return [sys.executable, "-m", "rlvla3.cli", "eval", str(source), "--out", str(out), *extra]
+
+
+def run_eval(source: Path, out: Path, *extra: str, timeout_s: float = 240) -> str:
+    """Run ``rlvla3 eval`` to its end; fail unless it exits 0. Returns what it printed."""
+    done = subprocess.run(
+        eval_command(source, out, *extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

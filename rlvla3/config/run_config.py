@@ -280,6 +280,9 @@ def _validate_env_groups(cfg: Config) -> None:
 
 def _validate_eval(cfg: Config) -> None:
     counts = {role: cfg.num_processes(role) for role in EVAL_ROLES}
+    if cfg.run.eval.protocol:
+        _validate_protocol_eval(cfg, counts)
+        return
     if cfg.run.eval.every_versions == 0:
         for role, count in counts.items():
             if count:
@@ -300,6 +303,18 @@ def _validate_eval(cfg: Config) -> None:
             )
     if cfg.num_processes("trainer") == 0:
         raise ConfigError("run.eval.every_versions: periodic evaluation needs a trainer")
+
+
+def _validate_protocol_eval(cfg: Config, counts: dict[str, int]) -> None:
+    """A protocol evaluation (``rlvla3 eval``) runs the eval roles alone, on fixed weights."""
+    if cfg.run.eval.every_versions:
+        raise ConfigError("run.eval.protocol: takes no periodic evaluation (every_versions: 0)")
+    for role, count in counts.items():
+        if count < 1:
+            raise ConfigError(f"roles.{role}.count: run.eval.protocol needs at least one {role}")
+    others = [r for r in cfg.roles if r not in counts and cfg.num_processes(r)]
+    if others:
+        raise ConfigError(f"run.eval.protocol: runs only the eval roles, not {others}")
 
 
 def _validate_grpo(cfg: Config) -> None:

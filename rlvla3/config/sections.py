@@ -62,6 +62,12 @@ class EvalConfig:
     """Episodes per evaluation: seeds ``seed`` to ``seed + episodes - 1``, the same every time."""
     seed: int = bounded(1_000_000_000, ge=0, le=2**63 - 1)
     """First reset seed of the held-out episodes (training envs draw theirs from ``run.seed``)."""
+    protocol: bool = False
+    """The eval roles play a benchmark protocol's episode list instead of periodic rounds, without training (what ``rlvla3 eval`` runs; docs/evaluation.md)."""
+    sample: bool = False
+    """Protocol evaluation acts by sampling the policy instead of taking its greedy action (``rlvla3 eval --sample``)."""
+    videos: int = bounded(0, ge=0)
+    """Protocol evaluation records the first this many episodes as GIFs in the run dir's ``videos/``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -91,6 +91,8 @@ class HeadPolicy:
             registry.clear_run(refuse_live=cfg.run.redis_url is not None)
             registry.save_config(dump_config(shown))
             registry.mark_launch(launch_id)
+            if self.setup.hooks is not None:
+                self.setup.hooks.started(registry)
             yield NodeLink(store, secret, address, registry)
 
     def before_tend(self, run: NodeRun) -> None:
@@ -125,6 +127,10 @@ class HeadPolicy:
     def _check(self, run: NodeRun, now: float) -> StopReason | None:
         if self._evaluation is not None:
             return self._evaluation.outcome(run.link.registry, now)
+        if self.setup.hooks is not None:
+            reason = self.setup.hooks.check(run.link.registry)
+            if reason is not None:
+                return reason
         if run.roles.all_finished:
             return ROLES_FINISHED
         reason = stop_condition(run.link.registry, self.setup.cfg, now - run.started)
@@ -156,6 +162,8 @@ class HeadPolicy:
     def progress_line(self, run: NodeRun, now: float) -> str | None:
         if self._evaluation is not None:
             return None  # the evaluation said what it waits for
+        if self.setup.hooks is not None:
+            return self.setup.hooks.progress_line(run.link.registry, now - run.started)
         return self._progress.line(run.link.registry, now - run.started, run.roles.restarts)
 
     def announce_end(self, run: NodeRun, reason: StopReason, exit_code: int) -> None:

@@ -35,6 +35,7 @@ from rlvla3.launch.node_run import (
     NodePolicy,
     NodeRun,
     NodeSetup,
+    RunHooks,
     redis_lost,
     wait_while,
 )
@@ -58,13 +59,19 @@ class Launcher:
         run_dir: where the resolved config, logs, checkpoints and reports go.
         seat: this launcher's node (``rlvla3.launch.cluster.find_seat``).
         echo: where progress lines go.
+        hooks: a command's own job in the run (``rlvla3 eval``), run by the head.
 
     Raises:
         ConfigError: no role would run (on this node).
     """
 
     def __init__(
-        self, cfg: Config, run_dir: Path, seat: Seat, echo: Callable[[str], None] = print
+        self,
+        cfg: Config,
+        run_dir: Path,
+        seat: Seat,
+        echo: Callable[[str], None] = print,
+        hooks: RunHooks | None = None,
     ) -> None:
         if cfg.total_processes() == 0:
             raise ConfigError(
@@ -78,6 +85,7 @@ class Launcher:
             echo=echo,
             stop_requested=threading.Event(),
             kill_requested=threading.Event(),
+            hooks=hooks,
         )
         self.policy: NodePolicy = (
             HeadPolicy(self.setup) if seat.is_head else MemberPolicy(self.setup)

@@ -28,6 +28,20 @@ BUSY = ("starting", "running", "stopping")
 """The statuses of a role or launcher that has not ended yet."""
 
 
+class RunHooks(Protocol):
+    """What a command that launches a run for a job of its own (``rlvla3 eval``) adds to the
+    head's launcher: called with the run's registry on the head only."""
+
+    def started(self, registry: Registry) -> None:
+        """The run's Redis is up and clean; no role has started yet."""
+
+    def check(self, registry: Registry) -> StopReason | None:
+        """Every tick: why the run ends now (its job is done), or None to go on."""
+
+    def progress_line(self, registry: Registry, elapsed_s: float) -> str | None:
+        """The progress line to print instead of training's, None for none."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSetup:
     """What a node's launcher knows before it joins the run."""
@@ -44,6 +58,8 @@ class NodeSetup:
     """Set by the first Ctrl-C (or SIGTERM): stop the roles gracefully."""
     kill_requested: threading.Event
     """Set by the second: kill them."""
+    hooks: RunHooks | None = None
+    """A command's own job in the run (the head alone runs them), None for a training run."""
 
     @property
     def who(self) -> str:

@@ -23,6 +23,8 @@ class StopKind(enum.Enum):
     """``run.stop.max_env_steps`` reached."""
     TARGET_REACHED = "target_reached"
     """A target of ``run.stop`` reached: the run is solved."""
+    JOB_DONE = "job_done"
+    """The job a command launched the run for is done (``rlvla3 eval``: every episode played)."""
     ROLES_FINISHED = "roles_finished"
     """Every role process of this launcher exited cleanly."""
     ROLE_FAILED = "role_failed"

@@ -114,6 +114,22 @@ def evaluations(run_id: str) -> str:
     return f"{run_prefix(run_id)}:evaluations"
 
 
+def eval_todo(run_id: str) -> str:
+    """List of JSON protocol episodes not yet taken by an eval env worker (``rlvla3 eval``)."""
+    return f"{run_prefix(run_id)}:eval_todo"
+
+
+def eval_claims(run_id: str) -> str:
+    """Hash: episode key -> JSON ``{"episode", "worker", "pid"}`` of each protocol episode an
+    eval env worker plays now."""
+    return f"{run_prefix(run_id)}:eval_claims"
+
+
+def eval_results(run_id: str) -> str:
+    """List of JSON results of finished protocol episodes, in the order they finished."""
+    return f"{run_prefix(run_id)}:eval_results"
+
+
 def metrics(run_id: str) -> str:
     """List of JSON learning-curve points pushed by the trainer (bounded)."""
     return f"{run_prefix(run_id)}:metrics"

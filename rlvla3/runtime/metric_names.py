@@ -22,7 +22,8 @@ COUNTERS: dict[str, str] = {
     "sim_faults": "simulator steps or resets that returned NaN/inf (episode cut, env reset)",
     # eval env worker (periodic evaluation, run.eval)
     "eval_env_steps": "simulator steps of periodic evaluation (not in env_steps)",
-    "eval_episodes": "held-out episodes finished by periodic evaluation",
+    "eval_episodes": "held-out episodes finished by periodic evaluation, or protocol episodes by `rlvla3 eval`",
+    "eval_bad_episodes": "protocol episodes refused by an eval env worker (not an episode `rlvla3 eval` queues)",
     "eval_rounds": "periodic evaluations recorded (one weight version each)",
     "eval_rounds_void": "evaluations given up because the eval rollout server changed weights mid-round (it restarted)",
     # rollout servers
