@@ -4,29 +4,34 @@ without a key it is asked to use, and a run bound beyond loopback end to end."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import zmq
 
 from rlvla3.config.role_table import ROLES, RunKey
+from rlvla3.config.run_config import load_config
 from rlvla3.launch import netaddr, processes
 from rlvla3.launch.processes import RoleProcess, SpawnContext
 from rlvla3.runtime import role_keys, run_secret
 from rlvla3.runtime.redis_auth import run_password
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.role import Role
 from tests.conftest import wait_until
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 from tests.test_rl_loop import cartpole_config
 from transport.derived_keys import MissingKeyError
 from transport.security import CurveSecurity, run_keys
-from transport.weight_auth import weights_key
+from transport.weight_auth import VersionGate, weights_key
 
 
 def secret_texts(secret: str) -> dict[str, str]:
@@ -104,21 +109,44 @@ def test_a_launcher_takes_the_secret_out_of_its_environment_and_keeps_it(monkeyp
 
 
 # --- a role without a key ------------------------------------------------------------------------
-def test_keys_a_role_was_not_handed_fail_naming_the_key() -> None:
-    keys = role_keys.keys_for("env_worker", run_secret.new_secret())
+@contextlib.contextmanager
+def curve_guard(keys: role_keys.RoleKeys) -> Iterator[tuple[CurveSecurity, zmq.Context]]:
+    """CURVE with ``keys`` on a context of its own (the ZAP endpoint is one per context)."""
     context = zmq.Context()
     guard = CurveSecurity(keys.curve, context)
     try:
-        sock = context.socket(zmq.ROUTER)
-        with pytest.raises(MissingKeyError, match="no CURVE server secret key"):
-            guard.server(sock)
-        guard.client(context.socket(zmq.DEALER))  # what it holds works
+        yield guard, context
     finally:
         guard.close()
         context.destroy(linger=0)
-    server = role_keys.keys_for("rollout_server", run_secret.new_secret())
-    with pytest.raises(MissingKeyError, match="no CURVE client secret key"):
-        CurveSecurity(server.curve, zmq.Context.instance()).client(zmq.Context().socket(zmq.DEALER))
+
+
+def test_keys_a_role_was_not_handed_fail_naming_the_key(tmp_path, redis_url) -> None:
+    secret = run_secret.new_secret()
+    env = role_keys.keys_for("env_worker", secret)
+    with curve_guard(env) as (guard, context):
+        with pytest.raises(MissingKeyError, match="no CURVE server secret key"):
+            guard.server(context.socket(zmq.ROUTER))
+        guard.client(context.socket(zmq.DEALER))  # what it holds works
+    with curve_guard(role_keys.keys_for("rollout_server", secret)) as (guard, context):
+        with pytest.raises(MissingKeyError, match="no CURVE client secret key"):
+            guard.client(context.socket(zmq.DEALER))
+        guard.server(context.socket(zmq.ROUTER))
+    with pytest.raises(MissingKeyError, match="^env_worker holds no redis key"):
+        replace(env, redis_password=None).redis_auth()
+
+    class Probe(Role):
+        name = "weight_broadcaster"
+
+        def step(self) -> None:
+            pass
+
+    cfg = load_config(None, ["roles.trainer.count=1", f"run.redis_url={redis_url}"])
+    role = Probe(cfg, 0, node="local", run_dir=tmp_path)
+    assert role.weights_key == b""  # a one-host run's
+    role.weights_key = env.weights  # (None: what main sets from an env worker's keys)
+    with pytest.raises(MissingKeyError, match="^weight_broadcaster holds no weights key"):
+        VersionGate(role.weights_key)
 
 
 def test_a_role_process_handed_too_few_keys_exits_naming_the_missing_key(
