@@ -20,7 +20,11 @@ if TYPE_CHECKING:  # (the command imports what a subcommand needs when it runs)
 
 def _launch(args: argparse.Namespace) -> int:
     from rlvla3.launch.command import launch
+    from rlvla3.runtime import run_secret
 
+    # out of os.environ before anything starts: redis-server, roles and whatever they start
+    # never inherit it (the launcher keeps it in memory: it derives each role's keys)
+    run_secret.take()
     return launch(args.config, args.set, node=args.node, out=args.out, resume=args.resume)
 
 

@@ -21,7 +21,7 @@ from rlvla3.launch.cluster import Seat
 from rlvla3.launch.redis_server import EmbeddedRedis, RedisServerError, find_redis_server, has_tls
 from rlvla3.launch.rendezvous import JoinError, find_head_store
 from rlvla3.launch.slurm import SlurmStep
-from rlvla3.runtime import run_secret
+from rlvla3.runtime import role_keys, run_secret
 from rlvla3.runtime.redis_auth import RUN_USER, run_password, run_redis_auth
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
@@ -144,6 +144,20 @@ def test_every_registry_call_of_a_run_passes_the_acl(head_redis) -> None:
     assert registry.run_end() == ("done", 0)
     registry.record_restart("trainer", 0)
     registry.mark_dead("trainer", 0)
+    registry.close()
+
+
+def test_an_env_workers_keys_reach_the_runs_redis_over_tls(head_redis) -> None:
+    """The Redis part of a role's bundle (the run user's password and the pinned certificate,
+    not the TLS key or the secret) is all a role needs to join the run's Redis."""
+    server, secret = head_redis
+    keys = role_keys.keys_for("env_worker", secret)
+    assert keys.redis_cert_pem == redis_tls_identity(secret).cert_pem
+    assert redis_tls_identity(secret).key_pem not in keys.to_text()
+    registry = Registry(server.url, "bundle_run", keys.redis_auth())
+    registry.incr("env_steps", 1)
+    assert registry.counters()["env_steps"] == 1
+    registry.clear_run()
     registry.close()
 
 

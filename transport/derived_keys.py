@@ -15,3 +15,8 @@ import hmac
 def derive(secret: str, label: bytes) -> bytes:
     """The 32-byte key of ``label`` under the run secret (HMAC-SHA256)."""
     return hmac.new(secret.encode(), label, hashlib.sha256).digest()
+
+
+class MissingKeyError(RuntimeError):
+    """A process asked to do something it holds no key for: its launcher handed it only the
+    keys its role needs (the role table's ``keys``, ``rlvla3/config/role_table.py``)."""

@@ -16,9 +16,12 @@ role exiting when its handler dies, leaves a window in which a peer admitted wit
 stays connected until the exit; the check per message has none, and costs ~1 µs a message on
 CURVE sockets only.
 
-``enable(secret)`` switches it on for the whole process; ``transport.sockets`` then applies it
-to every socket it binds or connects. One-host runs leave it off: loopback traffic needs no
-keys and keeps its speed (``bench/codec_sockets.py`` measures what CURVE costs).
+``enable(keys)`` switches it on for the whole process; ``transport.sockets`` then applies it
+to every socket it binds or connects. A role holds only the secret keys its role needs
+(``RunKeys.only``): an env worker, which binds nothing, has no server secret key, and a socket
+it tried to bind would fail with ``MissingKeyError`` naming that key. One-host runs leave it
+off: loopback traffic needs no keys and keeps its speed (``bench/codec_sockets.py`` measures
+what CURVE costs).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from transport.derived_keys import derive
+from transport.derived_keys import MissingKeyError, derive
 
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _ZAP_DOMAIN = b"rlvla3"
@@ -50,12 +53,28 @@ RefusedHandler = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class RunKeys:
-    """The run's CURVE keys, Z85-encoded as libzmq takes them."""
+    """The run's CURVE keys, Z85-encoded as libzmq takes them. The public keys are no secret
+    (a peer still needs a secret key to complete a handshake); a secret key is None where
+    this process was not handed it."""
 
     server_public: bytes
-    server_secret: bytes
+    """What every connecting socket checks the server against."""
+    server_secret: bytes | None
+    """What every bound socket proves itself with (None: this process binds nothing)."""
     client_public: bytes
-    client_secret: bytes
+    """What the ZAP handler admits."""
+    client_secret: bytes | None
+    """What every connecting socket proves itself with (None: this process connects to
+    nothing)."""
+
+    def only(self, *, server: bool, client: bool) -> RunKeys:
+        """These keys less the secret keys of the sides not asked for."""
+        return RunKeys(
+            self.server_public,
+            self.server_secret if server else None,
+            self.client_public,
+            self.client_secret if client else None,
+        )
 
 
 def run_keys(secret: str) -> RunKeys:
@@ -76,17 +95,20 @@ class CurveSecurity:
     """CURVE options for sockets and this process's ZAP handler and handshake watch.
 
     Args:
-        secret: the run secret.
+        keys: the run's CURVE keys (``RunKeys``), or the run secret to derive them all from.
         context: the ZeroMQ context whose sockets it guards.
         on_refused: called (from the watch thread) with a description of each refused peer.
     """
 
     def __init__(
-        self, secret: str, context: zmq.Context, on_refused: RefusedHandler | None = None
+        self,
+        keys: RunKeys | str,
+        context: zmq.Context,
+        on_refused: RefusedHandler | None = None,
     ) -> None:
         if not zmq.has("curve"):
             raise RuntimeError("this libzmq has no CURVE support; multi-host runs need it")
-        self.keys = run_keys(secret)
+        self.keys = run_keys(keys) if isinstance(keys, str) else keys
         self.on_refused = on_refused
         self._client_raw = z85.decode(self.keys.client_public)
         self._context = context
@@ -100,9 +122,14 @@ class CurveSecurity:
         self._thread.start()
 
     def server(self, sock: zmq.Socket) -> None:
-        """Make ``sock`` (about to bind) a CURVE server that asks ZAP about every peer."""
+        """Make ``sock`` (about to bind) a CURVE server that asks ZAP about every peer.
+
+        Raises:
+            MissingKeyError: this process holds no CURVE server secret key.
+        """
+        secret_key = _held(self.keys.server_secret, "server", "binds no socket")
         sock.curve_server = True
-        sock.curve_secretkey = self.keys.server_secret
+        sock.curve_secretkey = secret_key
         sock.curve_publickey = self.keys.server_public
         sock.zap_domain = _ZAP_DOMAIN
         monitor = sock.get_monitor_socket(_WATCHED)
@@ -110,10 +137,15 @@ class CurveSecurity:
             self._new_monitors.append(monitor)
 
     def client(self, sock: zmq.Socket) -> None:
-        """Make ``sock`` (about to connect) a CURVE client holding the run's client key."""
+        """Make ``sock`` (about to connect) a CURVE client holding the run's client key.
+
+        Raises:
+            MissingKeyError: this process holds no CURVE client secret key.
+        """
+        secret_key = _held(self.keys.client_secret, "client", "connects to no socket")
         sock.curve_serverkey = self.keys.server_public
         sock.curve_publickey = self.keys.client_public
-        sock.curve_secretkey = self.keys.client_secret
+        sock.curve_secretkey = secret_key
 
     def close(self) -> None:
         """Stop the handler thread (sockets bound afterwards would get no ZAP answers)."""
@@ -182,6 +214,16 @@ class CurveSecurity:
         return True
 
 
+def _held(key: bytes | None, side: str, why_not: str) -> bytes:
+    """``key``, or the error of a process that was not handed it."""
+    if key is None:
+        raise MissingKeyError(
+            f"no CURVE {side} secret key: this role {why_not} by the role table's keys "
+            "(rlvla3/config/role_table.py), so its launcher did not hand it one"
+        )
+    return key
+
+
 _active: CurveSecurity | None = None
 
 
@@ -190,11 +232,12 @@ def available() -> bool:
     return bool(zmq.has("curve"))
 
 
-def enable(secret: str, on_refused: RefusedHandler | None = None) -> CurveSecurity:
-    """Turn CURVE on for every socket this process binds or connects from now on."""
+def enable(keys: RunKeys | str, on_refused: RefusedHandler | None = None) -> CurveSecurity:
+    """Turn CURVE on for every socket this process binds or connects from now on, with
+    ``keys`` (or every key of a run secret)."""
     global _active
     if _active is None:
-        _active = CurveSecurity(secret, zmq.Context.instance(), on_refused)
+        _active = CurveSecurity(keys, zmq.Context.instance(), on_refused)
     return _active
 
 

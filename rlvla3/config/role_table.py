@@ -9,6 +9,7 @@ adding one row here (and its module under ``roles/``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 from rlvla3.config.role_settings import (
@@ -20,6 +21,22 @@ from rlvla3.config.role_settings import (
 )
 
 SettingsT = TypeVar("SettingsT")
+
+
+class RunKey(StrEnum):
+    """A key derived from the run secret that the launcher may hand a role of a multi-host
+    run (``rlvla3/runtime/role_keys.py``); a role gets the ones its row names, never the
+    secret itself."""
+
+    REDIS = "redis"
+    """The run user's password on the run's Redis (with the Redis certificate, which is public)."""
+    CURVE_CLIENT = "curve_client"
+    """The CURVE client secret key: connect to the run's ZeroMQ sockets."""
+    CURVE_SERVER = "curve_server"
+    """The CURVE server secret key: bind ZeroMQ sockets that the run's peers connect to."""
+    WEIGHTS = "weights"
+    """The weights key: sign weight versions and check their tags (HMAC: a key that checks
+    can sign, so only roles that take weights in hold it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,17 +59,31 @@ class RoleSpec(Generic[SettingsT]):
     headline_rate: tuple[str, str] | None = None
     """The counter whose rate per second the monitor shows as the role's headline figure, and
     its unit (None: the role has none)."""
+    keys: frozenset[RunKey] = frozenset()
+    """The keys its processes are handed in a multi-host run: only what its code uses."""
 
 
-# name, settings, stop stage, evaluation role, headline rate: one row per role
+_SERVED = ("requests_served", "req/s")
+_ENV_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_CLIENT})
+"""Env workers connect to rollout servers and trainers, bind nothing, and take no weights."""
+_SERVING_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_SERVER, RunKey.WEIGHTS})
+"""Rollout servers and the broadcaster bind sockets, connect to none (weight links are
+torch's), and check the tags of the weights they take."""
+_TRAINER_KEYS = frozenset(RunKey)
+"""The trainer binds its chunk socket, connects to the broadcaster, signs the versions it
+publishes and checks the broadcaster's copy when it restarts."""
+_SFT_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_CLIENT, RunKey.WEIGHTS})
+"""The SFT trainer is the trainer less the chunk socket: it binds nothing."""
+
+# name, settings, stop stage, evaluation role, headline rate, keys: one row per role
 _ROWS = (
-    ("eval_env_worker", EnvWorkerSettings, 0, True, ("eval_env_steps", "steps/s")),
-    ("env_worker", EnvWorkerSettings, 1, False, ("env_steps", "steps/s")),
-    ("eval_rollout_server", RolloutServerSettings, 2, True, ("requests_served", "req/s")),
-    ("rollout_server", RolloutServerSettings, 3, False, ("requests_served", "req/s")),
-    ("trainer", TrainerSettings, 4, False, ("samples_consumed", "samples/s")),
-    ("sft_trainer", SftTrainerSettings, 5, False, ("sft_samples", "samples/s")),
-    ("weight_broadcaster", WeightBroadcasterSettings, 6, False, None),
+    ("eval_env_worker", EnvWorkerSettings, 0, True, ("eval_env_steps", "steps/s"), _ENV_KEYS),
+    ("env_worker", EnvWorkerSettings, 1, False, ("env_steps", "steps/s"), _ENV_KEYS),
+    ("eval_rollout_server", RolloutServerSettings, 2, True, _SERVED, _SERVING_KEYS),
+    ("rollout_server", RolloutServerSettings, 3, False, _SERVED, _SERVING_KEYS),
+    ("trainer", TrainerSettings, 4, False, ("samples_consumed", "samples/s"), _TRAINER_KEYS),
+    ("sft_trainer", SftTrainerSettings, 5, False, ("sft_samples", "samples/s"), _SFT_KEYS),
+    ("weight_broadcaster", WeightBroadcasterSettings, 6, False, None, _SERVING_KEYS),
 )
 ROLES: tuple[RoleSpec, ...] = tuple(
     RoleSpec(
@@ -62,8 +93,9 @@ ROLES: tuple[RoleSpec, ...] = tuple(
         stop_stage=stop_stage,
         evaluation=evaluation,
         headline_rate=rate,
+        keys=keys,
     )
-    for name, settings, stop_stage, evaluation, rate in _ROWS
+    for name, settings, stop_stage, evaluation, rate, keys in _ROWS
 )
 """Every role, in the order the launcher stops them."""
 

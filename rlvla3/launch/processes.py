@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rlvla3.config.role_table import STOP_ORDER, role_spec
 from rlvla3.runtime import run_secret
+from rlvla3.runtime.role_keys import keys_for
 
 _TICK_S = 0.2
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -53,7 +54,8 @@ class SpawnContext:
         config_path: the run's ``config.yaml``.
         run_dir: the run dir (logs, checkpoints, ``run.json``).
         address: the node address roles bind and advertise.
-        secret: the run secret (multi-host runs: Redis AUTH and CURVE), None on one host.
+        secret: the run secret (multi-host runs), None on one host: each role is handed only
+            the keys derived from it that its role needs (``rlvla3/runtime/role_keys.py``).
         nccl_interface: the interface NCCL's bootstrap should use (``NCCL_SOCKET_IFNAME``).
         nccl_host_ids: give each role process its own ``NCCL_HOSTID`` (``run.nccl_shared_gpu``).
     """
@@ -89,10 +91,13 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
     # took a third of a core from the env workers. Roles size torch's threads themselves.
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-    # never in the environment (a role's simulators would inherit it, and /proc/PID/environ
-    # shows it for the process's life) nor on a command line: a pipe the role reads at start
+    # Never the secret, only the role's keys; never in the environment (a role's simulators
+    # would inherit it, and /proc/PID/environ shows it for the process's life) nor on a
+    # command line: a pipe the role reads at start.
     env.pop(run_secret.SECRET_ENV, None)
-    secret_fd = run_secret.hand_over(ctx.secret) if ctx.secret is not None else None
+    secret_fd = None
+    if ctx.secret is not None:
+        secret_fd = run_secret.hand_over(keys_for(proc.role, ctx.secret).to_text())
     if secret_fd is not None:
         args += ["--secret-fd", str(secret_fd)]
     if ctx.nccl_interface and "NCCL_SOCKET_IFNAME" not in env:

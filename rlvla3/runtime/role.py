@@ -16,8 +16,8 @@ loop is held to the same timeout (``stuck_work``).
 
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
 --address ADDR``. In a multi-host run (or on one host bound beyond loopback) the launcher hands
-over the run secret through a pipe (``--secret-fd``, ``rlvla3/runtime/run_secret.py``): the
-role then authenticates to Redis with the run user's credentials derived from it
+over the keys the role needs through a pipe (``--secret-fd``, ``rlvla3/runtime/role_keys.py``),
+never the run secret: the role then authenticates to Redis with the run user's credentials
 (``rlvla3/runtime/redis_auth.py``) and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
 hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
@@ -42,9 +42,10 @@ from typing import ClassVar, Generic, TypeVar, cast
 
 import redis
 
+from rlvla3.config.role_table import RunKey
 from rlvla3.config.run_config import Config, load_config
 from rlvla3.config.typed_load import ConfigError
-from rlvla3.runtime import run_secret
+from rlvla3.runtime import role_keys
 from rlvla3.runtime.counter_batch import CounterBatch, DropReports
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
 from rlvla3.runtime.log_text import loggable
@@ -53,7 +54,7 @@ from rlvla3.runtime.redis_auth import RedisAuth
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
-from transport import security, weight_auth
+from transport import security
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
@@ -68,9 +69,23 @@ class Role(abc.ABC, Generic[SettingsT]):
     ``SettingsT`` is the dataclass of their ``roles.<name>.settings`` (``EnvWorkerSettings``...)."""
 
     name: ClassVar[str]
-    weights_key = b""
-    """The run's weights key (``transport/weight_auth.py``): signs and checks weight versions.
-    ``main`` derives it from the run secret; b"" in a one-host run, which has none."""
+    _weights_key: bytes | None = b""  # b"": a one-host run's (none); None: not handed to us
+
+    @property
+    def weights_key(self) -> bytes:
+        """The run's weights key (``transport/weight_auth.py``): signs and checks weight
+        versions. ``main`` sets it from the role's keys; b"" in a one-host run, which has none.
+
+        Raises:
+            MissingKeyError: this role was not handed it (the role table's ``keys``).
+        """
+        if self._weights_key is None:
+            raise role_keys.missing_key(self.name, RunKey.WEIGHTS)
+        return self._weights_key
+
+    @weights_key.setter
+    def weights_key(self, key: bytes | None) -> None:
+        self._weights_key = key
 
     def __init__(
         self,
@@ -344,10 +359,13 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         "--address", default=None, help="address to bind and advertise (default: the node's host)"
     )
     parser.add_argument(
-        "--secret-fd", type=int, default=None, help="a pipe holding the run secret (the launcher's)"
+        "--secret-fd",
+        type=int,
+        default=None,
+        help="a pipe holding this role's keys (the launcher's)",
     )
     args = parser.parse_args(argv)
-    secret = run_secret.take(args.secret_fd)  # first: nothing started later inherits it
+    keys = role_keys.take(args.secret_fd, role_cls.name)  # first: nothing started later inherits
     # the launcher asks a stalled role where it is stuck: every thread's stack to the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = load_config(args.config)
@@ -357,7 +375,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
-    cfg, redis_password = run_redis(cfg, run_dir, secret)
+    cfg, redis_password = run_redis(cfg, run_dir, keys)
     if role_cls.name in cfg.roles:
         pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
     node = args.node or cfg.all_nodes()[0].name
@@ -369,10 +387,10 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         address=args.address,
         redis_password=redis_password,
     )
-    role.weights_key = weight_auth.weights_key(secret)
-    if secret is not None:  # a multi-host run: only the run's peers may talk to us
+    if keys is not None:  # a multi-host run: only the run's peers may talk to us
+        role.weights_key = keys.weights
         security.enable(
-            secret,
+            keys.curve,
             on_refused=lambda what: role.drop(
                 "auth_refused", f"refused a peer without the run's secret: {what}"
             ),

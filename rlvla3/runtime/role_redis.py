@@ -1,6 +1,6 @@
 """Which Redis a role process talks to, and with which password: the run's own (its URL in the
-run dir's ``run.json``, the run user's credentials derived from the run secret where it wants
-AUTH), or a configured
+run dir's ``run.json``, the run user's credentials from the role's keys where it wants AUTH),
+or a configured
 ``run.redis_url`` (its password in the run dir's ``redis_password`` where ``config.yaml``
 shows ``***``)."""
 
@@ -13,16 +13,22 @@ from pathlib import Path
 from rlvla3.config import redis_url
 from rlvla3.config.run_config import Config
 from rlvla3.runtime import run_secret
-from rlvla3.runtime.redis_auth import RedisAuth, run_redis_auth
+from rlvla3.runtime.redis_auth import RedisAuth
+from rlvla3.runtime.role_keys import RoleKeys
 
 
 def run_redis(
-    cfg: Config, run_dir: Path, secret: str | None
+    cfg: Config, run_dir: Path, keys: RoleKeys | None
 ) -> tuple[Config, RedisAuth | str | None]:
-    """``cfg`` with the Redis URL roles use, and that Redis's credentials (None: none)."""
+    """``cfg`` with the Redis URL roles use, and that Redis's credentials (None: none).
+
+    Raises:
+        MissingKeyError: the run's Redis wants the run user's credentials, and ``keys`` (the
+            role's) hold none.
+    """
     if cfg.run.redis_url is None:  # an embedded Redis: its URL is in run.json, not the config
         cfg, wants_auth = _with_run_redis(cfg, run_dir / "run.json")
-        return cfg, run_redis_auth(secret) if wants_auth and secret is not None else None
+        return cfg, keys.redis_auth() if wants_auth and keys is not None else None
     return cfg, _configured_password(cfg, run_dir)
 
 

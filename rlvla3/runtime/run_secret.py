@@ -2,12 +2,14 @@
 keys and its weights key (``transport/derived_keys.py``).
 
 Made by the head node's launcher (or by ``launch/slurm.sbatch``, which hands it to every node's
-launcher in the ``RLVLA3_RUN_SECRET`` environment variable), kept in ``RUN_DIR/secret`` with
-mode 0600 so that ``rlvla3 monitor`` on any node can join, and never logged. A launcher hands
-it to each role it starts through a pipe (``hand_over``; the role's ``--secret-fd``), never
-the environment, so that neither the role's ``/proc/PID/environ`` nor the processes it starts
-(a simulator's) carry it. One-host runs on loopback have none: nothing of theirs listens
-beyond loopback and a unix socket.
+launcher in the ``RLVLA3_RUN_SECRET`` environment variable, which the launcher takes out of its
+``os.environ`` at start: ``take``), kept in ``RUN_DIR/secret`` with mode 0600 so that
+``rlvla3 monitor`` on any node can join, and never logged. Roles never hold it: a launcher
+hands each role it starts only the keys derived for that role (``rlvla3/runtime/role_keys.py``)
+through a pipe (``hand_over``; the role's ``--secret-fd``), never the environment, so that
+neither the role's ``/proc/PID/environ`` nor the processes it starts (a simulator's) carry
+them. One-host runs on loopback have none: nothing of theirs listens beyond loopback and a
+unix socket.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ REDIS_PASSWORD_FILE = "redis_password"
 """The run dir's copy (mode 0600) of a configured ``run.redis_url``'s password, which
 ``config.yaml`` and ``run.json`` show as ``***``."""
 _MIN_LEN = 16
+_PIPE_MIN_BUFFER = 4096  # Linux's pipe capacity when a user is over pipe-user-pages-soft
 
 
 class SecretError(RuntimeError):
@@ -44,32 +47,44 @@ def from_env() -> str | None:
     return _checked(value.strip(), SECRET_ENV)
 
 
-def hand_over(secret: str) -> int:
-    """A pipe holding ``secret``; returns its read end, for a child's ``pass_fds`` (close it
-    here once the child started). 64 bytes are far below a pipe's buffer: the write never
-    blocks, and the child reads them whenever it starts."""
+def hand_over(text: str) -> int:
+    """A pipe holding ``text`` (a role's key bundle, a few KB at most); returns its read end,
+    for a child's ``pass_fds`` (close it here once the child started). That is below a pipe's
+    smallest buffer (4 KiB; 64 KiB by default): the write never blocks, and the child reads
+    it whenever it starts."""
+    data = text.encode()
+    if len(data) > _PIPE_MIN_BUFFER:
+        raise ValueError(f"{len(data)} bytes do not fit a pipe's buffer for sure")
     read_fd, write_fd = os.pipe()
     try:
-        os.write(write_fd, secret.encode())
+        os.write(write_fd, data)
     finally:
         os.close(write_fd)
     return read_fd
 
 
-def take(fd: int | None) -> str | None:
-    """A role's secret: read from the pipe ``fd`` (its launcher's ``hand_over``) and closed;
-    without one, ``RLVLA3_RUN_SECRET`` (a role started by hand), which then leaves
-    ``os.environ`` so that processes this one starts do not inherit it. (The kernel's
-    ``/proc/PID/environ`` keeps showing the environment a process started with: only the pipe
-    keeps a secret out of it.)"""
+def read_pipe(fd: int) -> str:
+    """What ``hand_over`` put in the pipe ``fd``; the pipe is closed."""
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.read().decode(errors="replace")
+
+
+def take() -> str | None:
+    """A launcher's secret: ``RLVLA3_RUN_SECRET``, which then leaves ``os.environ`` so that
+    processes this one starts do not inherit it, and is kept for this process's later
+    ``from_env`` calls. (The kernel's ``/proc/PID/environ`` keeps showing the environment a
+    process started with: only a pipe keeps a secret out of it.)"""
     global _taken
-    if fd is not None:
-        with os.fdopen(fd, "rb") as pipe:
-            _taken = _checked(pipe.read().decode(errors="replace").strip(), f"--secret-fd {fd}")
-        return _taken
-    value = from_env()
+    value = pop_env()
+    _taken = value or _taken
+    return _taken
+
+
+def pop_env() -> str | None:
+    """``RLVLA3_RUN_SECRET``, taken out of ``os.environ`` (not kept: a role derives its keys
+    from it and forgets it)."""
+    value = from_env() if SECRET_ENV in os.environ else None
     os.environ.pop(SECRET_ENV, None)
-    _taken = value
     return value
 
 
