@@ -84,9 +84,22 @@ def kill_role(role: str) -> Callable[[Run], float]:
     return inject
 
 
+def kill_role_twice(role: str) -> Callable[[Run], float]:
+    """kill -9 the role's first instance, then its successor as soon as that runs; returns the
+    seconds until the third process runs."""
+
+    def inject(run: Run) -> float:
+        started = time.monotonic()
+        kill_role(role)(run)
+        kill_role(role)(run)
+        return time.monotonic() - started
+
+    return inject
+
+
 def stop_role(role: str) -> Callable[[Run], float]:
-    """SIGSTOP the role for longer than the stall timeout, then SIGCONT; returns the seconds
-    until a new process of it runs."""
+    """SIGSTOP the role until it is replaced (its heartbeat silent past run.heartbeat_ttl_s),
+    then SIGCONT; returns the seconds until a new process of it runs."""
 
     def inject(run: Run) -> float:
         victim = run.role(role)
@@ -181,6 +194,9 @@ FAULTS: dict[str, Fault] = {
         kill_role("rollout_server"), "rollout_server/0 exited with code -9"
     ),
     "kill -9 trainer": Fault(kill_role("trainer"), "trainer/0 exited with code -9"),
+    "kill -9 trainer twice (its successor as soon as it runs)": Fault(
+        kill_role_twice("trainer"), "trainer/0 exited with code -9; restart 2"
+    ),
     "kill -9 weight broadcaster": Fault(
         kill_role("weight_broadcaster"), "weight_broadcaster/0 exited with code -9"
     ),

@@ -69,6 +69,13 @@ def test_broadcast_identical_to_every_server_and_late_joiner_gets_current() -> N
     assert by_link == {"s0": [0, 1, 2], "s1": [0, 1, 2], "late": [0, 1, 2]}
 
 
+def test_a_broadcaster_without_weights_has_nothing_late_to_rejoin() -> None:
+    """Before the trainer's first version, the link scan's rejoin finds nothing to do."""
+    broadcaster = Broadcaster(start_store("127.0.0.1", timeout_s=10), timeout_s=10)
+    assert broadcaster.rejoin_late(deadline_s=1.0) == ([], [])
+    assert broadcaster.publish(0, expected(0), deadline_s=1.0) == []  # no links: sent to none
+
+
 @pytest.mark.slow  # 64 MB versions over gloo: about 25 s on 2 cores
 def test_a_frozen_server_delays_no_broadcast_and_rejoins_when_it_comes_back() -> None:
     """A broadcast waits for a stopped server at most its deadline: the healthy server gets

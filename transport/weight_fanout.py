@@ -114,7 +114,8 @@ class Broadcaster:
     ) -> list[str]:
         """Send the current version on ``links`` in parallel; a send not done by the deadline
         moves its link to ``late``. Returns the links that failed (and are dropped)."""
-        assert self.flat is not None
+        if not links or self.flat is None:  # (no weights yet: a link gets them when they come)
+            return []
         sends = [_LinkSend(link, self.version, self.flat, self.tag) for link in links]
         _run_until_stopped([s.thread for s in sends], should_stop, deadline_s)
         failed = []
