@@ -218,6 +218,9 @@ FAULTS: dict[str, Fault] = {
             "env.kwargs.marker={tmp}/hang-marker",
             f"env.kwargs.hang_at={_INJECT_AT_STEPS // 8}",  # 8 envs: about 5,000 steps in
             _LONGER_WINDOW,
+            # The worker's heartbeat beats while one env thread hangs: a stall, not a freeze,
+            # noticed after run.stall_timeout_s (60 s by default); shortened to keep the row short.
+            "run.stall_timeout_s=5",
         ),
     ),
     "kill -9 the run's redis-server": Fault(kill_redis, "restarted from its append-only file"),
