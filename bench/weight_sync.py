@@ -75,7 +75,8 @@ from harness.server_harness import ServerHarness, policy_numel, server_config
 from harness.wire_messages import HOST, obs_request
 
 from transport import sockets
-from transport.weights import Broadcaster, WeightLink, start_store
+from transport.weight_fanout import Broadcaster
+from transport.weights import WeightLink, start_store
 
 WIDTH = 1024
 TIMEOUT = datetime.timedelta(seconds=300)

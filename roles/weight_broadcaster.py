@@ -4,7 +4,9 @@ Receives ``WeightsUpdate`` messages from the trainer (PULL, only the newest matt
 version, and broadcasts it to every live rollout server through a two-rank link per server
 (``transport/weights.py``). It takes only versions signed with the run's weights key, newer than
 the one it holds, produced by a trainer and finite (``transport/weight_auth.py``), and forwards
-each with its signature, which the servers check again. Servers that join late get the current version when their link forms.
+each with its signature, which the servers check again. Servers that join late get the current version when their link forms. A broadcast waits for a
+server at most ``send_deadline_s``: a frozen server's link waits aside until its send ends,
+while the others keep getting every version (``transport/weight_fanout.py``).
 The version and its time are recorded in Redis. A restarted trainer asks for the version held
 here (``WeightsRequest`` on the ``current`` endpoint) and continues from it when it is newer
 than its own checkpoint, so training never steps back behind what the servers act with.
@@ -24,7 +26,8 @@ from transport import sockets
 from transport.messages import WeightsRequest, WeightsUpdate
 from transport.socket_limits import CONTROL_LIMITS, MIB, weights_limits
 from transport.weight_auth import VersionGate
-from transport.weights import Broadcaster, start_store
+from transport.weight_fanout import Broadcaster
+from transport.weights import start_store
 
 _LINK_SCAN_PERIOD_S = 0.5
 
@@ -108,9 +111,20 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             flat = torch.from_numpy(update.flat).to(self.settings.device)
         started = time.perf_counter()
+        late_before = set(self.broadcaster.late)
         failed = self.broadcaster.publish(
-            update.version, flat, self.stop_event.is_set, tag=update.tag
+            update.version,
+            flat,
+            self.stop_event.is_set,
+            tag=update.tag,
+            deadline_s=self.settings.send_deadline_s,
         )
+        for link_id in sorted(set(self.broadcaster.late) - late_before):
+            self.drop(
+                "weight_sends_late",
+                f"link {link_id} took v{update.version} for longer than "
+                f"{self.settings.send_deadline_s:g}s (send_deadline_s): not waited for",
+            )
         self.registry.set_weight_version(update.version)
         self.gauge("policy_version", update.version)
         self.gauge("last_sync_ms", (time.perf_counter() - started) * 1000)
@@ -145,7 +159,8 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
 
     def _sync_links(self) -> None:
         live = self._server_links()
-        for link_id in sorted(live - set(self.broadcaster.links)):
+        self._rejoin_late()
+        for link_id in sorted(live - set(self.broadcaster.links) - set(self.broadcaster.late)):
             try:
                 self.broadcaster.add(link_id, self.stop_event.is_set)
                 self.log.info("linked %s (sent v%d)", link_id, self.broadcaster.version)
@@ -156,6 +171,16 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
         for link_id in set(self.broadcaster.links) - live:
             self.broadcaster.remove(link_id)
         self.gauge("links", len(self.broadcaster.links))
+
+    def _rejoin_late(self) -> None:
+        """Links whose late send has ended rejoin (their server came back) or are forgotten."""
+        rejoined, failed = self.broadcaster.rejoin_late(
+            self.stop_event.is_set, self.settings.send_deadline_s
+        )
+        for link_id in rejoined:
+            self.log.info("link %s is back: sent v%d", link_id, self.broadcaster.version)
+        for link_id in failed:
+            self.log.info("link %s failed after a late send: dropped", link_id)
 
     def _server_links(self) -> set[str]:
         """The weight links every live rollout server (evaluation's included) asks for."""

@@ -49,12 +49,8 @@ from transport.weights import Broadcaster, FlatLayout, start_store
 pytestmark = pytest.mark.slow
 
 _INJECT_AT_STEPS = 5000
-_OVERRIDES = [
-    "run.stall_timeout_s=5",
-    "run.heartbeat_ttl_s=2",
-    "run.stop.max_wall_s=300",
-    "algo.checkpoint_every=5",
-]
+# The main job's defaults, but for a wall-clock cap that only ends a run the fault broke.
+_OVERRIDES = ["run.stop.max_wall_s=300"]
 
 
 @dataclass
@@ -93,9 +89,22 @@ def kill_role(role: str) -> Callable[[Run], float]:
     return inject
 
 
+def kill_role_twice(role: str) -> Callable[[Run], float]:
+    """kill -9 the role's first instance, then its successor as soon as that runs; returns the
+    seconds until the third process runs."""
+
+    def inject(run: Run) -> float:
+        started = time.monotonic()
+        kill_role(role)(run)
+        kill_role(role)(run)
+        return time.monotonic() - started
+
+    return inject
+
+
 def stop_role(role: str) -> Callable[[Run], float]:
-    """SIGSTOP the role for longer than the stall timeout, then SIGCONT; returns the seconds
-    until a new process of it runs."""
+    """SIGSTOP the role until it is replaced (its heartbeat silent past run.heartbeat_ttl_s),
+    then SIGCONT; returns the seconds until a new process of it runs."""
 
     def inject(run: Run) -> float:
         victim = run.role(role)
@@ -240,6 +249,9 @@ FAULTS: dict[str, Fault] = {
         kill_role("rollout_server"), "rollout_server/0 exited with code -9"
     ),
     "kill -9 trainer": Fault(kill_role("trainer"), "trainer/0 exited with code -9"),
+    "kill -9 trainer twice (its successor as soon as it runs)": Fault(
+        kill_role_twice("trainer"), "trainer/0 exited with code -9; restart 2"
+    ),
     "kill -9 weight broadcaster": Fault(
         kill_role("weight_broadcaster"), "weight_broadcaster/0 exited with code -9"
     ),
@@ -261,6 +273,9 @@ FAULTS: dict[str, Fault] = {
             "env.kwargs.marker={tmp}/hang-marker",
             f"env.kwargs.hang_at={_INJECT_AT_STEPS // 8}",  # 8 envs: about 5,000 steps in
             _LONGER_WINDOW,
+            # The worker's heartbeat beats while one env thread hangs: a stall, not a freeze,
+            # noticed after run.stall_timeout_s (60 s by default); shortened to keep the row short.
+            "run.stall_timeout_s=5",
         ),
     ),
     "kill -9 the run's redis-server": Fault(kill_redis, "restarted from its append-only file"),

@@ -25,7 +25,8 @@ from rlvla3.policy.attention import (
     prefer_varlen_kernel,
 )
 from sft.precision import Float8Linear, fp8_backend
-from transport.weights import BUCKET_BYTES, Broadcaster, WeightLink, start_store
+from transport.weight_fanout import Broadcaster
+from transport.weights import BUCKET_BYTES, WeightLink, start_store
 
 pytestmark = [
     pytest.mark.gpu,

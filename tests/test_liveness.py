@@ -10,8 +10,11 @@ import time
 
 import pytest
 
+from rlvla3.config.sections import RunConfig
 from rlvla3.launch.processes import dump_stacks
+from rlvla3.launch.supervisor import stall_verdict
 from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.registry_records import RoleRecord
 from tests.conftest import wait_until
 
 _STUCK = """
@@ -76,3 +79,39 @@ def test_the_registry_reports_a_missed_step_deadline(registry: Registry) -> None
     registry.set_status("trainer", 0, "running")
     (rec,) = registry.roles()
     assert rec.stalled_for_s == 0
+
+
+def _record(
+    *, alive: bool, heartbeat_age_s: float, stalled_for_s: float = 0.0, busy: str = ""
+) -> RoleRecord:
+    return RoleRecord(
+        role="rollout_server",
+        index=0,
+        node="n",
+        host="127.0.0.1",
+        pid=1,
+        status="running",
+        endpoints={},
+        restarts=0,
+        heartbeat_age_s=heartbeat_age_s,
+        alive=alive,
+        stats={},
+        stalled_for_s=stalled_for_s,
+        busy=busy,
+    )
+
+
+def test_a_frozen_role_is_stalled_after_the_heartbeat_ttl_not_the_stall_timeout() -> None:
+    run = RunConfig()  # the defaults: heartbeat_ttl_s 5, stall_timeout_s 60
+    frozen = _record(alive=False, heartbeat_age_s=6.0, busy="PPO update")
+    what = stall_verdict(frozen, run, silence_counts=True)
+    assert what is not None and "frozen" in what and "run.heartbeat_ttl_s 5" in what
+    # after a Redis outage every heartbeat is old: silence does not count yet
+    assert stall_verdict(frozen, run, silence_counts=False) is None
+    # busy work beats: it keeps its long deadline however long it runs
+    busy = _record(alive=True, heartbeat_age_s=0.5, busy="PPO update")
+    assert stall_verdict(busy, run, silence_counts=True) is None
+    late = _record(alive=True, heartbeat_age_s=0.5, stalled_for_s=2.0, busy="PPO update")
+    assert stall_verdict(late, run, silence_counts=True) == (
+        "no step finished for 62s (PPO update) (run.stall_timeout_s)"
+    )

@@ -29,7 +29,8 @@ from transport.weight_auth import (
     weights_key,
     weights_tag,
 )
-from transport.weights import Broadcaster, FlatLayout, start_store
+from transport.weight_fanout import Broadcaster
+from transport.weights import FlatLayout, start_store
 
 SECRET = "a-run-secret-of-the-test-0123456789"
 KEY = weights_key(SECRET)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from transport.weights import BUCKET_BYTES, Broadcaster, WeightLink, nccl_accepts, start_store
+from tests.conftest import wait_until
+from transport.weight_fanout import Broadcaster
+from transport.weights import BUCKET_BYTES, WeightLink, nccl_accepts, start_store
 
 NUMEL = BUCKET_BYTES // 4 + 1000  # more than one bucket
 
@@ -62,6 +67,54 @@ def test_broadcast_identical_to_every_server_and_late_joiner_gets_current() -> N
         assert received == digest(expected(version))  # bit-identical to what was sent
         by_link.setdefault(link_id, []).append(version)
     assert by_link == {"s0": [0, 1, 2], "s1": [0, 1, 2], "late": [0, 1, 2]}
+
+
+def test_a_broadcaster_without_weights_has_nothing_late_to_rejoin() -> None:
+    """Before the trainer's first version, the link scan's rejoin finds nothing to do."""
+    broadcaster = Broadcaster(start_store("127.0.0.1", timeout_s=10), timeout_s=10)
+    assert broadcaster.rejoin_late(deadline_s=1.0) == ([], [])
+    assert broadcaster.publish(0, expected(0), deadline_s=1.0) == []  # no links: sent to none
+
+
+@pytest.mark.slow  # 64 MB versions over gloo: about 25 s on 2 cores
+def test_a_frozen_server_delays_no_broadcast_and_rejoins_when_it_comes_back() -> None:
+    """A broadcast waits for a stopped server at most its deadline: the healthy server gets
+    every version on time; the stopped one's link waits aside, and once it runs again it gets
+    the late version and then the current one."""
+    ctx = mp.get_context("spawn")
+    store = start_store("127.0.0.1", timeout_s=60)
+    broadcaster = Broadcaster(store, timeout_s=60)
+    results: mp.Queue = ctx.Queue()
+    servers = {i: ctx.Process(target=receiver, args=(store.port, i, 3, results)) for i in "ab"}
+    for p in servers.values():
+        p.start()
+    try:
+        for link_id in servers:
+            broadcaster.add(link_id)
+        assert broadcaster.publish(0, expected(0)) == []
+        assert sorted(results.get(timeout=60)[0] for _ in servers) == ["a", "b"]
+        os.kill(servers["b"].pid, signal.SIGSTOP)  # frozen: its socket buffers fill
+        for version in (1, 2):
+            started = time.monotonic()
+            assert broadcaster.publish(version, expected(version), deadline_s=1.0) == []
+            assert time.monotonic() - started < 10  # not the link's 60 s timeout
+            assert results.get(timeout=60)[:2] == ("a", version)
+        assert set(broadcaster.late) == {"b"} and set(broadcaster.links) == {"a"}
+        os.kill(servers["b"].pid, signal.SIGCONT)
+        rejoined: list[str] = []
+        wait_until(
+            lambda: rejoined.extend(broadcaster.rejoin_late(deadline_s=30)[0]) or rejoined,
+            60,
+            "the server to come back",
+        )
+        assert rejoined == ["b"] and set(broadcaster.links) == {"a", "b"}
+        got = [results.get(timeout=60) for _ in range(2)]
+    finally:
+        for p in servers.values():
+            os.kill(p.pid, signal.SIGCONT)
+            p.join(timeout=60)
+    assert [(link, version) for link, version, _ in got] == [("b", 1), ("b", 2)]
+    assert all(received == digest(expected(version)) for _, version, received in got)
 
 
 def _listening_addresses(port: int) -> list[str]:
@@ -117,6 +170,36 @@ def test_publisher_resends_the_last_version_unchanged_and_follows_a_moved_broadc
     assert isinstance(update, WeightsUpdate) and update.version == last
     assert publisher.version == last and announced[-1] == last
     assert not np.allclose(update.flat[:6], model.weight.detach().numpy().ravel())
+    publisher.close()
+    receiver.close()
+
+
+def test_a_trainer_publishing_back_to_back_follows_a_restarted_broadcaster(monkeypatch) -> None:
+    """A trainer that trains without pause never calls ``resend_if_due`` in time: its next
+    publish after a failed one finds the broadcaster's new address itself, and publishing
+    does not wait for room while the broadcaster is away."""
+    import transport.weight_publisher as publisher_mod
+    from transport import sockets
+    from transport.messages import WeightsUpdate
+    from transport.weight_publisher import WeightPublisher
+
+    monkeypatch.setattr(publisher_mod, "_SEND_TIMEOUT_S", 0.2)
+    model = torch.nn.Linear(3, 2)
+    address = {"now": "tcp://127.0.0.1:9"}  # the broadcaster died: nobody listens
+    publisher = WeightPublisher(model, lambda: address["now"])
+    while publisher.last_sent:
+        publisher.publish(model)
+    started = time.monotonic()
+    for _ in range(5):
+        publisher.publish(model)
+    assert time.monotonic() - started < 0.2  # no publish waited for room
+    receiver = sockets.pull(hwm=16)
+    port = receiver.raw.bind_to_random_port("tcp://127.0.0.1")
+    address["now"] = f"tcp://127.0.0.1:{port}"  # its successor
+    version = publisher.publish(model)
+    update = receiver.recv(timeout_s=5)
+    assert isinstance(update, WeightsUpdate) and update.version == version
+    assert publisher.last_sent
     publisher.close()
     receiver.close()
 

@@ -35,7 +35,9 @@ class WeightPublisher:
     Publishing never blocks training for long: if the broadcaster takes nothing for
     ``_SEND_TIMEOUT_S`` (busy, dead, or gone to a new address), that version is not sent
     (``last_sent`` is False), and the trainer's calls of ``resend_if_due`` between updates send
-    it again once there is room or the broadcaster has moved.
+    it again once there is room or the broadcaster has moved. While sends fail, each publish
+    first looks for a moved broadcaster and does not wait for room, so a restarted broadcaster
+    gets the newest version at the next publish, and training does not slow down meanwhile.
     """
 
     def __init__(
@@ -70,7 +72,14 @@ class WeightPublisher:
         self._last = WeightsUpdate(
             version=self.version, layout=self.layout.digest, flat=flat, tag=tag
         )
-        self.last_sent = self.socket.send(self._last, timeout_s=_SEND_TIMEOUT_S)
+        # After a failed send the broadcaster is down or has moved: follow it now (a trainer
+        # that trains back to back would otherwise never be between publishes long enough for
+        # ``resend_if_due``), and do not wait for room while it is away.
+        timeout_s = _SEND_TIMEOUT_S
+        if not self.last_sent:
+            self._reconnect_if_moved()
+            timeout_s = 0.0
+        self.last_sent = self.socket.send(self._last, timeout_s=timeout_s)
         if not self.last_sent:
             self._next_check = time.monotonic() + _RETRY_S
         return self.version

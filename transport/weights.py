@@ -17,8 +17,6 @@ import datetime
 import hashlib
 import os
 import socket
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -298,91 +296,3 @@ def nccl_accepts(mine: tuple[str, str], theirs: tuple[str, str]) -> bool:
     if my_gpu != their_gpu:
         return True
     return bool(my_host) and bool(their_host) and my_host != their_host
-
-
-class Broadcaster:
-    """Rank 0 of every link: keeps the newest weights and sends them to all linked servers."""
-
-    def __init__(
-        self,
-        store: dist.Store,
-        device: str = "cpu",
-        timeout_s: float = 60.0,
-        host: str = "127.0.0.1",
-    ) -> None:
-        self.store = store
-        self.device = device
-        self.timeout_s = timeout_s
-        self.host = host
-        self.links: dict[str, WeightLink] = {}
-        self.version = -1
-        self.flat: torch.Tensor | None = None
-        self.tag = NO_TAG
-
-    def add(self, link_id: str, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Form the link with a server and send it the current weights.
-
-        Blocks until the server connects (or the link's timeout: then raises); ``should_stop``
-        lets the caller give up waiting, as in ``publish``.
-        """
-        result: list[WeightLink | BaseException] = []
-
-        def connect() -> None:
-            try:
-                link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s, self.host)
-                if self.flat is not None:
-                    link.send(self.version, self.flat, self.tag)
-                result.append(link)
-            except Exception as err:  # reported to the caller below
-                result.append(err)
-
-        _run_until_stopped([threading.Thread(target=connect, daemon=True)], should_stop)
-        if not result:
-            raise InterruptedError(f"linking {link_id} abandoned: stopping")
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        self.links[link_id] = result[0]
-
-    def remove(self, link_id: str) -> None:
-        """Forget a server's link (it went away)."""
-        self.links.pop(link_id, None)
-
-    def publish(
-        self,
-        version: int,
-        flat: torch.Tensor,
-        should_stop: Callable[[], bool] = lambda: False,
-        tag: bytes = NO_TAG,
-    ) -> list[str]:
-        """Send ``flat`` as ``version``, with its ``tag``, to every link in parallel; returns
-        the links that failed. (The caller checked the version: ``transport/weight_auth.py``.)
-
-        A send to a dead peer blocks until the link's timeout; ``should_stop`` lets the caller
-        give up waiting (a stopping broadcaster abandons the sends; the threads are daemons).
-        """
-        self.version, self.flat, self.tag = version, flat, tag
-        failed: list[str] = []
-
-        def send(link: WeightLink) -> None:
-            try:
-                link.send(version, flat, tag)
-            except Exception:  # a dead peer: drop its link, the others go on
-                failed.append(link.link_id)
-
-        threads = [
-            threading.Thread(target=send, args=(link,), daemon=True) for link in self.links.values()
-        ]
-        _run_until_stopped(threads, should_stop)
-        for link_id in failed:
-            self.remove(link_id)
-        return failed
-
-
-def _run_until_stopped(threads: list[threading.Thread], should_stop: Callable[[], bool]) -> None:
-    """Start daemon ``threads`` and wait for them, or until ``should_stop()`` (then abandon them:
-    a blocked gloo/NCCL call cannot be interrupted, only left behind)."""
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive() and not should_stop():
-            t.join(timeout=0.1)

@@ -26,7 +26,8 @@ from rlvla3.launch.redis_server import EmbeddedRedis
 from rlvla3.runtime.registry import Registry
 from roles.rollout_server import RolloutServer  # (imported once, in the forkserver)
 from transport.weight_auth import weights_key, weights_tag
-from transport.weights import Broadcaster, FlatLayout, start_store
+from transport.weight_fanout import Broadcaster
+from transport.weights import FlatLayout, start_store
 
 from . import one_blas_thread  # noqa: F401  (the servers compute on one BLAS thread, as roles do)
 from .wire_messages import HOST

@@ -3,9 +3,14 @@
 
 A role that exits with an error is restarted per its restart policy (``roles.<role>.restart``:
 exponential back-off, at most ``max_restarts``); a role out of restarts fails the run. A role
-that is alive but STALLED (it finished no step by the deadline its heartbeat carries,
-``rlvla3/runtime/role.py``, or its heartbeat stopped while its process lives) has every thread's stack
-written to its log, is killed, and is then restarted the same way. The launcher
+that is alive but STALLED has every thread's stack written to its log, is killed, and is then
+restarted the same way. It is STALLED when it finished no step by the deadline its heartbeat
+carries (``rlvla3/runtime/role.py``; ``busy()`` work moves that deadline up to
+``run.busy_timeout_s``), or at once when its heartbeat thread too has been silent for longer
+than ``run.heartbeat_ttl_s`` while its process lives: a busy role still beats, so a silent one
+is frozen (stopped, or hung with the GIL held) and waiting ``run.stall_timeout_s`` for it only
+costs the run time. Silence counts only while this launcher has reached Redis for a whole TTL:
+after an outage every heartbeat is old until the roles beat again. The launcher
 (``rlvla3/launch/launcher.py``) decides when the run ends and stops these processes in order.
 """
 
@@ -18,8 +23,10 @@ from pathlib import Path
 import redis
 
 from rlvla3.config.run_config import Config
+from rlvla3.config.sections import RunConfig
 from rlvla3.launch.processes import RoleProcess, SpawnContext, dump_stacks, spawn
 from rlvla3.runtime.registry import Registry
+from rlvla3.runtime.registry_records import RoleRecord
 
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _STALL_CHECK_PERIOD_S = 1.0
@@ -59,6 +66,7 @@ class RoleSupervisor:
         self.stop_requested = stop_requested
         self.procs: list[RoleProcess] = []
         self._next_stall_check = 0.0
+        self._redis_steady_since: float | None = None  # reached Redis without a break since
 
     def start(self, ctx: SpawnContext, nodes: Iterable[str]) -> None:
         """Start every role instance placed on one of ``nodes``."""
@@ -77,7 +85,10 @@ class RoleSupervisor:
         reason the run must fail when a role is out of restarts, else None."""
         if now >= self._next_stall_check:
             self._next_stall_check = now + _STALL_CHECK_PERIOD_S
-            try_bookkeeping(self._kill_stalled)
+            try:
+                self._kill_stalled(now)
+            except REDIS_ERRORS:
+                self._redis_steady_since = None  # heartbeats are not news until Redis is back
         for proc in self.procs:
             failure = self._check_process(proc, now)
             if failure:
@@ -128,33 +139,44 @@ class RoleSupervisor:
         self.echo(f"{proc.name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
         return None
 
-    def _kill_stalled(self) -> None:
-        """Kill this node's roles that are alive but stalled (``RoleRecord.stalled_for_s``),
-        their stacks written to their logs first; ``_check_process`` then restarts them."""
+    def _kill_stalled(self, now: float) -> None:
+        """Kill this node's roles that are alive but stalled (``stall_verdict``), their stacks
+        written to their logs first; ``_check_process`` then restarts them."""
         records = {(r.role, r.index): r for r in self.registry.roles()}
+        if self._redis_steady_since is None:
+            self._redis_steady_since = now
+        silence_counts = now - self._redis_steady_since > self.cfg.run.heartbeat_ttl_s
         for proc in self.procs:
             rec = records.get((proc.role, proc.index))
             popen = proc.popen
             if rec is None or popen is None or popen.poll() is not None or rec.pid != popen.pid:
                 continue  # not running, or the record is still an earlier incarnation's
-            # A process whose heartbeat thread cannot beat either (stopped, or hung with the
-            # GIL held) is stuck too, whatever it said it was busy with.
-            silent = (
-                not rec.alive
-                and rec.status in ("starting", "running")
-                and rec.heartbeat_age_s > self.cfg.run.stall_timeout_s
-            )
-            if rec.stalled_for_s <= 0 and not silent:
+            what = stall_verdict(rec, self.cfg.run, silence_counts=silence_counts)
+            if what is None:
                 continue
             where = dump_stacks(popen.pid, proc.log_path, self.stop_requested)
-            what = (
-                f"no heartbeat for {rec.heartbeat_age_s:.0f}s"
-                if silent
-                else f"no step finished for {self.cfg.run.stall_timeout_s + rec.stalled_for_s:.0f}s"
-            )
-            if rec.busy and not silent:
-                what += f" ({rec.busy})"
-            self.echo(f"{proc.name} STALLED: {what} (run.stall_timeout_s); {where}; killing it")
+            self.echo(f"{proc.name} STALLED: {what}; {where}; killing it")
             self.registry.incr("role_stalls")
             popen.kill()
             popen.wait()
+
+
+def stall_verdict(rec: RoleRecord, run: RunConfig, *, silence_counts: bool) -> str | None:
+    """Why the live process behind ``rec`` counts as stalled (None: it does not).
+
+    Frozen: its heartbeat thread has been silent past ``run.heartbeat_ttl_s`` (only when
+    ``silence_counts``: the launcher reached Redis all that time), whatever it said it was
+    busy with. Stalled: its work loop missed the step deadline its heartbeat carries."""
+    beating = rec.status in ("starting", "running")
+    if silence_counts and beating and not rec.alive:
+        if rec.heartbeat_age_s > run.heartbeat_ttl_s:
+            return (
+                f"no heartbeat for {rec.heartbeat_age_s:.0f}s (run.heartbeat_ttl_s "
+                f"{run.heartbeat_ttl_s:g}): the whole process is frozen"
+            )
+    if rec.stalled_for_s <= 0:
+        return None
+    what = f"no step finished for {run.stall_timeout_s + rec.stalled_for_s:.0f}s"
+    if rec.busy:
+        what += f" ({rec.busy})"
+    return f"{what} (run.stall_timeout_s)"
