@@ -21,6 +21,13 @@ Usage::
     python bench/sft_tabletop_probe.py --env-id rlvla3/TableTop-v0 --num-demos 300 \
         --expert-noise 0.3 --d-model 64 --num-layers 2 --num-bins 32 --lr 1e-3 \
         --token-budget 4096 --max-steps 800 --eval-every 200 --eval-episodes 50 --json out.json
+
+Any policy family from a launch YAML (its policy and env sections; ``--set`` overrides), e.g. the
+token VLA of the learning run (write its preset first: ``python -m rlvla3.policy.presets``)::
+
+    python bench/sft_tabletop_probe.py --config launch/sft_token_vla_tabletop.yaml \
+        --num-demos 400 --expert-noise 0.3 --symmetry --lr 2e-3 --max-steps 600 \
+        --eval-every 200 --set policy.token_vla.bins=3
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from harness.provenance import write_result
 from harness.report import benchmark_parser, point_line
 from harness.tabletop_eval import evaluate
 
-from rlvla3.config.run_config import config_from_dict
+from rlvla3.config.run_config import config_from_dict, load_config
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
 from rlvla3.policy.sft_tokens import frame_tokens
@@ -102,6 +109,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="sft.symmetry: each frame under a random rotation/reflection of the table",
     )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a launch YAML whose policy and env sections are probed (any policy.kind, e.g. "
+        "launch/sft_token_vla_tabletop.yaml); the --d-model ... --vla flags then do nothing",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --config: an override as `rlvla3 launch --set` takes it, repeatable",
+    )
     p.add_argument("--seed", type=int, default=0, help="run.seed: model init and batch order")
     p.add_argument("--threads", type=int, default=1, help="torch threads (roles use 1)")
     return p.parse_args(argv)
@@ -138,8 +158,20 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.env_kwarg)}
 
 
+def config_policy(args: argparse.Namespace) -> torch.nn.Module:
+    """``--config``'s policy as the launcher builds it; its env id and kwargs become the
+    probe's (so demos and evaluation use the task the YAML trains on)."""
+    cfg = load_config(args.config, [*args.set, f"run.seed={args.seed}"])
+    args.env_id = cfg.env.id
+    args.env_kwarg = [f"{k}={json.dumps(v)}" for k, v in cfg.env.kwargs.items()]
+    torch.manual_seed(args.seed)
+    return build_policy(cfg)
+
+
 def build(args: argparse.Namespace) -> torch.nn.Module:
     """The policy exactly as the launcher builds it (``build_policy`` from a Config)."""
+    if args.config:
+        return config_policy(args)
     vla: dict[str, Any] = {
         "d_model": args.d_model,
         "num_layers": args.num_layers,
@@ -194,8 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.num_demos, args.max_steps, args.eval_every, args.eval_episodes = 5, 3, 0, 2
         args.demo_dir = f"{args.demo_dir}_smoke"
     torch.set_num_threads(args.threads)
-    root = demo_root(args)
     policy = build(args).train()
+    root = demo_root(args)
     counting = frame_tokens(policy)
     data = DemoSet(
         root, fixed_tokens=counting.fixed_tokens, variable_tokens=counting.variable_tokens
@@ -204,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data.obs["proprio"][:, 2:] = 0.0
     n_params = sum(p.numel() for p in policy.parameters())
     print(
-        f"{len(data)} frames / {data.num_episodes} episodes; {n_params} params; {policy.config}",
+        f"{len(data)} frames / {data.num_episodes} episodes; {n_params} params; "
+        f"{args.config or policy.config}",
         flush=True,
     )
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)

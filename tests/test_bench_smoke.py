@@ -83,3 +83,24 @@ def test_the_gpu_only_benchmark_says_so_in_smoke_mode() -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_sft_probe_takes_any_policy_family_from_a_launch_yaml(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from rlvla3.policy.presets import write_vlm
+
+    model = write_vlm(tmp_path / "model", "llava", "test")
+    out = tmp_path / "result.json"
+    args = ["--config", "launch/sft_token_vla_tabletop.yaml", "--demo-dir", str(tmp_path)]
+    args += ["--set", f"policy.token_vla.path={model}", "--set", "policy.token_vla.bins=3"]
+    done = subprocess.run(
+        [sys.executable, "bench/sft_tabletop_probe.py", *args, "--smoke", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads(out.read_text())["results"]
+    assert result["args"]["env_id"] == "rlvla3/TableTopEasy-v0"  # the YAML's task, not the flag's
+    assert "token_vla" in done.stdout and result["curve"][-1]["step"] == 3

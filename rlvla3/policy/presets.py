@@ -5,7 +5,8 @@ like any other model.
 
 Two families: LLaVA (a CLIP vision tower and a Llama text model joined by a projector) and
 Idefics3 / SmolVLM (a SigLIP-like vision tower, pixel shuffle, a Llama text model). The
-tokenizer is byte-level BPE with no merges (any text encodes), its special tokens first; the
+tokenizer is byte-level BPE with merges learned from the table-top task's prompts (any text
+encodes), its special tokens first; the
 text model's vocabulary is larger than the tokenizer's, so the highest ids, the action tokens,
 are rare tokens no text produces, as in OpenVLA's Llama.
 
@@ -31,7 +32,10 @@ IMAGE_SIZE = 32
 PATCH_SIZE = 8
 """Vision patch side: (32 / 8)^2 = 16 patches per image."""
 VOCAB_SIZE = 600
-"""The text model's vocabulary (the tokenizer has 263 ids; the rest are rare tokens)."""
+"""The text model's vocabulary (the tokenizer has at most 263 + ``MERGES`` ids; the rest are
+rare tokens)."""
+MERGES = 80
+"""Most BPE merges the presets' tokenizer learns (``byte_tokenizer``)."""
 _SPECIALS = [
     "<pad>",
     "<s>",
@@ -67,16 +71,35 @@ SIZES: dict[str, ModelSize] = {
 """Size preset name -> tower sizes."""
 
 
+def _merge_corpus() -> list[str]:
+    """Text the tokenizer's merges are learned from: the table-top task's instructions and
+    prompts' state text, so a prompt is a few tokens per word or number, as a pretrained
+    model's tokenizer makes it (a merge-less byte tokenizer spends one token per character,
+    which more than doubles the sequence and the compute of every step)."""
+    colours = ("red", "green", "blue")
+    texts = [f"push the {a} block to the {b} target" for a in colours for b in colours]
+    for start in range(7):
+        values = " ".join(f"{v / 100:.2f}" for v in range(start - 100, 100, 7))
+        texts.append(f" State: {values}")
+    return texts
+
+
 def byte_tokenizer():
-    """A byte-level BPE tokenizer without merges, ``<image>`` its image token."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    """A byte-level BPE tokenizer (any text encodes) with ``MERGES`` merges learned from
+    ``_merge_corpus``, its special tokens first, ``<image>`` its image token."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(_SPECIALS)}
-    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[char] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(_SPECIALS) + len(alphabet) + MERGES,
+        initial_alphabet=alphabet,
+        special_tokens=_SPECIALS,
+        show_progress=False,
+    )
+    tok.train_from_iterator(_merge_corpus(), trainer)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in _SPECIALS])
     return PreTrainedTokenizerFast(
