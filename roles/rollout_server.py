@@ -11,7 +11,9 @@ Weights arrive from the broadcaster on a background thread into a standby copy o
 (double buffering); the serving loop swaps it in between batches, so serving never stops for a
 sync and never sees half-written weights. Each copy's parameters are views of its own flat
 buffer (``FlatLayout.bind``), so the broadcast lands directly in the standby model: no second
-copy competes with serving for CPU or memory bandwidth during a sync. With ``policy.lora`` the
+copy competes with serving for CPU or memory bandwidth during a sync. A bfloat16 model cannot be
+a view of float32 values: it receives into its own float32 buffer and takes a copy once the
+version passed its checks (``WeightTarget``). With ``policy.lora`` the
 buffer holds the adapters and heads only; each copy's frozen base is loaded by ``build_policy``.
 A received copy is swapped in only when its signature under the run's weights key matches, its
 version is newer than the one served and was produced by a trainer, and its values are finite
@@ -49,7 +51,7 @@ from transport.messages import ActionReply, ObsBatchRequest, ObsRequest
 from transport.socket_limits import request_limits
 from transport.sockets import RouterSocket
 from transport.weight_auth import VersionGate, new_link_id
-from transport.weights import FlatLayout, LinkHeader, WeightLink
+from transport.weights import FlatLayout, LinkHeader, WeightLink, WeightTarget
 
 _RECEIVER_TIMEOUT_S = 24 * 3600.0  # a link waits as long as the trainer takes between versions
 _STORE_TIMEOUT_S = 60.0  # reaching the broadcaster's store, and each rendezvous step through it
@@ -84,8 +86,8 @@ class RolloutServer(Role[RolloutServerSettings]):
         self.active = build_policy(self.cfg, spaces).to(self.device).eval()
         self.standby = build_policy(self.cfg, spaces).to(self.device).eval()
         self.layout = FlatLayout.of(self.active)
-        self.active_flat = self.layout.bind(self.active)
-        self.standby_flat = self.layout.bind(self.standby)
+        self.active_target = WeightTarget.of(self.layout, self.active)
+        self.standby_target = WeightTarget.of(self.layout, self.standby)
         self.version = -1
         self.pending_version: int | None = None
         self.swap_lock = threading.Lock()
@@ -182,15 +184,18 @@ class RolloutServer(Role[RolloutServerSettings]):
         """
         with self.swap_lock:
             self.pending_version = None
-            link.recv_body(self.standby_flat, header.version, header.numel)
+            link.recv_body(self.standby_target.flat, header.version, header.numel)
             started = time.perf_counter()
             trained = self.registry.trained_version()
-            problem = self.gate.problem(header.version, self.standby_flat, header.tag, trained)
+            problem = self.gate.problem(
+                header.version, self.standby_target.flat, header.tag, trained
+            )
             self.gauge("weights_check_ms", (time.perf_counter() - started) * 1000)
             if problem is not None:
                 self.drop("weights_rejected", f"weights v{header.version} refused: {problem}")
                 return False
             self.gate.accept(header.version, header.tag)
+            self.standby_target.commit()  # a bfloat16 model takes the float32 values here
             self.pending_version = header.version
         return True
 
@@ -201,7 +206,7 @@ class RolloutServer(Role[RolloutServerSettings]):
             if self.pending_version is None:  # a receive failed in between: nothing complete
                 return
             self.active, self.standby = self.standby, self.active
-            self.active_flat, self.standby_flat = self.standby_flat, self.active_flat
+            self.active_target, self.standby_target = self.standby_target, self.active_target
             self.version, self.pending_version = self.pending_version, None
         finally:
             self.swap_lock.release()

@@ -29,7 +29,7 @@ from rlvla3.policy.vla_prompt import decode_instruction  # noqa: E402
 from sim.tokenizer import encode_instruction  # noqa: E402
 from tests.tiny_vlms import IMAGE_SIZE, write_tiny_vlm  # noqa: E402
 from transport.messages import TrajectoryChunk  # noqa: E402
-from transport.weights import FlatLayout  # noqa: E402
+from transport.weights import FlatLayout, WeightTarget  # noqa: E402
 
 FAMILIES = ["llava", "idefics3"]
 INSTRUCTIONS = ["push the red block to the blue target", "go", "push the green block left", "é"]
@@ -67,7 +67,9 @@ def model_dir(request, tmp_path_factory) -> Path:
 
 
 def make_policy(path: Path, space_changes: dict | None = None, **fields) -> TokenVLAPolicy:
-    config = TokenVLAConfig(path=str(path), dtype="float32", bins=16, value_hidden=16, **fields)
+    config = TokenVLAConfig(
+        **{"path": str(path), "dtype": "float32", "bins": 16, "value_hidden": 16, **fields}
+    )
     env = tabletop_spaces()
     if space_changes:
         env = EnvSpaces(**{"observation": env.observation, "action": env.action, **space_changes})
@@ -328,16 +330,31 @@ def test_lora_on_a_token_vla_trains_adapters_and_value_head_only(model_dir) -> N
     assert set(FlatLayout.of(policy).names) == set(trained)
 
 
-def test_bfloat16_with_rollout_servers_needs_lora(model_dir) -> None:
+def test_a_bfloat16_model_takes_float32_versions_exactly(model_dir) -> None:
+    """A full bfloat16 token VLA (no LoRA) on the weight path: the trainer's float32 buffer
+    holds its values exactly, and a receiver's bfloat16 copy, which cannot be a view of it,
+    takes them on commit: the same tensors, bit for bit, and the same greedy actions."""
     keys = [
-        "policy.kind=token_vla",
-        f"policy.token_vla.path={model_dir}",
         "roles.rollout_server.count=1",
-        "roles.weight_broadcaster.count=1",
         "roles.trainer.count=1",
+        "roles.weight_broadcaster.count=1",
     ]
-    bf16 = [*keys, "policy.token_vla.dtype=bfloat16"]
-    with pytest.raises(ConfigError, match=r"policy.token_vla.dtype: bfloat16 .* needs policy.lora"):
-        load_config(None, bf16)
-    assert load_config(None, [*bf16, "policy.lora.rank=4"]).policy.token_vla.dtype == "bfloat16"
-    assert load_config(None, keys).policy.token_vla.dtype == "float32"
+    cfg = load_config(None, [*keys, "policy.kind=token_vla", f"policy.token_vla.path={model_dir}"])
+    assert cfg.policy.lora.rank == 0  # no longer refused: the weight path carries bfloat16
+    trainer = make_policy(model_dir, dtype="bfloat16")
+    server = make_policy(model_dir, dtype="bfloat16")
+    with torch.no_grad():  # a trained version: every weight moved
+        for p in trainer.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    layout = FlatLayout.of(trainer)
+    target = WeightTarget.of(layout, server)
+    assert not target.bound and target.flat.dtype == torch.float32
+    target.flat.copy_(layout.flatten(trainer))  # what a receive writes
+    target.commit()
+    theirs, ours = trainer.state_dict(), server.state_dict()
+    for name in layout.names:
+        assert ours[name].dtype == theirs[name].dtype
+        assert torch.equal(ours[name], theirs[name]), name
+    obs = observations(6)
+    mine = server.eval().act(obs, deterministic=True).action
+    assert torch.equal(mine, trainer.eval().act(obs, deterministic=True).action)

@@ -229,14 +229,14 @@ def test_the_server_link_id_is_random(server) -> None:
 def test_the_server_refuses_hostile_versions_on_its_link_and_serves_on(server) -> None:
     role, registry, fake = server
     assert role.version == 0
-    served = role.active_flat.clone()
+    served = role.active_target.flat.clone()
     numel = role.layout.numel
 
     def offer(version: int, flat: torch.Tensor, tag: bytes, rejected: int) -> None:
         assert fake.publish(version, flat, tag=tag) == []
         wait_until(lambda: role.stats().get("weights_rejected", 0) == rejected, 10, "refusal")
         role._maybe_swap()
-        assert role.version == 0 and torch.equal(role.active_flat, served)
+        assert role.version == 0 and torch.equal(role.active_target.flat, served)
         _serves_with(role, 0)
 
     registry.set_trained_version(1)
@@ -253,7 +253,7 @@ def test_the_server_refuses_hostile_versions_on_its_link_and_serves_on(server) -
     assert fake.publish(1, good, tag=weights_tag(KEY, 1, good)) == []
     wait_until(lambda: role.pending_version == 1, 10, "v1 received")
     role._maybe_swap()
-    assert role.version == 1 and torch.equal(role.active_flat, good)
+    assert role.version == 1 and torch.equal(role.active_target.flat, good)
     assert role.stats()["weights_rejected"] == 5
     _serves_with(role, 1)
 

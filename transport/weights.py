@@ -144,6 +144,39 @@ class FlatLayout:
                 offset += t.numel()
 
 
+@dataclass(slots=True)
+class WeightTarget:
+    """Where a receiver's module takes a flat weight buffer: the module's own tensors when
+    they are float32 (``FlatLayout.bind``: a receive lands in them, no copy), else a float32
+    buffer that ``commit`` copies into them (a bfloat16 model: float32 holds every bfloat16
+    value exactly, so the copy back loses nothing).
+
+    Attributes:
+        layout: the flat layout.
+        module: the receiving module.
+        flat: the float32 buffer a receive writes.
+        bound: whether ``flat`` is the module's own storage (``commit`` then does nothing).
+    """
+
+    layout: FlatLayout
+    module: nn.Module
+    flat: torch.Tensor
+    bound: bool
+
+    @staticmethod
+    def of(layout: FlatLayout, module: nn.Module) -> WeightTarget:
+        """Bind a float32 module; give any other a buffer of its current values."""
+        state = module.state_dict()
+        if all(state[name].dtype == torch.float32 for name in layout.names):
+            return WeightTarget(layout, module, layout.bind(module), bound=True)
+        return WeightTarget(layout, module, layout.flatten(module), bound=False)
+
+    def commit(self) -> None:
+        """Make the module hold the buffer's values (a no-op when bound)."""
+        if not self.bound:
+            self.layout.load(self.module, self.flat)
+
+
 def trained_state_names(module: nn.Module) -> list[str] | None:
     """The state-dict keys training changes, when the module says it trains only part of its
     state (``ActorCritic.trained_state_names``: a policy with LoRA, its adapters and heads);

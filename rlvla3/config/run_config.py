@@ -172,11 +172,6 @@ def _validate_token_vla(cfg: Config) -> None:
         raise ConfigError(
             "policy.token_vla.path: policy.kind: token_vla needs the model's directory"
         )
-    if tv.dtype == "bfloat16" and cfg.policy.lora.rank == 0 and cfg.num_processes("rollout_server"):
-        raise ConfigError(
-            "policy.token_vla.dtype: bfloat16 with rollout servers needs policy.lora (the weight "
-            "path carries float32 tensors; with LoRA only the float32 adapters and heads travel)"
-        )
 
 
 def _validate_action_steps(cfg: Config) -> None:

@@ -58,7 +58,7 @@ class TokenVLAConfig:
     observation: ObservationMapping = field(default_factory=ObservationMapping)
     """Which observation keys feed the image, the instruction and the state."""
     dtype: ModelDType = "float32"
-    """The model's weights: ``float32`` or ``bfloat16``. A run with rollout servers takes ``bfloat16`` only with ``policy.lora`` on: the weight path carries float32 tensors, and with LoRA only the float32 adapters and heads travel. The value head is float32 always."""
+    """The model's weights: ``float32`` or ``bfloat16``. The weight path carries float32 values (exact for bfloat16 ones; a rollout server copies them into its bfloat16 model once a version passed its checks), so a full bfloat16 model's versions travel at twice its size; with ``policy.lora`` only the float32 adapters and heads travel. The value head is float32 always."""
     gradient_checkpointing: bool = False
     """Recompute the model's activations in the backward pass (less memory, more time)."""
     value_hidden: int = bounded(256, ge=0)
