@@ -30,6 +30,7 @@ from roles.env.episode_queue import EpisodeQueue
 from roles.env.pacing import Pacing
 from roles.env.peers import Peers
 from roles.env.policy_client import PolicyClient
+from roles.env.resend_buffer import AckFollower, ResendBuffer
 from roles.env.runner_thread import Runner, RunnerParts, RunnerThread, make_env_group
 from roles.env.sim_meter import SimMeter
 from roles.env.vector_runner import VectorRunner
@@ -53,6 +54,7 @@ class EnvWorker(Role[EnvWorkerSettings]):
         self.trains = self.serves_training and self.cfg.num_processes("trainer") > 0
         trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
         self.peers = Peers(servers, trainers)
+        self.acks = AckFollower(self.registry, on_trainer_restart=self._find_trainers)
         self.step_rate = RateMeter()
         grpo = self.trains and self.cfg.algo.kind == "grpo"
         self.group_rounds = (
@@ -86,17 +88,21 @@ class EnvWorker(Role[EnvWorkerSettings]):
             self.pacing.see_version(self.registry.weight_version())
         if self.trains:
             self._watch_trainer_backlog(limit=not sync and self.settings.max_chunks_queued > 0)
+            self.acks.poll()
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
             peers = self.peers
             peers.servers = self.registry.endpoints(self.server_role, "requests") or peers.servers
             if self.trains:
-                peers.trainers = self.registry.endpoints("trainer", "chunks") or peers.trainers
+                self._find_trainers()
             self.next_scan = time.monotonic() + _PEER_SCAN_PERIOD_S
         self.gauge("steps_per_s", self.step_rate.rate())
         self.episodes.write(self.registry)
         for runner in self.runners:
             if runner.error is not None:
                 raise RuntimeError(f"env {runner.env_index} failed") from runner.error
+
+    def _find_trainers(self) -> None:
+        self.peers.trainers = self.registry.endpoints("trainer", "chunks") or self.peers.trainers
 
     def runner(self, env_indices: list[int]) -> Runner:
         """The loop that runs the envs ``env_indices`` (one group): a vector env's group keeps
@@ -114,7 +120,11 @@ class EnvWorker(Role[EnvWorkerSettings]):
 
     def chunk_stream(self, env_index: int) -> ChunkStream:
         """Env ``env_index``'s chunks, numbered from 0 in this process start."""
-        return ChunkStream(env_index, f"{self.index}/{env_index}#{self.incarnation}")
+        return ChunkStream(env_index, self.producer(env_index))
+
+    def producer(self, env_index: int) -> str:
+        """The chunk ledger's name for env ``env_index`` in this process start."""
+        return f"{self.index}/{env_index}#{self.incarnation}"
 
     def runner_parts(self, env_indices: list[int]) -> RunnerParts:
         """The simulators, sockets and meter of the group of envs ``env_indices``."""
@@ -133,11 +143,15 @@ class EnvWorker(Role[EnvWorkerSettings]):
             stop_event=self.stop_event,
             log=self.log,
         )
+        resend = ResendBuffer(self.settings.resend_buffer_chunks * len(env_indices))
+        if self.trains:
+            self.acks.follow(resend, [self.producer(i) for i in env_indices])
         sink = ChunkSink(
             worker_index=self.index,
             trains=self.trains,
             peers=self.peers,
             queue_hwm=self.settings.chunk_queue_hwm,
+            resend=resend,
             counters=self,
             stop_event=self.stop_event,
         )

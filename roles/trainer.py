@@ -73,7 +73,8 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
         self._resume()
         self.version = self.catch_up_weights(self.policy, self.version)
-        self.accounting = ChunkAccounting(self, flush_counters=self._flush_counters)
+        resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
+        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent)
         self.accounting.write_off_dead_buffer()
         self.chunks = self.own(
             sockets.pull(
@@ -83,7 +84,7 @@ class Trainer(TrainingRole[TrainerSettings]):
             )
         )
         self.bind("chunks", self.chunks)
-        self.accounting.write_off_lost_chunks()
+        self.accounting.start_taking_chunks()
         self.publisher = self.start_weight_publisher(self.policy, self.version)
         # sync and async_rollout train per round: on the current version's chunks only
         self.on_policy_only = self.cfg.run.mode != "async"

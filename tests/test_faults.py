@@ -44,7 +44,8 @@ from transport.messages import (
 )
 from transport.socket_limits import MAX_DATA_FRAMES
 from transport.weight_auth import weights_tag
-from transport.weights import Broadcaster, FlatLayout, start_store
+from transport.weight_fanout import Broadcaster
+from transport.weights import FlatLayout, start_store
 
 pytestmark = pytest.mark.slow
 
@@ -338,6 +339,7 @@ def test_the_main_job_survives(tmp_path, name: str) -> None:
     chunks = summary["chunk_accounting"]
     assert summary["solved"], summary["stop_reason"]
     assert chunks["balanced"], chunks
+    assert chunks["lost"] == 0, chunks  # at-least-once delivery: even a killed trainer's
     _report(
         fault=name,
         did=next(line for line in said.splitlines() if fault.said in line).strip(),

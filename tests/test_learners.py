@@ -16,7 +16,7 @@ from rlvla3.algo.learners import GrpoLearner, PpoLearner, build_learner
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.mlp import MLPPolicy
 from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
-from rlvla3.runtime.chunk_ledger import buffered_field, received_field
+from rlvla3.runtime.chunk_ledger import buffered_field, received_field, settled_field
 from tests.test_grpo import chunk
 from transport.messages import TrajectoryChunk
 
@@ -125,27 +125,31 @@ def _accounting(role: FakeTrainer) -> ChunkAccounting:
     return ChunkAccounting(role, flush_counters=role.flush)  # type: ignore[arg-type]
 
 
+def numbered(chunk_id: int, producer: str = "0/0#x", versions: list[int] | None = None):
+    return msgspec.structs.replace(ungrouped(versions or [1], producer), chunk_id=chunk_id)
+
+
 def test_each_fate_of_a_chunk_is_counted() -> None:
     role = FakeTrainer()
     accounting = _accounting(role)
     buffered = buffered_field("trainer/0")
     assert accounting.receive(b"not a chunk") is None and role.counters["bad_frames"] == 1
-    received = accounting.receive(ungrouped([1, 1]))
-    assert received is not None and role.counters["chunks_received"] == 1
-    accounting.refuse(received, "obs: not finite")
+    chunks = [accounting.receive(numbered(i, versions=[1, 1])) for i in range(4)]
+    assert all(c is not None for c in chunks) and role.counters["chunks_received"] == 4
+    assert role.ledger[buffered] == 4  # received and not settled
+    first, second, third, fourth = chunks
+    accounting.refuse(first, "obs: not finite")
     assert role.counters["bad_chunks"] == 1 and role.counters["samples_dropped"] == 2
-    accounting.record(received)
-    assert role.highs == {received_field("0/0#x", "trainer/0"): 0}
-    accounting.drop_received(received, "too stale")
+    accounting.record(second)
+    assert role.highs[received_field("0/0#x", "trainer/0")] == 1
+    accounting.drop_received(second, "too stale")
     assert role.counters["chunks_dropped"] == 2 and role.counters["samples_dropped"] == 4
-    for _ in range(3):
-        accounting.hold()
-    accounting.drop_held([received, received], "incomplete group")
-    assert role.counters["chunks_dropped"] == 4 and role.ledger[buffered] == 1
-    accounting.trained([received], samples=1, left_out=1, lags=np.array([0, 1, 3, 7]))
-    assert role.ledger[buffered] == 0
+    accounting.drop_held([third], "incomplete group")
+    assert role.counters["chunks_dropped"] == 3 and role.ledger[buffered] == 1
+    accounting.trained([fourth], samples=1, left_out=1, lags=np.array([0, 1, 3, 7]))
+    assert role.ledger[buffered] == 0 and role.highs[settled_field("0/0#x")] == 4
     assert role.counters["chunks_consumed"] == 1 and role.counters["samples_consumed"] == 1
-    assert role.counters["samples_dropped"] == 9
+    assert role.counters["samples_dropped"] == 7
     staleness = {k: v for k, v in role.counters.items() if k.startswith("trained_staleness")}
     assert staleness == {
         "trained_staleness_0": 1,
@@ -154,29 +158,66 @@ def test_each_fate_of_a_chunk_is_counted() -> None:
     }
 
 
-def test_what_no_trainer_will_see_is_written_off() -> None:
+def test_a_chunk_settled_ahead_is_counted_once_the_mark_passes_it() -> None:
+    role = FakeTrainer()
+    accounting = _accounting(role)
+    early, late = (accounting.receive(numbered(i)) for i in range(2))
+    assert early is not None and late is not None
+    accounting.drop_received(late, "too stale")  # chunk 0 still held: 1 waits for it
+    assert role.counters["chunks_dropped"] == 0 and settled_field("0/0#x") not in role.highs
+    assert role.ledger[buffered_field("trainer/0")] == 2  # a successor gets both resent
+    accounting.trained([early], samples=1, left_out=0, lags=np.array([0]))
+    assert role.counters["chunks_dropped"] == 1 and role.counters["chunks_consumed"] == 1
+    assert role.highs[settled_field("0/0#x")] == 2 and role.ledger[buffered_field("trainer/0")] == 0
+
+
+def test_a_resent_chunk_already_received_or_settled_is_a_duplicate_once_each() -> None:
+    role = FakeTrainer(ledger={settled_field("0/0#x"): 3})  # a predecessor settled 0, 1, 2
+    accounting = _accounting(role)
+    for chunk_id in (1, 2):
+        assert accounting.receive(numbered(chunk_id)) is None
+    held = accounting.receive(numbered(3))
+    assert held is not None
+    assert accounting.receive(numbered(3)) is None  # resent while held here
+    assert accounting.receive(numbered(0, producer="1/0#y")) is not None  # another producer
+    assert role.counters["chunks_duplicate"] == 3 and role.counters["chunks_received"] == 2
+    accounting.trained([held], samples=1, left_out=0, lags=np.array([0]))
+    assert accounting.receive(numbered(3)) is None and role.counters["chunks_duplicate"] == 4
+
+
+def test_a_killed_trainers_buffer_goes_back_to_its_producers() -> None:
     role = FakeTrainer(ledger={buffered_field("trainer/0"): 5}, backlog=7)
     accounting = _accounting(role)
     accounting.write_off_dead_buffer()
-    assert role.counters["chunks_lost_in_trainer"] == 5
+    assert role.counters["chunks_returned"] == 5 and "chunks_lost_in_trainer" not in role.counters
     assert role.ledger[buffered_field("trainer/0")] == -5
     accounting.write_off_lost_chunks()
     assert role.counters["chunks_written_off"] == 7 and role.flushes == 2
 
 
+def test_without_resend_buffers_a_killed_trainers_buffer_is_lost() -> None:
+    role = FakeTrainer(ledger={buffered_field("trainer/0"): 5})
+    ChunkAccounting(role, role.flush, resent=False).write_off_dead_buffer()  # type: ignore[arg-type]
+    assert role.counters["chunks_lost_in_trainer"] == 5 and "chunks_returned" not in role.counters
+
+
 def test_draining_counts_queued_and_held_chunks_in_flight() -> None:
     role = FakeTrainer()
-    queue = collections.deque([ungrouped([1]), "junk", ungrouped([1], producer=""), None])
+    accounting = _accounting(role)
+    for i in range(4):
+        assert accounting.receive(numbered(i)) is not None  # held by the learner
+    queue = collections.deque([numbered(4), "junk", numbered(2), ungrouped([1], ""), None])
 
     class Queue:
         def recv(self, timeout_s: float) -> object:
             return queue.popleft()
 
-    _accounting(role).drain(Queue(), held=4)  # type: ignore[arg-type]
-    assert role.counters["chunks_received"] == 2
+    accounting.drain(Queue(), held=4)  # type: ignore[arg-type]
+    assert role.counters["chunks_received"] == 6 and role.counters["chunks_duplicate"] == 1
     assert role.counters["chunks_in_flight_at_exit"] == 6
-    assert list(role.highs) == [received_field("0/0#x", "trainer/0")]  # not the producerless
-    assert role.ledger[buffered_field("trainer/0")] == -4
+    assert received_field("0/0#x", "trainer/0") in role.highs  # not the producerless
+    assert role.highs[settled_field("0/0#x")] == 5  # settled: not resent to a successor
+    assert role.ledger[buffered_field("trainer/0")] == 0
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from roles.env.episode_queue import EpisodeQueue, FinishedEpisode
 from roles.env.pacing import Pacing
 from roles.env.peers import Peers
 from roles.env.policy_client import PolicyClient
+from roles.env.resend_buffer import ResendBuffer
 from roles.env.runner_thread import RunnerParts, make_env_group
 from roles.env.sim_meter import SimMeter
 from roles.env.vector_runner import VectorRunner
@@ -90,6 +91,7 @@ class _Sink(ChunkSink):
             trains=True,
             peers=Peers([], []),
             queue_hwm=1,
+            resend=ResendBuffer(0),
             counters=host,
             stop_event=host.stop_event,
         )

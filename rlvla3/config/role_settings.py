@@ -26,6 +26,8 @@ class EnvWorkerSettings:
     """Chunks one env may queue towards the trainer before its push blocks."""
     max_chunks_queued: int = bounded(0, ge=0)
     """Back-pressure (async modes): envs pause while more chunks than this wait for a trainer (0: off)."""
+    resend_buffer_chunks: int = bounded(256, ge=0)
+    """Chunks each env keeps after pushing them until a trainer has trained on them or dropped them, to push them again to a restarted trainer (at-least-once delivery, docs/reliability.md); beyond this the oldest are let go (``chunks_resend_overflow``). 0: none kept, a killed trainer's chunks are lost."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

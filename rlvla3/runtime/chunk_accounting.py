@@ -4,8 +4,10 @@ balance these figures make).
 
 The trainer reports what happens to each chunk; this component turns that into counters and
 chunk ledger entries (the highest sequence number received per producer, the chunks held in
-the trainer's buffer), and writes off what no trainer will ever see: a killed predecessor's
-buffer, and chunks counted as pushed that never arrived.
+the trainer's buffer, the settled mark that acknowledges chunks to their producers:
+``rlvla3/runtime/chunk_acks.py``), drops resent chunks it already has as duplicates, hands a
+killed predecessor's buffer back to the producers that resend it, and writes off chunks counted
+as pushed that never arrived.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rlvla3.runtime.chunk_ledger import buffered_field, received_field
+from rlvla3.runtime.chunk_acks import SettledMarks, count_trainer_start
+from rlvla3.runtime.chunk_ledger import buffered_field, received_field, settled_field
+from rlvla3.runtime.counter_batch import DropReports
+from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.role import Role
 from transport.messages import TrajectoryChunk
 from transport.sockets import MessageSocket
@@ -69,26 +74,44 @@ class ChunkAccounting:
         role: the trainer; its counters and ledger entries carry the accounting.
         flush_counters: sends the role's pending counters to Redis now (a write-off reads the
             backlog there, which must not lag behind this trainer's own counts).
+        resent: env workers keep resend buffers (``resend_buffer_chunks`` > 0), so a killed
+            trainer's buffer is delivered again rather than lost.
     """
 
-    def __init__(self, role: Role, flush_counters: Callable[[], None]) -> None:
+    def __init__(
+        self, role: Role, flush_counters: Callable[[], None], *, resent: bool = True
+    ) -> None:
         self.role = role
         self.me = f"{role.name}/{role.index}"
         self._flush_counters = flush_counters
         self._last_arrival = time.monotonic()
+        self.resent = resent
+        self.marks: SettledMarks[str] = SettledMarks.from_ledger(role.registry.chunk_ledger())
+        self._drop_reports = DropReports()
 
     # --- at start ------------------------------------------------------------------------------
     def write_off_dead_buffer(self) -> None:
-        """Chunks an earlier process of this trainer held in its buffer when it was killed are
-        lost: say so in the accounting (``chunks_lost_in_trainer``)."""
+        """Chunks an earlier process of this trainer held in its buffer when it was killed go
+        back to their producers, which resend them (``chunks_returned``: they count as received
+        again when they arrive); without resend buffers they are lost
+        (``chunks_lost_in_trainer``)."""
         held = self.role.registry.chunk_ledger().get(buffered_field(self.me), 0)
         if held > 0:
-            self.role.count("chunks_lost_in_trainer", held)
+            fate = "chunks_returned" if self.resent else "chunks_lost_in_trainer"
+            self.role.count(fate, held)
             self.role.ledger_add(buffered_field(self.me), -held)
             self._flush_counters()
             self.role.log.warning(
-                "%d chunks died in the buffer of the trainer before this one", held
+                "%d chunks were in the buffer of the trainer before this one: %s",
+                held,
+                "their producers resend them" if self.resent else "lost",
             )
+
+    def start_taking_chunks(self) -> None:
+        """The chunk socket is bound and published: write off what a killed predecessor's queue
+        held, then tell the env workers to resend what no trainer settled."""
+        self.write_off_lost_chunks()
+        count_trainer_start(self.role.registry)
 
     def write_off_lost_chunks(self) -> None:
         """Chunks counted as pushed that no trainer will ever receive stop counting as queued,
@@ -109,7 +132,8 @@ class ChunkAccounting:
     # --- receiving -----------------------------------------------------------------------------
     def receive(self, message: object | None) -> TrajectoryChunk | None:
         """Count what the chunk queue gave (None: nothing within the wait); returns it if it is
-        a chunk. After a second of nothing, what still counts as queued is written off."""
+        a chunk received for the first time. After a second of nothing, what still counts as
+        queued is written off."""
         now = time.monotonic()
         if message is None:
             if now - self._last_arrival >= _WRITE_OFF_AFTER_S:
@@ -120,18 +144,62 @@ class ChunkAccounting:
         if not isinstance(message, TrajectoryChunk):
             self.role.drop("bad_frames", f"dropped a {type(message).__name__} on the chunk queue")
             return None
+        if self._duplicate(message):
+            return None
         self.role.count("chunks_received")  # env workers' back-pressure reads this
         return message
 
+    def _duplicate(self, chunk: TrajectoryChunk) -> bool:
+        """Whether ``chunk`` was received before (then counted as a duplicate). A chunk that was
+        not is in this trainer's buffer (the ledger's count) until it is settled."""
+        if producer_problem(chunk) is not None:
+            return False  # refused by the checks, never in the marks
+        if self.marks.is_duplicate(chunk.producer, chunk.chunk_id):
+            self.role.count("chunks_duplicate")
+            return True
+        self.marks.receive(chunk.producer, chunk.chunk_id)
+        self.role.ledger_add(buffered_field(self.me), 1)
+        return False
+
+    def _settle(self, chunks: Sequence[TrajectoryChunk], fate: str) -> None:
+        """Chunks trained on or dropped (``fate``: the counter that says which)."""
+        for chunk in chunks:
+            self._settle_number(chunk.producer, chunk.chunk_id, fate)
+
+    def _settle_number(self, producer: str, chunk_id: int, fate: str) -> None:
+        """Settle one chunk: once its producer's mark passes it, its fate is counted and it
+        leaves the buffer, in the same flush as the raised mark that acknowledges it."""
+        below, released = self.marks.settle(producer, chunk_id, fate)
+        self._count_fates(released)
+        if below is not None:
+            self.role.ledger_high(settled_field(producer), below)
+
+    def _count_fates(self, fates: Sequence[str]) -> None:
+        for fate in fates:
+            self.role.count(fate)
+        if fates:
+            self.role.ledger_add(buffered_field(self.me), -len(fates))
+
+    def _report(self, reason: str) -> None:
+        """Log why chunks were dropped (at most every 10 s; they are counted as they settle)."""
+        suppressed = self._drop_reports.due("chunks_dropped")
+        if suppressed is not None:
+            more = f" ({suppressed} more dropped since the last report)" if suppressed else ""
+            self.role.log.warning("%s%s", loggable(reason), more)
+
     def refuse(self, chunk: TrajectoryChunk, problem: str) -> None:
         """A received chunk failed the checks: dropped, and counted as such, so the chunk
-        accounting adds up (not in the ledger: its producer and number are not trusted)."""
-        self.role.drop(
-            "chunks_dropped",
-            f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}",
+        accounting adds up. A chunk whose producer or number cannot go into the ledger is not
+        in it (counted in ``bad_chunks`` as produced); any other is settled, not resent."""
+        self._report(
+            f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}"
         )
         self.role.count("bad_chunks")
         self.role.count("samples_dropped", int(np.size(chunk.rewards)))
+        if producer_problem(chunk) is None:
+            self._settle([chunk], "chunks_dropped")
+        else:
+            self.role.count("chunks_dropped")
 
     def record(self, chunk: TrajectoryChunk) -> None:
         """Note a checked chunk's sequence number in the ledger (received from its producer)."""
@@ -139,21 +207,20 @@ class ChunkAccounting:
 
     def drop_received(self, chunk: TrajectoryChunk, reason: str) -> None:
         """A recorded chunk is not held (too stale): dropped, with its samples."""
-        self.role.drop("chunks_dropped", reason)
+        self._report(reason)
         self.role.count("samples_dropped", len(chunk.rewards))
+        self._settle([chunk], "chunks_dropped")
 
     def hold(self) -> None:
-        """A recorded chunk goes to the learner: one more in this trainer's buffer."""
-        self.role.ledger_add(buffered_field(self.me), 1)
+        """A recorded chunk goes to the learner (it stays in the buffer's count, which every
+        chunk received joins, until it is settled)."""
 
     # --- settling held chunks ------------------------------------------------------------------
     def drop_held(self, chunks: Sequence[TrajectoryChunk], reason: str) -> None:
         """Drop chunks the trainer holds (buffered, or waiting for their group), counted."""
-        self.role.drop("chunks_dropped", reason)
-        if len(chunks) > 1:
-            self.role.count("chunks_dropped", len(chunks) - 1)
+        self._report(reason)
         self.role.count("samples_dropped", sum(len(c.rewards) for c in chunks))
-        self.role.ledger_add(buffered_field(self.me), -len(chunks))
+        self._settle(chunks, "chunks_dropped")
 
     def trained(
         self, chunks: Sequence[TrajectoryChunk], samples: int, left_out: int, lags: np.ndarray
@@ -167,25 +234,28 @@ class ChunkAccounting:
             n = int((lags == lag).sum()) if lag < 3 else int((lags >= 3).sum())
             if n:
                 self.role.count(name, n)
-        self.role.count("chunks_consumed", len(chunks))
-        self.role.ledger_add(buffered_field(self.me), -len(chunks))
         self.role.count("samples_consumed", samples)
+        self._settle(chunks, "chunks_consumed")
 
     # --- at exit -------------------------------------------------------------------------------
     def drain(self, queue: MessageSocket, held: int) -> None:
         """Take the chunks still queued at exit and count them with the ``held`` ones as in
-        flight, so produced = consumed + dropped + these (+ lost). Bounded in time: a trainer
-        that stops alone (it failed) has env workers still pushing, and what it leaves
-        queued its successor writes off."""
-        queued = 0
+        flight, so produced = consumed + dropped + these (+ lost); they are settled, so no
+        producer resends them. Bounded in time: a trainer that stops alone (it failed) has env
+        workers still pushing, and what it leaves queued its successor writes off."""
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline and (chunk := queue.recv(timeout_s=0.5)) is not None:
-            if not isinstance(chunk, TrajectoryChunk):
+            if not isinstance(chunk, TrajectoryChunk) or self._duplicate(chunk):
                 continue
-            queued += 1
             # received now, so a restarted trainer does not write them off a second time
             self.role.count("chunks_received")
             if producer_problem(chunk) is None:
                 self.record(chunk)
-        self.role.ledger_add(buffered_field(self.me), -held)
-        self.role.count("chunks_in_flight_at_exit", held + queued)
+            else:
+                self.role.count("chunks_in_flight_at_exit")  # not in the ledger's buffer
+        still_held = self.marks.held()
+        if len(still_held) < held:
+            self.role.log.warning("the learner holds %d chunks the marks miss", held)
+        for producer, chunk_id in still_held:
+            self._settle_number(producer, chunk_id, "chunks_in_flight_at_exit")
+        self._count_fates(self.marks.release_all())

@@ -13,9 +13,13 @@ From that ledger:
   number below the highest that no trainer received is a chunk lost on the way. Chunks the
   trainer refused by its checks (``bad_chunks``) count as produced and dropped, each itself:
   their producer and number are not trusted into the ledger.
-- **lost**: produced minus ``chunks_received`` (chunks that died in a socket queue, with a
-  killed worker or trainer, or with a lost node), plus ``chunks_lost_in_trainer`` (a killed
-  trainer's buffer, written off by the trainer that replaces it).
+- **received**: ``chunks_received`` less ``chunks_returned``: a killed trainer's buffer goes
+  back to its producers (they resend what it held, ``rlvla3/runtime/chunk_acks.py``), so its
+  chunks count as received again only when a trainer takes them a second time. A resent chunk
+  a trainer already settled is a duplicate (``chunks_duplicate``), never received twice.
+- **lost**: produced minus received (chunks that died in a socket queue, or with a lost node,
+  and whose producer died before resending them), plus ``chunks_lost_in_trainer`` (a killed
+  trainer's buffer when env workers keep no resend buffer, ``resend_buffer_chunks`` 0).
 - **balance**: produced = consumed + dropped + in flight at exit + buffered + lost.
 
 Chunks a worker made but neither recorded nor delivered before it died are unknowable, like the
@@ -30,6 +34,10 @@ from typing import Any
 _PUSHED = "pushed|"
 _RECEIVED = "received|"
 _BUFFERED = "buffered|"
+_SETTLED = "settled|"
+TRAINER_STARTS = "trainer_starts"
+"""The ledger field counting trainer process starts: env workers resend what is not settled
+when it grows (``rlvla3/runtime/chunk_acks.py``)."""
 
 
 def pushed_field(producer: str) -> str:
@@ -47,19 +55,32 @@ def buffered_field(trainer: str) -> str:
     return f"{_BUFFERED}{trainer}"
 
 
+def settled_field(producer: str) -> str:
+    """The ledger field of ``producer``'s settled mark: every chunk numbered below it is trained
+    on or dropped (``rlvla3/runtime/chunk_acks.py``)."""
+    return f"{_SETTLED}{producer}"
+
+
+def settled_marks(ledger: dict[str, int]) -> dict[str, int]:
+    """Every producer's settled mark in ``ledger``."""
+    return {f[len(_SETTLED) :]: v for f, v in ledger.items() if f.startswith(_SETTLED)}
+
+
 @dataclass(frozen=True, slots=True)
 class Balance:
     """Where every chunk the run produced went (see the module doc).
 
     Attributes:
         produced: chunks produced, from the sequence numbers.
-        received: chunks trainers took off their queues.
+        received: chunks trainers took off their queues (each once: see the module doc).
         consumed: chunks trained on.
         dropped: chunks dropped (too stale, or refused by the chunk checks).
         in_flight_at_exit: chunks queued or buffered when a trainer stopped.
         buffered: chunks in live trainers' buffers now.
         lost_in_transit: produced but never received.
-        lost_in_trainer: received by a trainer that was killed before training on them.
+        lost_in_trainer: received by a trainer that was killed before training on them, with
+            no resend buffer to deliver them again.
+        duplicates: resent chunks a trainer had already settled, dropped (not in the balance).
     """
 
     produced: int
@@ -70,6 +91,7 @@ class Balance:
     buffered: int
     lost_in_transit: int
     lost_in_trainer: int
+    duplicates: int = 0
 
     @property
     def lost(self) -> int:
@@ -102,7 +124,7 @@ def balance(ledger: dict[str, int], counters: dict[str, int]) -> Balance:
             continue
         highest[producer] = max(highest.get(producer, -1), value)
     produced = sum(high + 1 for high in highest.values()) + counters.get("bad_chunks", 0)
-    received = counters.get("chunks_received", 0)
+    received = counters.get("chunks_received", 0) - counters.get("chunks_returned", 0)
     return Balance(
         produced=produced,
         received=received,
@@ -112,4 +134,5 @@ def balance(ledger: dict[str, int], counters: dict[str, int]) -> Balance:
         buffered=buffered,
         lost_in_transit=produced - received,
         lost_in_trainer=counters.get("chunks_lost_in_trainer", 0),
+        duplicates=counters.get("chunks_duplicate", 0),
     )

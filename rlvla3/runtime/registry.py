@@ -195,14 +195,13 @@ class Registry:
         return {k: int(v) for k, v in self.redis.hgetall(keys.counters(self.run_id)).items()}
 
     def chunk_backlog(self) -> int:
-        """Chunks pushed by env workers that no trainer has received yet (nor written off as
-        lost); what the env workers' back-pressure (``max_chunks_queued``) bounds."""
+        """Chunks pushed (or resent) by env workers that no trainer has received yet (nor
+        written off as lost); what the env workers' back-pressure (``max_chunks_queued``)
+        bounds."""
         c = self.counters()
-        return (
-            c.get("chunks_produced", 0)
-            - c.get("chunks_received", 0)
-            - c.get("chunks_written_off", 0)
-        )
+        sent = c.get("chunks_produced", 0) + c.get("chunks_resent", 0)
+        taken = c.get("chunks_received", 0) + c.get("chunks_duplicate", 0)
+        return sent - taken - c.get("chunks_written_off", 0)
 
     # --- weights, config, stop requests, curves -------------------------------------------------
     def set_weight_version(self, version: int) -> None:

@@ -1,5 +1,6 @@
-"""Where a runner's trajectory chunks go: a PUSH socket to the trainers, and the chunk ledger's
-count of what was pushed (``rlvla3/runtime/chunk_ledger.py``)."""
+"""Where a runner's trajectory chunks go: a PUSH socket to the trainers, the chunk ledger's
+count of what was pushed (``rlvla3/runtime/chunk_ledger.py``), and a resend buffer that keeps
+them until a trainer settles them (``roles/env/resend_buffer.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from rlvla3.runtime.chunk_ledger import pushed_field
 from roles.env.peers import Peers
+from roles.env.resend_buffer import ResendBuffer
 from roles.env.role_counters import RoleCounters
 from transport import sockets
 from transport.messages import TrajectoryChunk
@@ -67,6 +69,8 @@ class ChunkSink:
     """Chunks reach a trainer (False: the worker only acts and records episodes)."""
     queue_hwm: int
     """Chunks queued towards the trainers before a send blocks (``chunk_queue_hwm``)."""
+    resend: ResendBuffer
+    """The chunks pushed and not settled yet, pushed again when a trainer restarts."""
     socket: sockets.MessageSocket | None = field(default=None, init=False)
 
     def open(self) -> None:
@@ -92,14 +96,28 @@ class ChunkSink:
         self.send(stream, chunk)
 
     def send(self, stream: ChunkStream, chunk: TrajectoryChunk) -> None:
-        """Push ``chunk`` to a trainer (waiting while they are all busy), then count it and
-        advance ``stream``'s numbering; a chunk not sent by the stop is not counted."""
+        """Push ``chunk`` to a trainer (waiting while they are all busy), then count it, keep it
+        until it is settled and advance ``stream``'s numbering; a chunk not sent by the stop is
+        not counted. What a restarted trainer should get again goes first, oldest first."""
+        for kept in self.resend.take_resend():
+            if not self._deliver(kept):
+                return
+            self.counters.count("chunks_resent")
+        if not self._deliver(chunk):
+            return  # never sent: not counted as produced, its number not used
+        self.counters.count("chunks_produced")
+        self.counters.ledger_high(pushed_field(stream.producer), stream.chunk_id)
+        stream.chunk_id += 1
+        overflow = self.resend.add(chunk)
+        if overflow:
+            self.counters.count("chunks_resend_overflow", overflow)
+
+    def _deliver(self, chunk: TrajectoryChunk) -> bool:
+        """Push one chunk, waiting while the trainers are busy; False: the worker stopped first."""
         assert self.socket is not None, "ChunkSink.open() first"
         self.socket.sync_peers(self.peers.trainers)
         while not self.socket.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
             if self.stop_event.is_set():
-                return  # never sent: not counted as produced, its number not used
+                return False
             self.socket.sync_peers(self.peers.trainers)
-        self.counters.count("chunks_produced")
-        self.counters.ledger_high(pushed_field(stream.producer), stream.chunk_id)
-        stream.chunk_id += 1
+        return True

@@ -1,0 +1,134 @@
+"""At-least-once chunk delivery: which chunks a trainer has settled, and how env workers learn it.
+
+An env worker keeps every chunk it pushed in a resend buffer (``roles/env/resend_buffer.py``)
+until a trainer has *settled* it: trained on it, or dropped it (too stale, refused, or in flight
+when the trainer stopped). Settling is what acknowledges a chunk, not receiving it, so the
+chunks in a killed trainer's buffer are delivered again to its successor.
+
+The acknowledgement is a mark per producer in the chunk ledger (``settled_field``): every chunk
+numbered below it is settled. A trainer raises it in sequence order (a chunk settled ahead of
+earlier ones still held waits for them) and flushes it in the same Redis transaction as the
+counters that settle those chunks, so a trainer killed at any moment leaves marks and counts
+that agree. Each trainer start adds one to ``TRAINER_STARTS``; an env worker that sees it grow
+pushes every chunk it still keeps again, oldest first. The successor reads the marks and drops
+what it receives below them, and anything it received twice itself, as duplicates.
+
+Why the ledger and not a socket: the marks must survive the trainer (its successor reads them
+to drop duplicates), and env workers already read Redis every 0.2 s for back-pressure; one
+pipelined read of their producers' marks costs less than a socket per worker, its CURVE keys
+and its size limits.
+
+The marks assume that one trainer receives each producer's chunks (the run's one trainer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from rlvla3.runtime import keys
+from rlvla3.runtime.chunk_ledger import TRAINER_STARTS, settled_field, settled_marks
+from rlvla3.runtime.registry import Registry
+
+FateT = TypeVar("FateT")
+
+
+@dataclass(slots=True)
+class _ProducerMarks(Generic[FateT]):
+    """One producer's chunks in a trainer: the settled mark and what lies above it."""
+
+    below: int = 0
+    """Every chunk numbered below this is settled."""
+    held: set[int] = field(default_factory=set)
+    """Received, not settled yet."""
+    settled_above: dict[int, FateT] = field(default_factory=dict)
+    """Settled above ``below`` (earlier chunks are still held or on their way), with what
+    became of each: counted only once the mark passes it, so that a trainer killed before then
+    has counted nothing its successor counts again."""
+
+
+class SettledMarks(Generic[FateT]):
+    """A trainer's view of what is settled, per producer; starts from the ledger's marks, so a
+    successor recognises what its predecessor settled. A chunk's fate (trained, dropped...)
+    is released, to be counted, when the producer's mark passes the chunk."""
+
+    def __init__(self, marks: dict[str, int] | None = None) -> None:
+        self._producers: dict[str, _ProducerMarks[FateT]] = {
+            producer: _ProducerMarks(below) for producer, below in (marks or {}).items()
+        }
+
+    @classmethod
+    def from_ledger(cls, ledger: dict[str, int]) -> SettledMarks[FateT]:
+        """The marks the chunk ledger holds (``Registry.chunk_ledger``)."""
+        return cls(settled_marks(ledger))
+
+    def _of(self, producer: str) -> _ProducerMarks[FateT]:
+        marks = self._producers.get(producer)
+        if marks is None:
+            marks = self._producers[producer] = _ProducerMarks()
+        return marks
+
+    def is_duplicate(self, producer: str, chunk_id: int) -> bool:
+        """Whether this chunk was received before: settled, or held now."""
+        marks = self._producers.get(producer)
+        if marks is None:
+            return False
+        return chunk_id < marks.below or chunk_id in marks.held or chunk_id in marks.settled_above
+
+    def receive(self, producer: str, chunk_id: int) -> None:
+        """A chunk arrived (not a duplicate): held until settled."""
+        self._of(producer).held.add(chunk_id)
+
+    def settle(self, producer: str, chunk_id: int, fate: FateT) -> tuple[int | None, list[FateT]]:
+        """A chunk is settled with ``fate``; returns the producer's new mark if it rose (None:
+        it did not) and the fates released by it, in sequence order."""
+        marks = self._of(producer)
+        marks.held.discard(chunk_id)
+        if chunk_id < marks.below:
+            return None, [fate]
+        marks.settled_above[chunk_id] = fate
+        released = []
+        while marks.below in marks.settled_above:
+            released.append(marks.settled_above.pop(marks.below))
+            marks.below += 1
+        return (marks.below if released else None), released
+
+    def release_all(self) -> list[FateT]:
+        """Every fate still waiting for an earlier chunk (the trainer stops: count them all)."""
+        fates = [f for marks in self._producers.values() for f in marks.settled_above.values()]
+        for marks in self._producers.values():
+            marks.settled_above.clear()
+        return fates
+
+    def held(self) -> list[tuple[str, int]]:
+        """Every (producer, chunk number) received and not settled yet."""
+        return [(p, c) for p, marks in self._producers.items() for c in sorted(marks.held)]
+
+
+@dataclass(frozen=True, slots=True)
+class Acks:
+    """What an env worker reads: trainer starts so far, and its producers' settled marks."""
+
+    trainer_starts: int
+    """Trainer process starts in the run (it grows: resend what is not settled)."""
+    settled: dict[str, int]
+    """Per producer, the number below which every chunk is settled (absent: none yet)."""
+
+
+def read_acks(registry: Registry, producers: Iterable[str]) -> Acks:
+    """The trainer starts and ``producers``' settled marks, in one round trip."""
+    ledger = keys.chunk_ledger(registry.run_id)
+    names = list(producers)
+    pipe = registry.redis.pipeline(transaction=False)
+    pipe.hget(ledger, TRAINER_STARTS)
+    for producer in names:
+        pipe.hget(ledger, settled_field(producer))
+    starts, *marks = pipe.execute()
+    settled = {p: int(m) for p, m in zip(names, marks, strict=True) if m is not None}
+    return Acks(int(starts or 0), settled)
+
+
+def count_trainer_start(registry: Registry) -> None:
+    """Say that a trainer started and can take chunks (its endpoint is published)."""
+    registry.redis.hincrby(keys.chunk_ledger(registry.run_id), TRAINER_STARTS, 1)

@@ -1,0 +1,86 @@
+"""At-least-once chunk delivery, the producer's side: the resend buffer and a chunk sink that
+resends over a real socket (``roles/env/resend_buffer.py``, ``roles/env/chunk_sink.py``)."""
+
+from __future__ import annotations
+
+import threading
+
+import msgspec
+
+from roles.env.chunk_sink import ChunkSink, ChunkStream
+from roles.env.peers import Peers
+from roles.env.resend_buffer import ResendBuffer
+from tests.env_fakes import RecordingCounters
+from tests.test_grpo import chunk
+from transport import sockets
+from transport.messages import TrajectoryChunk
+
+
+def numbered(chunk_id: int, producer: str = "0/0#a") -> TrajectoryChunk:
+    return msgspec.structs.replace(chunk(producer, "", [0.0], ends=False), chunk_id=chunk_id)
+
+
+def test_the_buffer_is_bounded_and_lets_the_oldest_go() -> None:
+    buffer = ResendBuffer(3)
+    overflow = [buffer.add(numbered(i)) for i in range(5)]
+    assert overflow == [0, 0, 0, 1, 1] and len(buffer) == 3
+    buffer.request_resend()
+    assert [c.chunk_id for c in buffer.take_resend()] == [2, 3, 4]
+
+
+def test_nothing_is_resent_until_a_trainer_restarts_and_then_once() -> None:
+    buffer = ResendBuffer(8)
+    for i in range(3):
+        buffer.add(numbered(i))
+    assert buffer.take_resend() == []
+    buffer.request_resend()
+    assert [c.chunk_id for c in buffer.take_resend()] == [0, 1, 2]
+    assert buffer.take_resend() == [] and len(buffer) == 3  # kept until settled
+
+
+def test_settled_marks_trim_each_producer_oldest_first() -> None:
+    buffer = ResendBuffer(8)
+    for i in range(3):
+        buffer.add(numbered(i, "0/0#a"))
+        buffer.add(numbered(i, "0/1#a"))
+    buffer.acknowledge({"0/0#a": 2, "0/1#a": 1, "9/9#z": 5})
+    buffer.request_resend()
+    kept = [(c.producer, c.chunk_id) for c in buffer.take_resend()]
+    assert kept == [("0/1#a", 1), ("0/0#a", 2), ("0/1#a", 2)]
+
+
+def test_a_buffer_of_zero_keeps_nothing() -> None:
+    buffer = ResendBuffer(0)
+    assert buffer.add(numbered(0)) == 0 and len(buffer) == 0
+
+
+def test_the_sink_pushes_kept_chunks_again_before_the_next_one() -> None:
+    receiver = sockets.pull(hwm=100)
+    address = receiver.bind()
+    counters = RecordingCounters()
+    sink = ChunkSink(
+        worker_index=0,
+        trains=True,
+        peers=Peers([], [address]),
+        queue_hwm=100,
+        resend=ResendBuffer(2),
+        counters=counters,
+        stop_event=threading.Event(),
+    )
+    sink.open()
+    try:
+        stream = ChunkStream(0, "0/0#a")
+        for _ in range(3):
+            sink.send(stream, numbered(stream.chunk_id))
+        sink.resend.request_resend()
+        sink.send(stream, numbered(stream.chunk_id))
+        got = [receiver.recv(timeout_s=5.0) for _ in range(6)]
+        assert [c.chunk_id for c in got] == [0, 1, 2, 1, 2, 3]  # 0 let go (the bound is 2)
+        assert counters.counters == {
+            "chunks_produced": 4,
+            "chunks_resent": 2,
+            "chunks_resend_overflow": 2,
+        }
+    finally:
+        sink.close()
+        receiver.close()
