@@ -80,14 +80,18 @@ class RolloutServer(Role[RolloutServerSettings]):
         self.obs_space = spaces.observation
         self.device = torch.device(self.settings.device)
         # two copies: the one serving and the standby that receives the next version
-        estimate = check_role_memory(self.cfg, self.name, self.device, copies=2, trains=False)
+        estimate = check_role_memory(
+            self.cfg, self.name, self.device, copies=2, trains=False, receives=True
+        )
         if estimate is not None:
             self.log.info("policy memory: %s", estimate.describe())
         self.active = build_policy(self.cfg, spaces).to(self.device).eval()
         self.standby = build_policy(self.cfg, spaces).to(self.device).eval()
         self.layout = FlatLayout.of(self.active)
         self.active_target = WeightTarget.of(self.layout, self.active)
-        self.standby_target = WeightTarget.of(self.layout, self.standby)
+        # only the standby ever receives: unbound copies share one float32 receive buffer
+        shared = None if self.active_target.bound else self.active_target.flat
+        self.standby_target = WeightTarget.of(self.layout, self.standby, receive=shared)
         self.version = -1
         self.pending_version: int | None = None
         self.swap_lock = threading.Lock()

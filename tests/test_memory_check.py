@@ -67,6 +67,23 @@ def test_the_estimate_counts_what_the_built_policy_holds(model_dir, lora) -> Non
     assert server.total_bytes == 2 * estimate.copy_bytes and server.trainable == 0
 
 
+@pytest.mark.parametrize("lora", [[], LORA_Q_V], ids=["full", "lora_q_v"])
+def test_a_bfloat16_rollout_server_counts_its_float32_receive_buffer(model_dir, lora) -> None:
+    """Its copies cannot be views of the float32 versions, so a full bfloat16 model needs one
+    float32 buffer beside them (shared by both copies); with LoRA the float32 adapters and
+    heads receive in place."""
+    cfg = token_vla(model_dir, *lora, "policy.token_vla.dtype=bfloat16")
+    server = estimate_token_vla_memory(
+        cfg.policy.token_vla, cfg.policy.lora, copies=2, trains=False, receives=True
+    )
+    if lora:
+        assert server.receive_bytes == 0
+    else:
+        assert server.receive_bytes == 4 * server.parameters
+        assert server.total_bytes == 2 * server.copy_bytes + server.receive_bytes
+        assert "float32 buffer" in server.describe()
+
+
 def test_bfloat16_halves_the_model_and_keeps_the_heads_float32(model_dir) -> None:
     f32 = token_vla(model_dir, *LORA_Q_V)
     bf16 = token_vla(model_dir, *LORA_Q_V, "policy.token_vla.dtype=bfloat16")

@@ -164,12 +164,16 @@ class WeightTarget:
     bound: bool
 
     @staticmethod
-    def of(layout: FlatLayout, module: nn.Module) -> WeightTarget:
-        """Bind a float32 module; give any other a buffer of its current values."""
+    def of(
+        layout: FlatLayout, module: nn.Module, receive: torch.Tensor | None = None
+    ) -> WeightTarget:
+        """Bind a float32 module; give any other the float32 buffer ``receive`` (shared by
+        copies that never receive at once), or a new one of its current values."""
         state = module.state_dict()
         if all(state[name].dtype == torch.float32 for name in layout.names):
             return WeightTarget(layout, module, layout.bind(module), bound=True)
-        return WeightTarget(layout, module, layout.flatten(module), bound=False)
+        flat = layout.flatten(module) if receive is None else receive
+        return WeightTarget(layout, module, flat, bound=False)
 
     def commit(self) -> None:
         """Make the module hold the buffer's values (a no-op when bound)."""

@@ -13,7 +13,9 @@ The estimate (docs/models.md, Memory), for ``policy.kind: token_vla``:
 - times the copies the role holds (a rollout server: two, the served and the standby copy; a
   trainer: one, two with a KL reference);
 - a trainer adds a gradient and Adam's two moments for each *trainable* parameter, in its own
-  dtype: every parameter without LoRA, the adapters and the value head with it.
+  dtype: every parameter without LoRA, the adapters and the value head with it;
+- a rollout server of a bfloat16 model without LoRA adds the float32 buffer its versions arrive
+  in (``transport/weights.py`` ``WeightTarget``: its copies cannot be views of float32 values).
 
 Activations, the CUDA context and the allocator's slack come on top, so the check refuses only
 what certainly cannot fit; passing it is necessary, not sufficient.
@@ -54,6 +56,8 @@ class MemoryEstimate:
         copies: copies the role holds.
         trainable: parameters that train (0 on a role that does not train).
         training_bytes: the gradients and Adam moments of the trainable parameters.
+        receive_bytes: a float32 buffer weight versions arrive in (0 where the copies
+            themselves are float32 and receive in place).
     """
 
     parameters: int
@@ -62,11 +66,12 @@ class MemoryEstimate:
     copies: int
     trainable: int
     training_bytes: int
+    receive_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         """Every copy, and what training adds."""
-        return self.copies * self.copy_bytes + self.training_bytes
+        return self.copies * self.copy_bytes + self.training_bytes + self.receive_bytes
 
     def describe(self) -> str:
         """One line: the total and its parts, in GiB."""
@@ -80,6 +85,8 @@ class MemoryEstimate:
                 f" + gradients and Adam moments of {self.trainable:,} trainable parameters "
                 f"({gib(self.training_bytes)})"
             )
+        if self.receive_bytes:
+            text += f" + a float32 buffer versions arrive in ({gib(self.receive_bytes)})"
         return text + "; activations not counted"
 
 
@@ -89,7 +96,12 @@ def gib(n_bytes: int) -> str:
 
 
 def estimate_token_vla_memory(
-    config: TokenVLAConfig, lora: LoraConfig, *, copies: int, trains: bool
+    config: TokenVLAConfig,
+    lora: LoraConfig,
+    *,
+    copies: int,
+    trains: bool,
+    receives: bool = False,
 ) -> MemoryEstimate | None:
     """The estimate for a token VLA from its checkpoint (module docstring); None when the
     directory does not say (the load then reports what is wrong with it)."""
@@ -107,7 +119,10 @@ def estimate_token_vla_memory(
         trainable, trained_bytes = head + adapters, (head + adapters) * _FLOAT32
     else:
         trainable, trained_bytes = model_values + head, copy_bytes
+    # with LoRA only the float32 adapters and head travel, and they receive in place
+    receive_bytes = (model_values + head) * _FLOAT32 if receives and dtype_bytes != _FLOAT32 else 0
     return MemoryEstimate(
+        receive_bytes=0 if lora.enabled else receive_bytes,
         parameters=model_values + head + adapters,
         dtype=config.dtype,
         copy_bytes=copy_bytes,
@@ -124,6 +139,7 @@ def check_role_memory(
     *,
     copies: int,
     trains: bool,
+    receives: bool = False,
     free_bytes: FreeBytes | None = None,
 ) -> MemoryEstimate | None:
     """Refuse a token VLA that cannot fit on ``device``, role ``role``'s device setting.
@@ -137,7 +153,7 @@ def check_role_memory(
     if cfg.policy.kind != "token_vla":
         return None
     estimate = estimate_token_vla_memory(
-        cfg.policy.token_vla, cfg.policy.lora, copies=copies, trains=trains
+        cfg.policy.token_vla, cfg.policy.lora, copies=copies, trains=trains, receives=receives
     )
     if estimate is None:
         return None
