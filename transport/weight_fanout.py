@@ -52,8 +52,12 @@ class Broadcaster:
         gives up after ``timeout_s`` with no server); ``take_formed`` takes it up."""
         if link_id in self.links or link_id in self.late or link_id in self.linking:
             return
+        # Each on its own clone of the store: one client serves one call at a time, and a
+        # link waiting for its server would hold the others' rendezvous until its timeout.
         self.linking[link_id] = _Task(
-            lambda: WeightLink(self.store, link_id, 0, self.device, self.timeout_s, self.host)
+            lambda: WeightLink(
+                self.store.clone(), link_id, 0, self.device, self.timeout_s, self.host
+            )
         )
 
     def take_formed(
