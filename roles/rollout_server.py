@@ -16,9 +16,8 @@ buffer holds the adapters and heads only; each copy's frozen base is loaded by `
 A received copy is swapped in only when its signature under the run's weights key matches, its
 version is newer than the one served and was produced by a trainer, and its values are finite
 (``transport/weight_auth.py``); the link's id is random, so no one can guess it to take the
-broadcaster's place. A server that linked to a store serving no valid weights (a stale or forged
-broadcaster record in Redis) relinks, looking the broadcaster up again: when its link does not
-form within ``_STORE_TIMEOUT_S``, or after ``_MAX_REFUSED_IN_A_ROW`` versions refused in a row.
+broadcaster's place. A server whose link does not form within ``_STORE_TIMEOUT_S`` (a stale or
+forged broadcaster record in Redis) relinks, looking the broadcaster up again.
 """
 
 from __future__ import annotations
@@ -56,9 +55,6 @@ from transport.weights import FlatLayout, LinkHeader, WeightLink
 _RECEIVER_TIMEOUT_S = 24 * 3600.0  # a link waits as long as the trainer takes between versions
 _STORE_TIMEOUT_S = 60.0  # reaching the broadcaster's store, and each rendezvous step through it
 _RELINK_MIN_S, _RELINK_MAX_S = 0.1, 5.0  # backoff between relinks after a broken link
-# A genuine broadcaster sends only versions it checked: refusals in a row mean the link's other
-# end is not it (its record was stale or forged), so the server looks it up again.
-_MAX_REFUSED_IN_A_ROW = 3
 
 
 class RolloutServer(Role[RolloutServerSettings]):
@@ -159,15 +155,9 @@ class RolloutServer(Role[RolloutServerSettings]):
                     host=self.address,
                     form_timeout_s=_STORE_TIMEOUT_S,
                 )
-                refused = 0
                 while not self.stop_event.is_set():
                     header = link.recv_header()  # waits for the trainer, no lock held
-                    accepted = self._receive_into_standby(link, header)
-                    refused = 0 if accepted else refused + 1
-                    if refused >= _MAX_REFUSED_IN_A_ROW:
-                        link.close()
-                        raise ConnectionError(f"{refused} versions in a row refused")
-                    if accepted:
+                    if self._receive_into_standby(link, header):
                         self.weights_ready.set()
                     backoff = _RELINK_MIN_S
             except InterruptedError:
