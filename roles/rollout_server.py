@@ -18,7 +18,8 @@ buffer holds the adapters and heads only; each copy's frozen base is loaded by `
 A received copy is swapped in only when its signature under the run's weights key matches, its
 version is newer than the one served and was produced by a trainer, and its values are finite
 (``transport/weight_auth.py``); the link's id is random, so no one can guess it to take the
-broadcaster's place.
+broadcaster's place. A server whose link does not form within ``_STORE_TIMEOUT_S`` (a stale or
+forged broadcaster record in Redis) relinks, looking the broadcaster up again.
 """
 
 from __future__ import annotations
@@ -149,20 +150,16 @@ class RolloutServer(Role[RolloutServerSettings]):
             try:
                 address = self.wait_for_endpoints("weight_broadcaster", "store")[0]
                 if address != store_address:
-                    host, port = address.rsplit(":", 1)
-                    # A dead broadcaster's record outlives it by a heartbeat TTL; a TCPStore
-                    # client would spend its whole timeout retrying it, so knock first.
-                    socket.create_connection((host, int(port)), timeout=2.0).close()
-                    store = torch.distributed.TCPStore(
-                        host,
-                        int(port),
-                        is_master=False,
-                        timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
-                    )
-                    store_address = address
+                    store, store_address = _store_client(address), address
                 self.registry.publish_endpoint(self.name, self.index, "weights_link", link_id)
                 link = WeightLink(
-                    store, link_id, 1, self.settings.device, _RECEIVER_TIMEOUT_S, host=self.address
+                    store,
+                    link_id,
+                    1,
+                    self.settings.device,
+                    _RECEIVER_TIMEOUT_S,
+                    host=self.address,
+                    form_timeout_s=_STORE_TIMEOUT_S,
                 )
                 while not self.stop_event.is_set():
                     header = link.recv_header()  # waits for the trainer, no lock held
@@ -358,6 +355,17 @@ class RolloutServer(Role[RolloutServerSettings]):
             log_prob=out.log_prob.cpu().numpy(),
             value=out.value.cpu().numpy(),
         )
+
+
+def _store_client(address: str) -> torch.distributed.TCPStore:
+    """A client of the weight store at ``host:port``."""
+    host, port = address.rsplit(":", 1)
+    # A dead broadcaster's record outlives it by a heartbeat TTL; a TCPStore client would spend
+    # its whole timeout retrying it, so knock first.
+    socket.create_connection((host, int(port)), timeout=2.0).close()
+    return torch.distributed.TCPStore(
+        host, int(port), is_master=False, timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S)
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ version, and broadcasts it to every live rollout server through a two-rank link 
 the one it holds, produced by a trainer and finite (``transport/weight_auth.py``), and forwards
 each with its signature, which the servers check again. Servers that join late get the current version when their link forms. A broadcast waits for a
 server at most ``send_deadline_s``: a frozen server's link waits aside until its send ends,
-while the others keep getting every version (``transport/weight_fanout.py``).
+while the others keep getting every version (``transport/weight_fanout.py``). A link forms on a
+worker thread the loop does not wait for: a link id no server joins here (a stale record, or a
+server linked to someone else's store) fails after ``link_timeout_s``, is counted
+(``weight_links_failed``) and is not tried again; its server relinks under a new id.
 The version and its time are recorded in Redis. A restarted trainer asks for the version held
 here (``WeightsRequest`` on the ``current`` endpoint) and continues from it when it is newer
 than its own checkpoint, so training never steps back behind what the servers act with.
@@ -59,6 +62,7 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
         self.layout: str | None = None  # the first accepted update fixes layout and size
         self.numel = 0
         self.next_link_scan = 0.0
+        self.failed_links: set[str] = set()  # ids that failed to link: not tried again
 
     def step(self) -> None:
         update = self._newest_valid_update(timeout_s=0.1)
@@ -160,17 +164,26 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
     def _sync_links(self) -> None:
         live = self._server_links()
         self._rejoin_late()
-        for link_id in sorted(live - set(self.broadcaster.links) - set(self.broadcaster.late)):
-            try:
-                self.broadcaster.add(link_id, self.stop_event.is_set)
-                self.log.info("linked %s (sent v%d)", link_id, self.broadcaster.version)
-            except InterruptedError:
-                return  # stopping
-            except Exception as err:  # the server vanished while linking: retry on next scan
-                self.log.warning("could not link %s: %s", link_id, err)
+        self._take_formed_links(live)
+        self.failed_links &= live  # a link id is never reused: forget those gone from Redis
+        for link_id in sorted(live - self.failed_links):
+            self.broadcaster.start_link(link_id)  # (no-op for a link formed or forming)
         for link_id in set(self.broadcaster.links) - live:
             self.broadcaster.remove(link_id)
         self.gauge("links", len(self.broadcaster.links))
+
+    def _take_formed_links(self, live: set[str]) -> None:
+        """Links whose forming ended: log those formed; count those that failed, which are
+        not tried again (their server relinks under a new id if it is still waiting)."""
+        linked, failed = self.broadcaster.take_formed(
+            self.stop_event.is_set, self.settings.send_deadline_s
+        )
+        for link_id in linked:
+            self.log.info("linked %s (sent v%d)", link_id, self.broadcaster.version)
+        for link_id, why in sorted(failed.items()):
+            self.failed_links.add(link_id)
+            if link_id in live:
+                self.drop("weight_links_failed", f"could not link {link_id}: {why}")
 
     def _rejoin_late(self) -> None:
         """Links whose late send has ended rejoin (their server came back) or are forgotten."""

@@ -197,8 +197,7 @@ def fake_rank_zero(run: Run) -> float:
         "both offers refused",
     )
     run.registry.publish_endpoint("weight_broadcaster", 0, "store", real_store)
-    for link in fake.links.values():  # the peer leaves: the server's link breaks, it relinks
-        link.group.abort()
+    fake.close()  # the peer leaves: the server's link breaks, it relinks
 
     def relinked() -> bool:  # a new link id, to the store published now; or the run is over
         try:
@@ -289,13 +288,7 @@ FAULTS: dict[str, Fault] = {
 }
 
 
-_KNOWN_OPEN = {
-    "a fake rank 0 offers NaN weights and version 2**62": (
-        "both offers are refused and counted, but the real broadcaster then blocks in "
-        "Broadcaster.add on the link id the server published for the fake's store (no one "
-        "connects to it there), is killed as STALLED until out of restarts, and the run ends"
-    ),
-}
+_KNOWN_OPEN: dict[str, str] = {}
 """Faults whose row still fails, and why (a strict xfail: fixing one fails the suite until
 its entry goes)."""
 

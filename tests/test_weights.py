@@ -76,6 +76,71 @@ def test_a_broadcaster_without_weights_has_nothing_late_to_rejoin() -> None:
     assert broadcaster.publish(0, expected(0), deadline_s=1.0) == []  # no links: sent to none
 
 
+def test_a_link_no_server_joins_stalls_nothing_and_is_not_retried() -> None:
+    """A link id whose server never joins here (a stale record, or a server linked to another
+    store) forms on a worker thread: starting it returns at once, a linked server meanwhile
+    gets every version, and after the link's timeout the id is reported failed, once."""
+    ctx = mp.get_context("spawn")
+    store = start_store("127.0.0.1", timeout_s=60)
+    broadcaster = Broadcaster(store, timeout_s=6)  # the forming deadline
+    results: mp.Queue = ctx.Queue()
+    server = ctx.Process(target=receiver, args=(store.port, "real", 2, results))
+    keys_before = store.num_keys()
+    server.start()
+    try:  # (the server's end of its link waits in the store: the deadline is for this end)
+        wait_until(lambda: store.num_keys() > keys_before, 60, "the server at the store")
+        started = time.monotonic()
+        broadcaster.start_link("nobody")
+        broadcaster.start_link("real")
+        assert time.monotonic() - started < 0.5  # nothing waited for a server
+        linked: list[str] = []
+        wait_until(lambda: linked.extend(broadcaster.take_formed()[0]) or linked, 60, "link")
+        # linked before "nobody" gave up: a link waiting for its server blocks no other's
+        assert time.monotonic() - started < 3
+        assert linked == ["real"] and "nobody" in broadcaster.linking
+        for version in (0, 1):
+            assert broadcaster.publish(version, expected(version), deadline_s=30) == []
+        got = [results.get(timeout=60)[1] for _ in range(2)]
+        failed: dict[str, str] = {}
+        wait_until(lambda: failed.update(broadcaster.take_formed()[1]) or failed, 20, "timeout")
+        assert time.monotonic() - started < 15
+    finally:
+        server.join(timeout=60)
+    assert got == [0, 1]
+    assert list(failed) == ["nobody"] and "timeout" in failed["nobody"]
+    assert broadcaster.linking == {} and set(broadcaster.links) == {"real"}
+
+
+def test_a_broadcaster_that_leaves_breaks_its_servers_pending_receive() -> None:
+    """``close`` drops the connections (gloo's abort leaves them open): the server's wait for
+    the next version fails at once, so it relinks."""
+    ctx = mp.get_context("spawn")
+    store = start_store("127.0.0.1", timeout_s=60)
+    broadcaster = Broadcaster(store, timeout_s=60)
+    results: mp.Queue = ctx.Queue()
+    server = ctx.Process(target=_receive_until_broken, args=(store.port, results))
+    server.start()
+    try:
+        broadcaster.add("s")
+        broadcaster.publish(0, torch.zeros(3))
+        assert results.get(timeout=60) == 0
+        broadcaster.close()
+        assert "closed" in results.get(timeout=20).lower()
+    finally:
+        server.join(timeout=60)
+
+
+def _receive_until_broken(port: int, results: mp.Queue) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    link = WeightLink(store, "s", 1, "cpu", timeout_s=600)
+    out = torch.empty(3)
+    try:
+        while True:
+            results.put(link.recv(out))
+    except RuntimeError as err:
+        results.put(str(err))
+
+
 @pytest.mark.slow  # 64 MB versions over gloo: about 25 s on 2 cores
 def test_a_frozen_server_delays_no_broadcast_and_rejoins_when_it_comes_back() -> None:
     """A broadcast waits for a stopped server at most its deadline: the healthy server gets

@@ -5,6 +5,11 @@ A send to a frozen server blocks until the link's timeout, and nothing may wait 
 broadcast waits for its sends at most a deadline; a link whose send is still running then waits
 aside (``late``), getting no other version, until that send ends: delivered, it rejoins and gets
 the current version; failed, it is forgotten (its server relinks with a new link id).
+
+Forming a link waits for its server to join, and a link id in Redis may name no one who will
+(a stale record, or a server linked to another's store): links form on worker threads that no
+broadcast waits for (``start_link``), each within the link's timeout, and ``take_formed`` picks
+up how they ended.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,37 +42,73 @@ class Broadcaster:
         self.host = host
         self.links: dict[str, WeightLink] = {}
         self.late: dict[str, _LinkSend] = {}  # links whose send outlived its deadline
+        self.linking: dict[str, _Task] = {}  # links still forming, each on its worker thread
         self.version = -1
         self.flat: torch.Tensor | None = None
         self.tag = NO_TAG
 
+    def start_link(self, link_id: str) -> None:
+        """Begin forming the link with a server, on a worker thread nothing waits for (it
+        gives up after ``timeout_s`` with no server); ``take_formed`` takes it up."""
+        if link_id in self.links or link_id in self.late or link_id in self.linking:
+            return
+        # Each on its own clone of the store: one client serves one call at a time, and a
+        # link waiting for its server would hold the others' rendezvous until its timeout.
+        self.linking[link_id] = _Task(
+            lambda: WeightLink(
+                self.store.clone(), link_id, 0, self.device, self.timeout_s, self.host
+            )
+        )
+
+    def take_formed(
+        self, should_stop: Callable[[], bool] = lambda: False, deadline_s: float | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """Links whose forming has ended: those formed join and are sent the current version;
+        those that failed are forgotten. Returns (linked, {failed: why})."""
+        done = [i for i, task in self.linking.items() if not task.thread.is_alive()]
+        formed: list[WeightLink] = []
+        failed: dict[str, str] = {}
+        for link_id in done:
+            task = self.linking.pop(link_id)
+            if task.error is not None:
+                failed[link_id] = str(task.error)
+            else:
+                formed.append(task.result)
+        self.links.update((link.link_id, link) for link in formed)
+        for link_id in self._send(formed, should_stop, deadline_s):
+            failed[link_id] = f"sending v{self.version} failed"
+        return [link.link_id for link in formed if link.link_id not in failed], failed
+
     def add(self, link_id: str, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Form the link with a server and send it the current weights.
+        """Form the link with a server and send it the current weights, waiting for both.
 
-        Blocks until the server connects (or the link's timeout: then raises); ``should_stop``
-        lets the caller give up waiting, as in ``publish``.
+        Raises when the server does not join within the link's timeout, or the send fails;
+        ``should_stop`` lets the caller give up waiting, as in ``publish``.
         """
-        result: list[WeightLink | BaseException] = []
-
-        def connect() -> None:
-            try:
-                link = WeightLink(self.store, link_id, 0, self.device, self.timeout_s, self.host)
-                if self.flat is not None:
-                    link.send(self.version, self.flat, self.tag)
-                result.append(link)
-            except Exception as err:  # reported to the caller below
-                result.append(err)
-
-        _run_until_stopped([threading.Thread(target=connect, daemon=True)], should_stop)
-        if not result:
+        self.start_link(link_id)
+        task = self.linking.get(link_id)
+        if task is None:
+            return  # linked already
+        _wait_for([task.thread], should_stop)
+        if task.thread.is_alive():
             raise InterruptedError(f"linking {link_id} abandoned: stopping")
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        self.links[link_id] = result[0]
+        del self.linking[link_id]
+        if task.error is not None:
+            raise task.error
+        self.links[link_id] = task.result
+        if self._send([task.result], should_stop, None):
+            raise ConnectionError(f"link {link_id}: sending v{self.version} failed")
 
     def remove(self, link_id: str) -> None:
         """Forget a server's link (it went away)."""
         self.links.pop(link_id, None)
+
+    def close(self) -> None:
+        """Leave every link: each server's pending receive fails, and it relinks."""
+        for link in [*self.links.values(), *(send.link for send in self.late.values())]:
+            link.close()
+        self.links.clear()
+        self.late.clear()
 
     def publish(
         self,
@@ -94,11 +136,11 @@ class Broadcaster:
         """Links whose late send has finished: those it delivered are linked again and get the
         current version (if newer); those it failed on are forgotten. Returns (rejoined,
         failed)."""
-        done = {i: s for i, s in self.late.items() if not s.thread.is_alive()}
+        done = {i: s for i, s in self.late.items() if not s.task.thread.is_alive()}
         back, failed = [], []
         for link_id, send in done.items():
             del self.late[link_id]
-            (failed if send.error is not None else back).append(send)
+            (failed if send.task.error is not None else back).append(send)
         for send in back:
             self.links[send.link.link_id] = send.link
         behind = [s.link for s in back if s.version < self.version and self.flat is not None]
@@ -117,42 +159,50 @@ class Broadcaster:
         if not links or self.flat is None:  # (no weights yet: a link gets them when they come)
             return []
         sends = [_LinkSend(link, self.version, self.flat, self.tag) for link in links]
-        _run_until_stopped([s.thread for s in sends], should_stop, deadline_s)
+        _wait_for([s.task.thread for s in sends], should_stop, deadline_s)
         failed = []
         for send in sends:
-            if send.thread.is_alive():  # late: the peer is frozen or slow; not waited for
+            if send.task.thread.is_alive():  # late: the peer is frozen or slow; not waited for
                 self.links.pop(send.link.link_id, None)
                 self.late[send.link.link_id] = send
-            elif send.error is not None:  # a dead peer: drop its link, the others go on
+            elif send.task.error is not None:  # a dead peer: drop its link, the others go on
                 self.remove(send.link.link_id)
                 failed.append(send.link.link_id)
         return failed
 
 
-class _LinkSend:
-    """One version's send on one link, in a daemon thread: how it ended, once it has."""
+class _Task:
+    """One call on a daemon thread, started at once (a blocked gloo/NCCL call cannot be
+    interrupted, so no one need wait for it): what it returned or raised, once it has."""
 
-    def __init__(self, link: WeightLink, version: int, flat: torch.Tensor, tag: bytes) -> None:
-        self.link, self.version = link, version
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.result: Any = None
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(flat, tag), daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
 
-    def _run(self, flat: torch.Tensor, tag: bytes) -> None:
+    def _run(self, call: Callable[[], Any]) -> None:
         try:
-            self.link.send(self.version, flat, tag)
+            self.result = call()
         except Exception as err:  # reported through ``error``
             self.error = err
 
 
-def _run_until_stopped(
+class _LinkSend:
+    """One version's send on one link, on its own thread."""
+
+    def __init__(self, link: WeightLink, version: int, flat: torch.Tensor, tag: bytes) -> None:
+        self.link, self.version = link, version
+        self.task = _Task(lambda: link.send(version, flat, tag))
+
+
+def _wait_for(
     threads: list[threading.Thread],
     should_stop: Callable[[], bool],
     deadline_s: float | None = None,
 ) -> None:
-    """Start daemon ``threads`` and wait for them, until ``should_stop()`` or for at most
-    ``deadline_s`` (then leave them: a blocked gloo/NCCL call cannot be interrupted)."""
-    for t in threads:
-        t.start()
+    """Wait for daemon ``threads`` until ``should_stop()`` or for at most ``deadline_s``
+    (then leave them: a blocked gloo/NCCL call cannot be interrupted)."""
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
     for t in threads:
         while t.is_alive() and not should_stop():

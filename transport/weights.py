@@ -228,6 +228,10 @@ class WeightLink:
             its socket transport. So on one GPU the link is NCCL when both ends' ``NCCL_HOSTID``
             are set and differ, and gloo (on the CUDA tensors) otherwise.
         timeout_s: how long a broadcast may take before the link counts as broken.
+        form_timeout_s: how long forming the link may wait for the other end (default
+            ``timeout_s``): a server receiving from a store where no one forms its link (a
+            stale or hostile record) gives up after it, yet waits ``timeout_s`` for a version.
+            (NCCL forms its links at their first broadcast: there ``timeout_s`` bounds both.)
         host: the address this end listens on and advertises to the other (gloo binds its
             pair there; without it gloo takes the address the host name resolves to, which
             on many hosts is loopback and unreachable from another node). NCCL's own
@@ -245,6 +249,7 @@ class WeightLink:
         device: str = "cpu",
         timeout_s: float = 60.0,
         host: str = "127.0.0.1",
+        form_timeout_s: float | None = None,
     ) -> None:
         self.link_id = link_id
         self.rank = rank
@@ -252,6 +257,7 @@ class WeightLink:
         prefixed = dist.PrefixStore(f"weights/{link_id}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
         self.backend = "gloo"
+        self.group: dist.ProcessGroupGloo | dist.ProcessGroupNCCL | None
         if self.device.type == "cuda" and _nccl_can_link(prefixed, rank, self.device):
             self.backend = "nccl"
             options = dist.ProcessGroupNCCL.Options()
@@ -261,13 +267,22 @@ class WeightLink:
             self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, options)
         else:
             options = dist.ProcessGroupGloo._Options()
-            options._timeout = timeout
+            # gloo meets the other end inside its constructor, under the options' timeout
+            options._timeout = datetime.timedelta(seconds=form_timeout_s or timeout_s)
             options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
             self.group = dist.ProcessGroupGloo(prefixed, rank, 2, options)
+            self.group.set_timeout(timeout)
         self._opts = dist.BroadcastOptions()
         self._opts.rootRank = 0
 
+    def close(self) -> None:
+        """Leave the link: its connections close, so the other end's pending broadcast fails
+        at once (gloo's ``abort`` and ``shutdown`` leave them open)."""
+        self.group = None  # the last reference: the group is destroyed and its sockets closed
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
+        if self.group is None:
+            raise ConnectionError(f"link {self.link_id} is closed")
         self.group.broadcast([tensor], self._opts).wait()
         if self.backend == "nccl":
             # NCCL's wait() only orders the current stream after the collective; block until the

@@ -32,6 +32,7 @@ COUNTERS: dict[str, str] = {
     "requests_served": "action requests answered",
     "bad_requests": "requests refused: not an observation request, wrong shape or dtype, NaN/inf",
     "weight_relinks": "times a rollout server re-formed its weight link",
+    "weight_links_failed": "weight links the broadcaster could not form: no server joined within link_timeout_s (a stale record, or a server linked to another store), or the first send failed; not tried again under that id",
     "weight_sends_late": "weight sends to one rollout server that outlived the broadcaster's send_deadline_s (the server frozen or slow; its link waits aside until the send ends)",
     # trainers
     "chunks_received": "chunks a trainer took off its queue",
