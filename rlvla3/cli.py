@@ -24,7 +24,10 @@ def _launch(args: argparse.Namespace) -> int:
 
     # out of os.environ before anything starts: redis-server, roles and whatever they start
     # never inherit it (the launcher keeps it in memory: it derives each role's keys)
-    run_secret.take()
+    try:
+        run_secret.take()
+    except run_secret.SecretError as err:  # a bad RLVLA3_RUN_SECRET: a config error, exit 2
+        raise ConfigError(str(err)) from None
     return launch(args.config, args.set, node=args.node, out=args.out, resume=args.resume)
 
 

@@ -15,7 +15,7 @@ from rlvla3.config.run_config import (
     load_config,
 )
 from rlvla3.config.typed_load import ConfigError
-from rlvla3.runtime.role import pin_to_cpus
+from rlvla3.runtime.cpu_pinning import pin_to_cpus
 
 
 def _error(raw: dict) -> str:

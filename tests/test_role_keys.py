@@ -108,6 +108,17 @@ def test_a_launcher_takes_the_secret_out_of_its_environment_and_keeps_it(monkeyp
     assert run_secret.from_env() == secret  # the launcher derives each role's keys from it
 
 
+def test_an_unusable_secret_in_the_environment_is_a_config_error(monkeypatch, capsys) -> None:
+    from rlvla3 import cli
+
+    monkeypatch.setattr(run_secret, "_taken", None)
+    monkeypatch.setenv(run_secret.SECRET_ENV, "short")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["launch", "launch/cartpole.yaml"])
+    assert exit_info.value.code == 2
+    assert "config error" in capsys.readouterr().err
+
+
 # --- a role without a key ------------------------------------------------------------------------
 @contextlib.contextmanager
 def curve_guard(keys: role_keys.RoleKeys) -> Iterator[tuple[CurveSecurity, zmq.Context]]:

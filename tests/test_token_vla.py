@@ -339,8 +339,9 @@ def test_a_bfloat16_model_takes_float32_versions_exactly(model_dir) -> None:
         "roles.trainer.count=1",
         "roles.weight_broadcaster.count=1",
     ]
-    cfg = load_config(None, [*keys, "policy.kind=token_vla", f"policy.token_vla.path={model_dir}"])
-    assert cfg.policy.lora.rank == 0  # no longer refused: the weight path carries bfloat16
+    keys += ["policy.kind=token_vla", f"policy.token_vla.path={model_dir}"]
+    cfg = load_config(None, [*keys, "policy.token_vla.dtype=bfloat16"])  # rollout servers, no LoRA
+    assert cfg.policy.token_vla.dtype == "bfloat16" and cfg.policy.lora.rank == 0
     trainer = make_policy(model_dir, dtype="bfloat16")
     server = make_policy(model_dir, dtype="bfloat16")
     with torch.no_grad():  # a trained version: every weight moved

@@ -44,9 +44,9 @@ import redis
 
 from rlvla3.config.role_table import RunKey
 from rlvla3.config.run_config import Config, load_config
-from rlvla3.config.typed_load import ConfigError
 from rlvla3.runtime import role_keys
 from rlvla3.runtime.counter_batch import CounterBatch, DropReports
+from rlvla3.runtime.cpu_pinning import pin_to_cpus
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
 from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
@@ -331,21 +331,6 @@ class Role(abc.ABC, Generic[SettingsT]):
             self.stop_event.set()
 
         install_stop_signals(on_signal)
-
-
-def pin_to_cpus(cpus: list[int] | None, field: str = "cpus") -> None:
-    """Restrict this process (and the threads it starts later) to ``cpus``; None: no change.
-
-    Raises:
-        ConfigError: a CPU id this node does not have (names ``field`` and the usable CPUs).
-    """
-    if cpus is None:
-        return
-    available = sorted(os.sched_getaffinity(0))
-    missing = [c for c in cpus if c not in available]
-    if missing:
-        raise ConfigError(f"{field}: this node has no CPU {missing} (usable: {available})")
-    os.sched_setaffinity(0, cpus)
 
 
 def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
