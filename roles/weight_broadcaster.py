@@ -35,6 +35,18 @@ from transport.weights import start_store
 _LINK_SCAN_PERIOD_S = 0.5
 
 
+SLOW_LINK_MB_PER_S = 100
+"""The slowest link a send deadline allows for (MB/s, about 1 Gb/s Ethernet's): a version takes
+at least its size over this before its link counts as late."""
+
+
+def send_deadline_s(setting_s: float, numel: int) -> float:
+    """How long a send of ``numel`` float32 values may take before its link is set aside: the
+    setting, or the time a slow link takes for a version of this size when that is longer (a
+    large model's every send would otherwise be late)."""
+    return max(setting_s, 4 * numel / 1e6 / SLOW_LINK_MB_PER_S)
+
+
 class WeightBroadcaster(Role[WeightBroadcasterSettings]):
     """Owns the versioned copy of the latest weights and fans it out to rollout servers."""
 
@@ -121,13 +133,14 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
             flat,
             self.stop_event.is_set,
             tag=update.tag,
-            deadline_s=self.settings.send_deadline_s,
+            deadline_s=self._deadline_s(),
         )
         for link_id in sorted(set(self.broadcaster.late) - late_before):
             self.drop(
                 "weight_sends_late",
                 f"link {link_id} took v{update.version} for longer than "
-                f"{self.settings.send_deadline_s:g}s (send_deadline_s): not waited for",
+                f"{self._deadline_s():.3g}s (send_deadline_s, or the version's size at "
+                f"{SLOW_LINK_MB_PER_S} MB/s): not waited for",
             )
         self.registry.set_weight_version(update.version)
         self.gauge("policy_version", update.version)
@@ -142,6 +155,9 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
                     link_id,
                     "failed" if link_id in live else "closed (its server stopped)",
                 )
+
+    def _deadline_s(self) -> float:
+        return send_deadline_s(self.settings.send_deadline_s, self.numel or 0)
 
     def _update_problem(self, update: WeightsUpdate) -> str | None:
         """Why ``update`` must not go to the rollout servers (None: it may)."""
@@ -175,9 +191,7 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
     def _take_formed_links(self, live: set[str]) -> None:
         """Links whose forming ended: log those formed; count those that failed, which are
         not tried again (their server relinks under a new id if it is still waiting)."""
-        linked, failed = self.broadcaster.take_formed(
-            self.stop_event.is_set, self.settings.send_deadline_s
-        )
+        linked, failed = self.broadcaster.take_formed(self.stop_event.is_set, self._deadline_s())
         for link_id in linked:
             self.log.info("linked %s (sent v%d)", link_id, self.broadcaster.version)
         for link_id, why in sorted(failed.items()):
@@ -187,9 +201,7 @@ class WeightBroadcaster(Role[WeightBroadcasterSettings]):
 
     def _rejoin_late(self) -> None:
         """Links whose late send has ended rejoin (their server came back) or are forgotten."""
-        rejoined, failed = self.broadcaster.rejoin_late(
-            self.stop_event.is_set, self.settings.send_deadline_s
-        )
+        rejoined, failed = self.broadcaster.rejoin_late(self.stop_event.is_set, self._deadline_s())
         for link_id in rejoined:
             self.log.info("link %s is back: sent v%d", link_id, self.broadcaster.version)
         for link_id in failed:

@@ -310,3 +310,11 @@ def test_roles_get_their_own_nccl_host_id_only_when_asked(monkeypatch, tmp_path,
     monkeypatch.setenv("NCCL_HOSTID", "mine")
     processes.spawn(processes.RoleProcess("trainer", 0, "gpu-0", tmp_path / "t.log"), ctx)
     assert envs[-1]["NCCL_HOSTID"] == "mine"
+
+
+def test_the_send_deadline_grows_with_a_version_too_large_for_it() -> None:
+    from roles.weight_broadcaster import SLOW_LINK_MB_PER_S, send_deadline_s
+
+    assert send_deadline_s(2.0, 1_000_000) == 2.0  # 4 MB: the setting
+    seven_b = 7_000_000_000  # a 7B model's float32 version: 28 GB
+    assert send_deadline_s(2.0, seven_b) == pytest.approx(28_000 / SLOW_LINK_MB_PER_S)

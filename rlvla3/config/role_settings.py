@@ -74,7 +74,7 @@ class WeightBroadcasterSettings:
     link_timeout_s: float = bounded(60.0, gt=0)
     """A link that takes longer to form or to send one version counts as broken."""
     send_deadline_s: float = bounded(2.0, gt=0)
-    """The longest a broadcast waits for one rollout server (seconds): a server frozen or slow past it gets no other version until that send ends (then it is sent the current one), and the broadcaster goes on serving the others."""
+    """The longest a broadcast waits for one rollout server (seconds; at least the version's size at 100 MB/s, so a large model's sends are not all late): a server frozen or slow past it gets no other version until that send ends (then it is sent the current one), and the broadcaster goes on serving the others."""
     max_weights_mb: int = bounded(1024, ge=1)
     """Largest weights update taken (MiB; libzmq drops a larger frame unread): at least 4 bytes per trainable floating-point parameter that travels (all of them, or LoRA's adapters and heads); a trainer whose weights exceed it refuses to start, naming this key."""
 

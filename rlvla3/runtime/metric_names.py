@@ -82,6 +82,6 @@ GAUGES: dict[str, str] = {
     "loss": "SFT trainer: the last step's loss",
     "tokens_per_s": "SFT trainer: packed tokens per second over the last 20 s",
     "links": "weight broadcaster: live weight links (one per rollout server)",
-    "last_sync_ms": "weight broadcaster: how long the last broadcast to every link took, in ms",
+    "last_sync_ms": "weight broadcaster: how long the last broadcast took, in ms (links late past the send deadline not waited for)",
     "weights_check_ms": "weight broadcaster, rollout server: how long checking the last weight version took (its HMAC over the buffer, finiteness), in ms",
 }
