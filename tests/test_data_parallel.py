@@ -1,0 +1,142 @@
+"""Data-parallel learners (``rlvla3/algo/data_parallel.py``, ``rlvla3/runtime/train_group.py``):
+two ranks in two spawned processes over gloo against one process, fed the same samples."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+
+from rlvla3.algo.data_parallel import (
+    DataParallel,
+    flatten_tree,
+    load_state,
+    post_state,
+    shuffle_generator,
+    unflatten_tree,
+)
+from rlvla3.algo.learners import Objective
+from rlvla3.algo.optim import build_optimizer
+from rlvla3.config.run_config import AlgoConfig
+from rlvla3.policy.mlp import MLPPolicy
+from rlvla3.runtime.train_group import GroupError, TrainGroup, _parse_header, follower_store
+from transport.weights import start_store
+
+UPDATES = 3
+# 49 samples in minibatches of 16: the last holds one, so one rank's slice of it is empty
+ALGO = AlgoConfig(lr=0.01, epochs=2, minibatch_size=16, max_grad_norm=0.5, ent_coef=0.01)
+SAMPLES = 49
+
+
+def _policy(seed: int) -> MLPPolicy:
+    torch.manual_seed(seed)
+    return MLPPolicy(4, gym.spaces.Discrete(2), hidden_sizes=(16, 16))
+
+
+def _batch(policy: MLPPolicy, update: int) -> dict:
+    gen = torch.Generator().manual_seed(100 + update)
+    obs = {"state": torch.randn(SAMPLES, 4, generator=gen)}
+    with torch.no_grad():
+        out = policy.act(obs)
+    advantages = torch.randn(SAMPLES, generator=gen)
+    return {
+        "obs": obs,
+        "actions": out.action,
+        "log_probs": out.log_prob,
+        "values": out.value,
+        "advantages": advantages,
+        "returns": out.value + advantages,
+    }
+
+
+def _weights(policy: MLPPolicy) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in policy.parameters()])
+
+
+def _train(policy: MLPPolicy, optimizer, batch: dict, update: int, dp: DataParallel | None):
+    objective = Objective(ALGO, vf_coef=ALGO.vf_coef, norm_adv=True)
+    objective.update(
+        policy,
+        optimizer,
+        batch,
+        policy_coef=1.0,
+        reference=None,
+        generator=shuffle_generator(update),
+        data_parallel=dp,
+    )
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    """One rank: join, take the leader's state, then train on the batches the leader posts."""
+    torch.set_num_threads(1)
+    store = follower_store(f"127.0.0.1:{port}", timeout_s=30)
+    group = TrainGroup(store, rank, 2, torch.device("cpu"), "127.0.0.1", timeout_s=30)
+    policy = _policy(seed=rank)  # a follower starts from other weights: the state message fixes it
+    optimizer = build_optimizer(policy, ALGO)
+    dp = DataParallel(group)
+    trace = []
+    if group.leader:
+        post_state(group, policy, optimizer)
+    else:
+        load_state(group.wait(lambda: False, lambda: None), policy, optimizer)
+    for update in range(UPDATES):
+        if group.leader:
+            batch = _batch(policy, update)
+            group.post("update", {"update": update}, flatten_tree(batch))
+        else:
+            message = group.wait(lambda: False, lambda: None)
+            assert message.kind == "update" and message.info == {"update": update}
+            batch = unflatten_tree(message.tensors)
+        _train(policy, optimizer, batch, update, dp)
+        trace.append(_weights(policy))
+    torch.save({"trace": torch.stack(trace), "reduced": dp.reduced_bytes}, out)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("ranks")
+    store = start_store("127.0.0.1", timeout_s=30)
+    ctx = multiprocessing.get_context("spawn")
+    outs = [str(tmp / f"rank{r}.pt") for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, store.port, outs[r])) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0, "a rank failed (its traceback is above)"
+    return [torch.load(Path(o), weights_only=True) for o in outs]
+
+
+def test_ranks_hold_identical_weights_after_every_update(two_ranks) -> None:
+    first, second = (r["trace"] for r in two_ranks)
+    assert torch.equal(first, second)
+    assert two_ranks[0]["reduced"] > 0
+
+
+def test_two_ranks_match_one_process_on_the_same_samples(two_ranks) -> None:
+    policy = _policy(seed=0)
+    optimizer = build_optimizer(policy, ALGO)
+    trace = []
+    for update in range(UPDATES):
+        _train(policy, optimizer, _batch(policy, update), update, dp=None)
+        trace.append(_weights(policy))
+    one = torch.stack(trace)
+    assert not torch.allclose(one[0], one[-1])  # the updates moved the weights
+    torch.testing.assert_close(two_ranks[0]["trace"], one, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "raw, named",
+    [
+        (b"not json", "not a header"),
+        (b'{"kind": "update", "info": {}, "tensors": [["x", "complex128", [2]]]}', "tensor spec"),
+        (b'{"kind": "update", "info": {}, "tensors": [["x", "float32", [-1]]]}', "shape"),
+        (b'{"kind": "update", "info": {}, "tensors": [["x", "uint8", [99999999999]]]}', "bytes"),
+    ],
+)
+def test_a_malformed_group_message_is_refused_by_name(raw: bytes, named: str) -> None:
+    with pytest.raises(GroupError, match=named):
+        _parse_header(raw)
