@@ -10,19 +10,13 @@ import gymnasium as gym
 import pytest
 import torch
 
-from rlvla3.algo.data_parallel import (
-    DataParallel,
-    flatten_tree,
-    load_state,
-    post_state,
-    shuffle_generator,
-    unflatten_tree,
-)
+from rlvla3.algo import data_parallel as dp
 from rlvla3.algo.learners import Objective
 from rlvla3.algo.optim import build_optimizer
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.mlp import MLPPolicy
 from rlvla3.runtime.train_group import GroupError, TrainGroup, _parse_header, follower_store
+from tests.test_ppo import _fixed_batch
 from transport.weights import start_store
 
 UPDATES = 3
@@ -37,26 +31,17 @@ def _policy(seed: int) -> MLPPolicy:
 
 
 def _batch(policy: MLPPolicy, update: int) -> dict:
-    gen = torch.Generator().manual_seed(100 + update)
-    obs = {"state": torch.randn(SAMPLES, 4, generator=gen)}
-    with torch.no_grad():
-        out = policy.act(obs)
-    advantages = torch.randn(SAMPLES, generator=gen)
-    return {
-        "obs": obs,
-        "actions": out.action,
-        "log_probs": out.log_prob,
-        "values": out.value,
-        "advantages": advantages,
-        "returns": out.value + advantages,
-    }
+    """The update's samples, acted by ``policy`` as it stands (one fixed set of observations)."""
+    return _fixed_batch(policy, n=SAMPLES)
 
 
 def _weights(policy: MLPPolicy) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in policy.parameters()])
 
 
-def _train(policy: MLPPolicy, optimizer, batch: dict, update: int, dp: DataParallel | None):
+def _train(
+    policy: MLPPolicy, optimizer, batch: dict, update: int, data_parallel: dp.DataParallel | None
+):
     objective = Objective(ALGO, vf_coef=ALGO.vf_coef, norm_adv=True)
     objective.update(
         policy,
@@ -64,8 +49,8 @@ def _train(policy: MLPPolicy, optimizer, batch: dict, update: int, dp: DataParal
         batch,
         policy_coef=1.0,
         reference=None,
-        generator=shuffle_generator(update),
-        data_parallel=dp,
+        generator=dp.shuffle_generator(update),
+        data_parallel=data_parallel,
     )
 
 
@@ -76,23 +61,23 @@ def _rank(rank: int, port: int, out: str) -> None:
     group = TrainGroup(store, rank, 2, torch.device("cpu"), "127.0.0.1", timeout_s=30)
     policy = _policy(seed=rank)  # a follower starts from other weights: the state message fixes it
     optimizer = build_optimizer(policy, ALGO)
-    dp = DataParallel(group)
+    shared = dp.DataParallel(group)
     trace = []
     if group.leader:
-        post_state(group, policy, optimizer)
+        dp.post_state(group, policy, optimizer)
     else:
-        load_state(group.wait(lambda: False, lambda: None), policy, optimizer)
+        dp.load_state(group.wait(lambda: False, lambda: None), policy, optimizer)
     for update in range(UPDATES):
         if group.leader:
             batch = _batch(policy, update)
-            group.post("update", {"update": update}, flatten_tree(batch))
+            group.post("update", {"update": update}, dp.flatten_tree(batch))
         else:
             message = group.wait(lambda: False, lambda: None)
             assert message.kind == "update" and message.info == {"update": update}
-            batch = unflatten_tree(message.tensors)
-        _train(policy, optimizer, batch, update, dp)
+            batch = dp.unflatten_tree(message.tensors)
+        _train(policy, optimizer, batch, update, shared)
         trace.append(_weights(policy))
-    torch.save({"trace": torch.stack(trace), "reduced": dp.reduced_bytes}, out)
+    torch.save({"trace": torch.stack(trace), "reduced": shared.reduced_bytes}, out)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +106,7 @@ def test_two_ranks_match_one_process_on_the_same_samples(two_ranks) -> None:
     optimizer = build_optimizer(policy, ALGO)
     trace = []
     for update in range(UPDATES):
-        _train(policy, optimizer, _batch(policy, update), update, dp=None)
+        _train(policy, optimizer, _batch(policy, update), update, data_parallel=None)
         trace.append(_weights(policy))
     one = torch.stack(trace)
     assert not torch.allclose(one[0], one[-1])  # the updates moved the weights

@@ -248,13 +248,12 @@ def _validate_weight_path(cfg: Config) -> None:
 
 
 def _validate_learner_counts(cfg: Config) -> None:
-    # two learners of one run would write the same checkpoint files and publish rival versions
-    for role in ("trainer", "sft_trainer"):
-        if cfg.num_processes(role) > 1:
-            raise ConfigError(
-                f"roles.{role}.count: a run has at most one {role} (has "
-                f"{cfg.num_processes(role)}); data-parallel learners are not supported yet"
-            )
+    # the SFT trainer's ranks do not share their steps yet: two would write the same checkpoints
+    if cfg.num_processes("sft_trainer") > 1:
+        raise ConfigError(
+            f"roles.sft_trainer.count: a run has at most one sft_trainer (has "
+            f"{cfg.num_processes('sft_trainer')}); data-parallel SFT is not supported yet"
+        )
 
 
 def _validate_env_groups(cfg: Config) -> None:

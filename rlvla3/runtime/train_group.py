@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,12 +25,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlvla3.runtime.role import Role
 from transport.weights import start_store
 
 _DTYPES = {
     name: getattr(torch, name)
     for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 }
+STOP = "stop"
+"""The kind of the leader's last message: the run stops (a leader that fails says nothing, so its
+followers fail too and the whole group restarts)."""
 MAX_MESSAGE_BYTES = 8 * 2**30
 """The most a posted message's tensors may hold together (a bound on what a follower allocates)."""
 
@@ -207,3 +212,83 @@ def follower_store(address: str, timeout_s: float) -> dist.TCPStore:
         is_master=False,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+# --- forming the group of a role's ranks ---------------------------------------------------------
+
+_ENDPOINT = "group"
+_WATCH_PERIOD_S = 1.0
+
+
+def join_group(
+    role: Role, device: torch.device, join_timeout_s: float = 120.0
+) -> TrainGroup | None:
+    """Form the group of ``role``'s ``count`` ranks (None when it has one: no group). Rank 0
+    starts the store and advertises it; the others find it in Redis. Collectives wait up to
+    ``run.stall_timeout_s`` for a rank."""
+    world_size = role.cfg.num_processes(role.name)
+    if world_size < 2:
+        return None
+    timeout_s = role.cfg.run.stall_timeout_s
+    if role.index == 0:
+        store = leader_store(role.address, timeout_s=join_timeout_s)
+        role.registry.publish_endpoint(role.name, 0, _ENDPOINT, f"{role.address}:{store.port}")
+    else:
+        store = _leader_store(role, join_timeout_s)
+    with role.busy(f"forming the {role.name} group of {world_size} ranks", up_to_s=join_timeout_s):
+        group = TrainGroup(store, role.index, world_size, device, role.address, timeout_s)
+    role.log.info("rank %d of %d (%s)", role.index, world_size, group.backend)
+    return group
+
+
+def _leader_store(role: Role, join_timeout_s: float) -> dist.TCPStore:
+    """A client of rank 0's store; a store that does not answer (a rank 0 that is going away,
+    whose record still shows) is retried until ``join_timeout_s``."""
+    deadline = time.monotonic() + join_timeout_s
+    while True:
+        address = role.wait_for_endpoints(role.name, _ENDPOINT, timeout_s=join_timeout_s)[0]
+        try:
+            return follower_store(address, timeout_s=min(10.0, join_timeout_s))
+        except (RuntimeError, OSError) as err:  # DistNetworkError, DistStoreError
+            if time.monotonic() > deadline:
+                raise GroupError(f"rank 0's store at {address} does not answer: {err}") from None
+            role.log.info("rank 0's store at %s does not answer yet (%s)", address, err)
+            if role.stop_event.wait(0.5):
+                raise InterruptedError("stopped while joining the group") from None
+
+
+class GroupWatch:
+    """Notices a rank of the group that died or restarted (its heartbeat gone, or another
+    process in its place), so that every rank leaves and the launchers restart the whole group:
+    one rank cannot rejoin a group that is mid-update.
+
+    Args:
+        role: this rank.
+        group: its group.
+    """
+
+    def __init__(self, role: Role, group: TrainGroup) -> None:
+        self.role, self.group = role, group
+        self.pids = self._peer_pids()
+        self._next_check = time.monotonic() + _WATCH_PERIOD_S
+
+    def _peer_pids(self) -> dict[int, int | None]:
+        found = {r.index: r for r in self.role.registry.roles() if r.role == self.role.name}
+        return {
+            i: found[i].pid if i in found and found[i].alive else None
+            for i in range(self.group.world_size)
+            if i != self.group.rank
+        }
+
+    def check(self) -> None:
+        """Raise ``GroupError`` if a peer left since the group formed (checked once a second)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + _WATCH_PERIOD_S
+        for index, pid in self._peer_pids().items():
+            if pid is None or pid != self.pids[index]:
+                raise GroupError(
+                    f"{self.role.name}/{index} left the group (died or restarted): "
+                    "the whole group restarts"
+                )
