@@ -3,6 +3,7 @@ two ranks in two spawned processes over gloo against one process, fed the same s
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from rlvla3.algo import data_parallel as dp
 from rlvla3.algo.learners import Objective
 from rlvla3.algo.optim import build_optimizer
+from rlvla3.algo.sft_update import sft_update
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.mlp import MLPPolicy
 from rlvla3.runtime.train_group import GroupError, TrainGroup, _parse_header, follower_store
@@ -80,19 +82,23 @@ def _rank(rank: int, port: int, out: str) -> None:
     torch.save({"trace": torch.stack(trace), "reduced": shared.reduced_bytes}, out)
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("ranks")
+def _spawn(target, tmp: Path) -> list[dict]:
+    """Run ``target(rank, port, out)`` as ranks 0 and 1 of a group; what each saved."""
     store = start_store("127.0.0.1", timeout_s=30)
     ctx = multiprocessing.get_context("spawn")
     outs = [str(tmp / f"rank{r}.pt") for r in range(2)]
-    procs = [ctx.Process(target=_rank, args=(r, store.port, outs[r])) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, store.port, outs[r])) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=120)
         assert p.exitcode == 0, "a rank failed (its traceback is above)"
     return [torch.load(Path(o), weights_only=True) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    return _spawn(_rank, tmp_path_factory.mktemp("ranks"))
 
 
 def test_ranks_hold_identical_weights_after_every_update(two_ranks) -> None:
@@ -125,3 +131,50 @@ def test_two_ranks_match_one_process_on_the_same_samples(two_ranks) -> None:
 def test_a_malformed_group_message_is_refused_by_name(raw: bytes, named: str) -> None:
     with pytest.raises(GroupError, match=named):
         _parse_header(raw)
+
+
+# --- SFT: each rank its own samples, the loss over the global batch ------------------------------
+
+
+def _sft_batch(step: int, rows: slice = slice(None)) -> tuple[dict, torch.Tensor]:
+    """Step ``step``'s global batch of 12 demonstrated frames (``rows``: a rank's share)."""
+    gen = torch.Generator().manual_seed(200 + step)
+    obs = torch.randn(12, 4, generator=gen)
+    actions = torch.randint(0, 2, (12,), generator=gen)
+    return {"state": obs[rows]}, actions[rows]
+
+
+def _sft_steps(policy: MLPPolicy, rows: slice, data_parallel: dp.DataParallel | None) -> list:
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.01)
+    trace = []
+    for step in range(UPDATES):
+        obs, actions = _sft_batch(step, rows)
+        sft_update(
+            policy,
+            optimizer,
+            policy.evaluate,
+            obs,
+            actions,
+            precision=contextlib.nullcontext,
+            data_parallel=data_parallel,
+        )
+        trace.append(_weights(policy))
+    return trace
+
+
+def _sft_rank(rank: int, port: int, out: str) -> None:
+    """An SFT rank: its share of every step's frames."""
+    torch.set_num_threads(1)
+    store = follower_store(f"127.0.0.1:{port}", timeout_s=30)
+    group = TrainGroup(store, rank, 2, torch.device("cpu"), "127.0.0.1", timeout_s=30)
+    # uneven halves (5 and 7 frames): the loss is the global batch's mean, not a mean of means
+    rows = slice(0, 5) if rank == 0 else slice(5, 12)
+    trace = _sft_steps(_policy(seed=0), rows, dp.DataParallel(group))
+    torch.save({"trace": torch.stack(trace)}, out)
+
+
+def test_two_sft_ranks_match_one_with_the_doubled_batch(tmp_path) -> None:
+    ranks = _spawn(_sft_rank, tmp_path)
+    assert torch.equal(ranks[0]["trace"], ranks[1]["trace"])
+    one = torch.stack(_sft_steps(_policy(seed=0), slice(None), data_parallel=None))
+    torch.testing.assert_close(ranks[0]["trace"], one, rtol=1e-5, atol=1e-6)

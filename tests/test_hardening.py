@@ -138,7 +138,7 @@ def test_a_role_logs_a_dropped_messages_reason_on_one_line(tmp_path, redis_url, 
     assert "\n" not in record.getMessage()
 
 
-@pytest.mark.parametrize("role", ["sft_trainer"])
-def test_two_learners_are_refused(role) -> None:
-    with pytest.raises(ConfigError, match=rf"^roles\.{role}\.count: a run has at most one"):
-        load_config(None, [f"roles.{role}.count=2"])
+@pytest.mark.parametrize("role", ["trainer", "sft_trainer"])
+def test_several_learners_are_one_training_group(role) -> None:
+    """``count`` > 1 is one data-parallel group (rank 0 alone publishes and checkpoints)."""
+    assert load_config(None, [f"roles.{role}.count=2"]).num_processes(role) == 2

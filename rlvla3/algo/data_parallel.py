@@ -13,11 +13,15 @@ Advantages are normalised over the whole minibatch, before it is sliced.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
-from rlvla3.runtime.train_group import Message, TrainGroup
+from rlvla3.runtime.train_group import GroupError, Message, TrainGroup
+
+STATE = "state"
+"""The kind of the message that brings a joining rank the leader's weights and optimizer state."""
 
 Tensor = torch.Tensor
 
@@ -42,23 +46,30 @@ class DataParallel:
         return torch.arange(size).tensor_split(self.group.world_size)[self.group.rank]
 
     def reduce_gradients(self, params: list[torch.nn.Parameter], weight: float) -> None:
-        """Replace every parameter's gradient by the ranks' sum of ``weight`` x their gradient
-        (``weight``: the rank's share of the minibatch; a missing gradient counts as zeros)."""
-        import time
+        """Replace every parameter's gradient by the ranks' sum of ``weight`` x their gradient.
 
+        A rank without a gradient for a parameter (its slice was empty) counts as zeros; a
+        parameter no rank has a gradient for keeps none, so the optimizer leaves it alone as it
+        would in one process (AdamW would otherwise decay it). One flat all-reduce carries the
+        gradients and, per parameter, whether a rank had one.
+        """
         started = time.perf_counter()
+        device = self.group.device
+        present = torch.tensor([float(p.grad is not None) for p in params], device=device)
         grads = [
-            p.grad
+            p.grad.reshape(-1).to(device, torch.float32)
             if p.grad is not None
-            else torch.zeros_like(p, memory_format=torch.contiguous_format)
+            else torch.zeros(p.numel(), device=device)
             for p in params
         ]
-        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(weight)
+        flat = torch.cat([torch.cat(grads).mul_(weight), present])
         self.group.all_reduce_sum_(flat)
+        had = flat[-len(params) :].tolist()
         offset = 0
-        for p, g in zip(params, grads, strict=True):
-            n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
+        for p, had_grad in zip(params, had, strict=True):
+            n = p.numel()
+            grad = flat[offset : offset + n].view(p.shape).to(p.device, p.dtype, copy=True)
+            p.grad = grad if had_grad > 0 else None
             offset += n
         self.reduced_bytes += flat.numel() * flat.element_size()
         self.reduce_s += time.perf_counter() - started
@@ -91,20 +102,28 @@ def unflatten_tree(flat: dict[str, Tensor]) -> dict[str, Any]:
 
 
 def post_state(
-    group: TrainGroup, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+    group: TrainGroup,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    info: dict[str, Any] | None = None,
 ) -> None:
-    """The leader: send the weights (buffers too) and the optimizer's state to every rank, so
-    all start from where the leader resumed."""
+    """The leader: send the weights (buffers too), the optimizer's state and ``info`` (plain
+    fields: where the leader stands) to every rank, so all start from where it resumed."""
     tensors = {f"model/{k}": v.detach() for k, v in module.state_dict().items()}
     for index, state in optimizer.state_dict()["state"].items():
         for key, value in state.items():
             tensors[f"optim/{index}/{key}"] = torch.as_tensor(value)
-    group.post("state", {}, tensors)
+    group.post(STATE, info or {}, tensors)
 
 
-def load_state(message: Message, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_state(
+    message: Message, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
     """A follower: take the leader's weights and optimizer state from a ``state`` message (the
-    learning rates stay this rank's own: every update message carries their scale)."""
+    learning rates stay this rank's own: an RL update message carries them); returns its
+    plain fields."""
+    if message.kind != STATE:
+        raise GroupError(f"group message: {message.kind!r} where the leader's state was due")
     model = {
         k.removeprefix("model/"): v for k, v in message.tensors.items() if k.startswith("model/")
     }
@@ -116,6 +135,7 @@ def load_state(message: Message, module: torch.nn.Module, optimizer: torch.optim
             state.setdefault(int(index), {})[key] = value
     groups = optimizer.state_dict()["param_groups"]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return message.info
 
 
 def shuffle_generator(seed: int) -> torch.Generator:

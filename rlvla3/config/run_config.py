@@ -221,7 +221,6 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.algo.kind == "grpo":
         _validate_grpo(cfg)
-    _validate_learner_counts(cfg)
     _validate_eval(cfg)
     _validate_env_groups(cfg)
     _validate_weight_path(cfg)
@@ -244,15 +243,6 @@ def _validate_weight_path(cfg: Config) -> None:
         raise ConfigError(
             "roles.weight_broadcaster: a trainer's weights reach the rollout servers through "
             "a weight broadcaster (a run without trainers serves policy.init_checkpoint)"
-        )
-
-
-def _validate_learner_counts(cfg: Config) -> None:
-    # the SFT trainer's ranks do not share their steps yet: two would write the same checkpoints
-    if cfg.num_processes("sft_trainer") > 1:
-        raise ConfigError(
-            f"roles.sft_trainer.count: a run has at most one sft_trainer (has "
-            f"{cfg.num_processes('sft_trainer')}); data-parallel SFT is not supported yet"
         )
 
 
