@@ -48,6 +48,8 @@ class GroupUpdates:
         self.data_parallel = None if group is None else DataParallel(group)
         self.posted_bytes = 0
         """Bytes of batches the leader posted so far."""
+        self.post_s = 0.0
+        """Seconds the leader spent posting them."""
 
     def share_state(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Every rank starts from the leader's weights and optimizer state (what it resumed);
@@ -76,7 +78,9 @@ class GroupUpdates:
             "seed": seed,
             "lrs": [g["lr"] for g in self.optimizer.param_groups],
         }
+        started = time.perf_counter()
         self.posted_bytes += self.group.post("update", info, flatten_tree(batch))
+        self.post_s += time.perf_counter() - started
         return self._update(batch, policy_coef, seed, reference)
 
     def follow(self, message: Message, reference: ActorCritic | None) -> dict[str, float]:
