@@ -26,7 +26,7 @@ from pathlib import Path
 import gymnasium as gym
 import torch
 from harness.provenance import write_result
-from harness.report import Table, benchmark_parser
+from harness.report import Table, benchmark_parser, host_line, host_record, load_average_1m
 
 from rlvla3.algo.group_updates import GroupUpdates
 from rlvla3.algo.learners import Objective
@@ -134,6 +134,7 @@ def main() -> None:
     if args.smoke:
         args.updates, args.batch, args.minibatch, args.epochs = 2, 256, 128, 1
     settings = vars(args)
+    load_before = load_average_1m()
     results = []
     models = dict(list(MODELS.items())[:1]) if args.smoke else MODELS
     for name, hidden in models.items():
@@ -153,7 +154,9 @@ def main() -> None:
         )
         for r in results
     )
-    write_result(args.json, "data_parallel", {"cases": results}, settings)
+    host = host_record(load_before)
+    print(host_line(host))
+    write_result(args.json, "data_parallel", {"cases": results, "host": host}, settings)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,40 @@ def test_sbatch_runs_cartpole_on_three_nodes(slurm_cluster: Cluster, tmp_path: P
     assert_no_role_processes(slurm_cluster)
 
 
+def test_a_trainer_group_across_two_nodes_solves_cartpole(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``trainer.count: 2`` with rank 0 on the learner node and rank 1 on a sim node: the ranks
+    meet at rank 0's store across hosts, form a gloo group bound to their node addresses, train
+    every update together, and CartPole learns."""
+    run_dir = tmp_path / "run"
+    job = slurm_cluster.sbatch(
+        "--nodes=3",
+        f"--output={tmp_path / 'job.out'}",
+        "launch/slurm.sbatch",
+        CARTPOLE_3NODES,
+        "--out",
+        str(run_dir),
+        "--set",
+        "run.stop.max_wall_s=240",
+        "--set",
+        "roles.trainer.count=2",
+        "--set",
+        "roles.trainer.node=[learner, sim-0]",
+    )
+    fields = wait_for_job(slurm_cluster, job, 360)
+    output = (tmp_path / "job.out").read_text()
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ranks = {r["index"]: r for r in summary["roles"] if r["role"] == "trainer"}
+    assert {i: r["node"] for i, r in ranks.items()} == {0: "learner", 1: "sim-0"}
+    assert all(r["status"] == "done" for r in ranks.values()), ranks
+    follower = (run_dir / "logs" / "trainer-1.log").read_text()
+    assert "rank 1 of 2 (gloo)" in follower
+    assert summary["final_mean_return"] > 8 * RANDOM_RETURN, summary["stop_reason"]
+    assert_no_role_processes(slurm_cluster)
+
+
 def test_an_allocation_that_does_not_fit_fails_every_node_at_once(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
