@@ -45,19 +45,15 @@ TABLE = Table.from_layout(
 
 
 def _batch(n: int, policy: MLPPolicy) -> dict:
-    gen = torch.Generator().manual_seed(0)
-    obs = {"state": torch.randn(n, OBS_DIM, generator=gen)}
+    """``n`` random observations, acted on by ``policy``, with random advantages."""
+    obs = {"state": torch.randn(n, OBS_DIM, generator=torch.Generator().manual_seed(0))}
     with torch.no_grad():
         out = policy.act(obs)
-    adv = torch.randn(n, generator=gen)
-    return {
-        "obs": obs,
-        "actions": out.action,
-        "log_probs": out.log_prob,
-        "values": out.value,
-        "advantages": adv,
-        "returns": out.value + adv,
-    }
+    adv = torch.randn(n)
+    fields = ("actions", "log_probs", "values", "advantages", "returns")
+    return {"obs": obs} | dict(
+        zip(fields, (out.action, out.log_prob, out.value, adv, out.value + adv), strict=True)
+    )
 
 
 def _rank(rank: int, world: int, port: int, hidden: tuple[int, ...], args: dict, out: str) -> None:
