@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvla3.algo.data_parallel import DataParallel, load_state, post_state
 from rlvla3.algo.optim import trainable_parameters
+from rlvla3.algo.sft_update import sft_update
 from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
@@ -34,6 +36,7 @@ from rlvla3.policy.sft_tokens import frame_tokens
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
+from rlvla3.runtime.train_group import GroupWatch, join_group
 from rlvla3.runtime.training_role import TrainingRole
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
@@ -49,6 +52,11 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
 
     def setup(self) -> None:
         self.device = self.start_torch()
+        dataset = self._dataset()  # (rank 0 generates it; the others wait for it)
+        # sft_trainer.count > 1: one data-parallel group; each rank reads episodes of its own
+        self.group = join_group(self, self.device)
+        self.leader = self.group is None or self.group.leader
+        shard = {"rank": self.index, "world_size": self.group.world_size} if self.group else {}
         check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True)
         self.policy = build_policy(self.cfg).to(self.device).train()
         s = self.cfg.sft
@@ -62,13 +70,14 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         }
         if s.stream_buffer_frames:
             self.data: DemoSet | DemoStream = DemoStream(
-                self._dataset(),
+                dataset,
                 **tokens,
                 buffer_frames=s.stream_buffer_frames,
                 seed=self.cfg.run.seed,
+                **shard,
             )
         else:
-            self.data = DemoSet(self._dataset(), **tokens)
+            self.data = DemoSet(dataset, **tokens, **shard)
         self.own(self.data)
         self.log.info(
             "%d demo frames from %d episodes (%s, %s batches)",
@@ -101,16 +110,36 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.last_loss: float | None = None
         self.finish_deadline: float | None = None
         self._resume()
+        self.data_parallel = DataParallel(self.group) if self.group is not None else None
+        self.watch = GroupWatch(self, self.group) if self.group is not None else None
+        self.finished = False
+        self.token_rate = RateMeter(window_s=20.0)
+        if not self.leader:  # rank 0 alone publishes, checkpoints and logs metrics
+            self._take_leader_state()
+            return
         self.version = self.catch_up_weights(self.policy, self.version)
+        if self.group is not None:
+            post_state(self.group, self.policy, self.optimizer, {"steps": self.steps})
         self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "sft"))
         self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
-        self.token_rate = RateMeter(window_s=20.0)
-        self.finished = False
         self._publish()
+
+    def _take_leader_state(self) -> None:
+        assert self.group is not None
+        message = self.group.wait(self.stop_event.is_set, lambda: self.stop_event.wait(0.02))
+        if message is None:
+            raise InterruptedError("stopped while waiting for the leader's state")
+        self.steps = int(load_state(message, self.policy, self.optimizer)["steps"])
+        # each rank its own packing and augmentation draws
+        self.rng = np.random.default_rng([self.cfg.run.seed + self.steps, self.index])
 
     def _dataset(self) -> Path:
         root = Path(self.cfg.sft.dataset)
+        if self.index > 0 and self.cfg.sft.generate_demos:
+            while not (root / "meta" / "info.json").exists():  # rank 0 writes it
+                if self.stop_event.wait(0.5):
+                    raise InterruptedError("stopped while waiting for rank 0's demonstrations")
         if not (root / "meta" / "info.json").exists():
             if not self.cfg.sft.generate_demos:
                 raise FileNotFoundError(
@@ -137,6 +166,11 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         return root
 
     def step(self) -> None:
+        if self.watch is not None:
+            self.watch.check()
+        if not self.leader:
+            self._follower_step()
+            return
         self.publisher.resend_if_due()  # the last send failed, or the broadcaster restarted
         if self.finished:
             self.stop_event.wait(0.5)  # the launcher evaluates and stops the run
@@ -157,6 +191,15 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.gauge("loss", metrics["loss"])
         self.gauge("tokens_per_s", self.token_rate.rate())
         self.last_loss = metrics["loss"]
+
+    def _follower_step(self) -> None:
+        """A rank other than 0: its share of every step up to ``sft.max_steps``, then idle."""
+        if self.steps >= self.cfg.sft.max_steps:
+            self.stop_event.wait(0.5)  # the leader asks the launcher to end the run
+            return
+        with self.busy("SFT step"):
+            self._train_step()
+        self.steps += 1
 
     def _ask_to_end(self) -> None:
         """Ask for the stop (and the evaluation) once the final weights are on the servers: the
@@ -187,17 +230,20 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
             frames, env_actions = augment(frames, env_actions, self.symmetry, self.rng)
         obs = {k: torch.from_numpy(v).to(self.device) for k, v in frames.items()}
         actions = self.policy.from_env_action(torch.from_numpy(env_actions))
-        with self.precision():
-            loss = -self.evaluate(obs, actions.to(self.device)).log_prob.mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.policy), 1.0)
-        self.optimizer.step()
+        loss, grad_norm = sft_update(
+            self.policy,
+            self.optimizer,
+            self.evaluate,
+            obs,
+            actions.to(self.device),
+            precision=self.precision,
+            data_parallel=self.data_parallel,
+        )
         self.token_rate.add(batch.num_tokens)
-        self.count("sft_samples", batch.num_samples)
+        self.count("sft_samples", batch.num_samples)  # every rank its own: the run's total
         return {
-            "loss": loss.item(),
-            "grad_norm": grad_norm.item(),
+            "loss": loss,
+            "grad_norm": grad_norm,
             "samples": batch.num_samples,
             "tokens": batch.num_tokens,
             "packing_efficiency": batch.efficiency,

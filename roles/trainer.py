@@ -32,6 +32,7 @@ import torch
 
 from rlvla3.algo.batch import chunk_staleness
 from rlvla3.algo.chunk_check import chunk_problem, observation_bytes
+from rlvla3.algo.group_updates import GroupUpdates
 from rlvla3.algo.learners import TakenBatch, build_learner
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference
@@ -45,7 +46,9 @@ from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
+from rlvla3.runtime.train_group import STOP, GroupWatch, join_group
 from rlvla3.runtime.training_role import TrainingRole
+from roles.trainer_rank import FollowerRank
 from transport import sockets
 from transport.messages import TrajectoryChunk
 from transport.socket_limits import chunk_limits
@@ -72,6 +75,16 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.version, self.updates, self.samples_trained = -1, 0, 0
         self.reference: ActorCritic | None = None  # set by _resume when algo.ref_kl_coef > 0
         self._resume()
+        # trainer.count > 1: one data-parallel group; rank 0 alone receives, publishes, saves
+        self.group = join_group(self, self.device)
+        self.follower: FollowerRank | None = None
+        if self.group is not None and not self.group.leader:
+            objective = build_learner(
+                self.cfg.algo, on_policy_only=False, batch_steps=1, device=self.device
+            ).objective
+            updates = GroupUpdates(self.group, objective, self.policy, self.optimizer)
+            self.follower = FollowerRank(self, updates, self.reference)
+            return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
         self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent)
@@ -94,6 +107,11 @@ class Trainer(TrainingRole[TrainerSettings]):
             batch_steps=self.cfg.algo.batch_steps or self._round_steps(),
             device=self.device,
         )
+        self.group_updates = GroupUpdates(
+            self.group, self.learner.objective, self.policy, self.optimizer
+        )
+        self.group_updates.share_state()
+        self.group_watch = GroupWatch(self, self.group) if self.group is not None else None
         self.sample_rate = RateMeter(window_s=20.0)
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "train"))
         self.frozen, self.next_freeze_check = False, 0.0
@@ -105,6 +123,11 @@ class Trainer(TrainingRole[TrainerSettings]):
 
     # --- the loop --------------------------------------------------------------------------------
     def step(self) -> None:
+        if self.follower is not None:
+            self.follower.step()
+            return
+        if self.group_watch is not None:
+            self.group_watch.check()
         chunk = self.accounting.receive(self.chunks.recv(timeout_s=0.2))
         if chunk is not None:
             self._accept(chunk)
@@ -169,9 +192,7 @@ class Trainer(TrainingRole[TrainerSettings]):
             return
         scale = self._lr_scale()
         scale_learning_rate(self.optimizer, scale)
-        metrics = self.learner.objective.update(
-            self.policy,
-            self.optimizer,
+        metrics = self.group_updates.lead(
             taken.batch,
             policy_coef=0.0 if self.updates < self.cfg.algo.value_warmup_updates else 1.0,
             reference=self.reference,
@@ -269,6 +290,13 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.log.info("exploring with log-std %.2f (algo.init_log_std)", value)
 
     def shutdown(self) -> None:
+        if self.follower is not None:  # the leader holds the chunks and writes the checkpoints
+            if self.stop_event.is_set():  # a clean stop (a failure leaves at once)
+                self.follower.finish(timeout_s=self.cfg.run.stall_timeout_s)
+            self.log.info("trained %d updates as rank %d", self.follower.done, self.index)
+            return
+        if self.group is not None and self.stop_event.is_set():  # a clean stop, not a failure
+            self.group.post(STOP, {}, {})
         self.accounting.drain(self.chunks, held=self.learner.held)
         if self.updates:
             self._checkpoint()

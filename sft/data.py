@@ -99,6 +99,17 @@ def _check_budget(lengths: np.ndarray, budget: int, first_index: int = 0) -> Non
         )
 
 
+def shard_positions(num_episodes: int, rank: int, world_size: int) -> list[int]:
+    """The positions of the episodes rank ``rank`` of ``world_size`` reads: every
+    ``world_size``-th from ``rank``, so the ranks' shards are disjoint and cover the dataset."""
+    if num_episodes < world_size:
+        raise ValueError(
+            f"sft.dataset: {num_episodes} episodes for {world_size} ranks "
+            "(roles.sft_trainer.count): each rank reads episodes of its own"
+        )
+    return list(range(rank, num_episodes, world_size))
+
+
 class DemoSet:
     """Every frame of a LeRobot dataset as arrays: ``obs[key]`` [N, ...] and ``actions`` [N, D]
     (``[N, K, D]`` with action chunks).
@@ -110,6 +121,8 @@ class DemoSet:
             (``FrameTokens.variable_tokens``); default: the instruction's non-pad bytes.
         action_steps: above 1, each frame's action is the chunk of its episode's next
             ``action_steps`` actions ``[K, D]`` (``action_windows``).
+        rank, world_size: a data-parallel SFT trainer's rank reads episodes ``rank``,
+            ``rank + world_size``, ... only (``shard_positions``).
     """
 
     def __init__(
@@ -118,12 +131,15 @@ class DemoSet:
         fixed_tokens: int,
         variable_tokens: VariableTokens | None = None,
         action_steps: int = 1,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         dataset = LeRobotDataset(root)
         _check_dataset(dataset, root)
         parts = [
-            _episode_arrays(dataset.episode(e.episode_index), action_steps)
-            for e in dataset.episodes
+            _episode_arrays(dataset.episode(dataset.episodes[i].episode_index), action_steps)
+            for i in shard_positions(len(dataset.episodes), rank, world_size)
         ]
         self.obs = {k: np.concatenate([obs[k] for obs, _ in parts]) for k in parts[0][0]}
         self.actions = np.concatenate([actions for _, actions in parts])
@@ -170,6 +186,7 @@ class DemoStream:
         root, fixed_tokens, variable_tokens: as for :class:`DemoSet`.
         buffer_frames: the buffer's capacity in frames (memory: this many frames).
         seed: the episode order's seed.
+        rank, world_size: as for :class:`DemoSet` (this rank's episodes only).
     """
 
     def __init__(
@@ -181,16 +198,19 @@ class DemoStream:
         buffer_frames: int = 20_000,
         seed: int = 0,
         action_steps: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         if buffer_frames < 1:
             raise ValueError(f"buffer_frames must be >= 1, got {buffer_frames}")
         self.dataset = LeRobotDataset(root, cache_episodes=1)
         _check_dataset(self.dataset, root)
-        self.num_episodes = len(self.dataset.episodes)
-        self.total_frames = len(self.dataset)
+        self._shard = set(shard_positions(len(self.dataset.episodes), rank, world_size))
+        self.num_episodes = len(self._shard)
+        lengths = [e.length for e in self.dataset.episodes]
+        self.total_frames = sum(lengths[i] for i in self._shard)
         self.fixed_tokens, self.variable_tokens = fixed_tokens, variable_tokens
         self.action_steps = action_steps  # above 1: each frame's target is an action chunk
-        lengths = [e.length for e in self.dataset.episodes]
         self._first_frame = np.concatenate([[0], np.cumsum(lengths)])  # per episode position
         self._longest_episode = max(lengths)
         self.capacity = max(buffer_frames, self._longest_episode)
@@ -263,6 +283,8 @@ class DemoStream:
         file shuffled (several episodes share a v3.0 file, which is then read once a pass)."""
         by_file: dict[Path, list[int]] = {}
         for position, episode in enumerate(self.dataset.episodes):
+            if position not in self._shard:
+                continue
             by_file.setdefault(self.dataset.episode_path(episode.episode_index), []).append(
                 position
             )

@@ -28,6 +28,7 @@ FROM_SCRATCH = [
 BENCHMARKS = {
     "async_vs_sync.py": [],
     "codec_sockets.py": [],
+    "data_parallel.py": [],
     "faults.py": [],
     "lora_sync.py": [],
     "main_job.py": [],

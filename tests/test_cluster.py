@@ -67,31 +67,39 @@ def assert_no_role_processes(cluster: Cluster) -> None:
         assert not left, f"processes left on node{node}: {left}"
 
 
-def test_sbatch_runs_cartpole_on_three_nodes(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    """``sbatch --nodes=3 launch/slurm.sbatch launch/cartpole_3nodes.yaml``: every role
-    registers from its node's address, weights reach a rollout server on another node (gloo
-    over the network), env workers on both sim nodes feed the trainer, CartPole learns, and
-    every node's launcher exits 0 leaving nothing behind."""
+def sbatch_cartpole(cluster: Cluster, tmp_path: Path, *overrides: str) -> tuple[Path, str, dict]:
+    """``sbatch --nodes=3 launch/slurm.sbatch launch/cartpole_3nodes.yaml`` with ``--set``
+    ``overrides``, to its end (which must be COMPLETED, exit 0); the run dir, the job's output
+    and ``summary.json``."""
     run_dir = tmp_path / "run"
-    job = slurm_cluster.sbatch(
+    sets = [a for o in ("run.stop.max_wall_s=240", *overrides) for a in ("--set", o)]
+    job = cluster.sbatch(
         "--nodes=3",
         f"--output={tmp_path / 'job.out'}",
         "launch/slurm.sbatch",
         CARTPOLE_3NODES,
         "--out",
         str(run_dir),
-        "--set",
-        "run.stop.max_wall_s=240",
-        # a second rollout server on a sim node: its weights cross hosts
-        "--set",
-        "roles.rollout_server.count=2",
-        "--set",
-        "roles.rollout_server.node=[learner, sim-1]",
+        *sets,
     )
-    fields = wait_for_job(slurm_cluster, job, 360)
+    fields = wait_for_job(cluster, job, 360)
     output = (tmp_path / "job.out").read_text()
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
-    summary = json.loads((run_dir / "summary.json").read_text())
+    return run_dir, output, json.loads((run_dir / "summary.json").read_text())
+
+
+def test_sbatch_runs_cartpole_on_three_nodes(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """``sbatch --nodes=3 launch/slurm.sbatch launch/cartpole_3nodes.yaml``: every role
+    registers from its node's address, weights reach a rollout server on another node (gloo
+    over the network), env workers on both sim nodes feed the trainer, CartPole learns, and
+    every node's launcher exits 0 leaving nothing behind."""
+    run_dir, output, summary = sbatch_cartpole(
+        slurm_cluster,
+        tmp_path,
+        # a second rollout server on a sim node: its weights cross hosts
+        "roles.rollout_server.count=2",
+        "roles.rollout_server.node=[learner, sim-1]",
+    )
     address = {n["node"]: n["address"] for n in summary["nodes"]}
     assert address == {
         "learner": slurm_cluster.address(1),
@@ -128,6 +136,24 @@ def test_sbatch_runs_cartpole_on_three_nodes(slurm_cluster: Cluster, tmp_path: P
     secret = secret_file.read_text().strip()
     for log in [tmp_path / "job.out", *(run_dir / "logs").iterdir()]:
         assert secret not in log.read_text(errors="replace"), f"the run secret is in {log}"
+    assert_no_role_processes(slurm_cluster)
+
+
+def test_a_trainer_group_across_two_nodes_solves_cartpole(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``trainer.count: 2`` with rank 0 on the learner node and rank 1 on a sim node: the ranks
+    meet at rank 0's store across hosts, form a gloo group bound to their node addresses, train
+    every update together, and CartPole learns."""
+    run_dir, _, summary = sbatch_cartpole(
+        slurm_cluster, tmp_path, "roles.trainer.count=2", "roles.trainer.node=[learner, sim-0]"
+    )
+    ranks = {r["index"]: r for r in summary["roles"] if r["role"] == "trainer"}
+    assert {i: r["node"] for i, r in ranks.items()} == {0: "learner", 1: "sim-0"}
+    assert all(r["status"] == "done" for r in ranks.values()), ranks
+    follower = (run_dir / "logs" / "trainer-1.log").read_text()
+    assert "rank 1 of 2 (gloo)" in follower
+    assert summary["final_mean_return"] > 8 * RANDOM_RETURN, summary["stop_reason"]
     assert_no_role_processes(slurm_cluster)
 
 

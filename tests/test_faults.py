@@ -103,6 +103,21 @@ def kill_role_twice(role: str) -> Callable[[Run], float]:
     return inject
 
 
+def kill_group_rank(role: str, index: int) -> Callable[[Run], float]:
+    """kill -9 rank ``index`` of ``role``'s training group; returns the seconds until the whole
+    group (every rank a new process) runs again."""
+
+    def inject(run: Run) -> float:
+        ranks = [r for r in run.registry.roles() if r.role == role]
+        started = time.monotonic()
+        os.kill(run.role(role, index).pid, signal.SIGKILL)
+        for rank in ranks:
+            wait_until(_back_running(run, role, rank.pid, rank.index), 120, f"{role} group back")
+        return time.monotonic() - started
+
+    return inject
+
+
 def stop_role(role: str) -> Callable[[Run], float]:
     """SIGSTOP the role until it is replaced (its heartbeat silent past run.heartbeat_ttl_s),
     then SIGCONT; returns the seconds until a new process of it runs."""
@@ -251,6 +266,11 @@ FAULTS: dict[str, Fault] = {
     "kill -9 trainer": Fault(kill_role("trainer"), "trainer/0 exited with code -9"),
     "kill -9 trainer twice (its successor as soon as it runs)": Fault(
         kill_role_twice("trainer"), "trainer/0 exited with code -9; restart 2"
+    ),
+    "kill -9 trainer rank 1 of 2 (the group restarts)": Fault(
+        kill_group_rank("trainer", 1),
+        "trainer/1 exited with code -9",
+        overrides=("roles.trainer.count=2",),
     ),
     "kill -9 weight broadcaster": Fault(
         kill_role("weight_broadcaster"), "weight_broadcaster/0 exited with code -9"

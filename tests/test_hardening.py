@@ -139,6 +139,6 @@ def test_a_role_logs_a_dropped_messages_reason_on_one_line(tmp_path, redis_url, 
 
 
 @pytest.mark.parametrize("role", ["trainer", "sft_trainer"])
-def test_two_learners_are_refused(role) -> None:
-    with pytest.raises(ConfigError, match=rf"^roles\.{role}\.count: a run has at most one"):
-        load_config(None, [f"roles.{role}.count=2"])
+def test_several_learners_are_one_training_group(role) -> None:
+    """``count`` > 1 is one data-parallel group (rank 0 alone publishes and checkpoints)."""
+    assert load_config(None, [f"roles.{role}.count=2"]).num_processes(role) == 2

@@ -14,12 +14,12 @@ from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 
 
 @pytest.mark.parametrize(
-    ("stream_buffer_frames", "symmetry"),
-    [(0, "none"), (60, "none"), (0, "dihedral")],
-    ids=["in_memory", "streamed", "in_memory_with_symmetry"],
+    ("stream_buffer_frames", "symmetry", "ranks"),
+    [(0, "none", 1), (60, "none", 1), (0, "dihedral", 1), (60, "none", 2)],
+    ids=["in_memory", "streamed", "in_memory_with_symmetry", "two_ranks_streamed"],
 )
 def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
-    tmp_path, redis_url, stream_buffer_frames, symmetry
+    tmp_path, redis_url, stream_buffer_frames, symmetry, ranks
 ) -> None:
     cfg = {
         "run": {
@@ -29,7 +29,7 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
             "stop": {"eval_episodes": 2, "eval_timeout_s": 120, "max_wall_s": 400},
         },
         "roles": {
-            "sft_trainer": {"count": 1},
+            "sft_trainer": {"count": ranks},
             "weight_broadcaster": {"count": 1},
             "rollout_server": {"count": 1},
             "env_worker": {"count": 1},
@@ -74,6 +74,9 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["evaluation"]["version"] == final and summary["evaluation"]["episodes"] >= 2
     assert 0.0 <= summary["success_rate"] <= 1.0 and summary["final_loss"] == losses[-1]
+    if ranks == 2:  # one group; each rank read its 3 episodes and trained every step
+        follower = (run_dir / "logs" / "sft_trainer-1.log").read_text()
+        assert "rank 1 of 2 (gloo)" in follower and "from 3 episodes" in follower
 
 
 def test_demos_command_writes_a_lerobot_dataset(tmp_path) -> None:

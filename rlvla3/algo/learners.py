@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rlvla3.algo.batch import Batch, build_batch, build_grpo_batch, keep_chunk
+from rlvla3.algo.data_parallel import DataParallel
 from rlvla3.algo.grpo import GroupAssembler
 from rlvla3.algo.ppo import ppo_update
 from rlvla3.config.run_config import AlgoConfig
@@ -73,12 +74,17 @@ class Objective:
         *,
         policy_coef: float,
         reference: ActorCritic | None,
+        generator: torch.Generator | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> dict[str, float]:
         """One update on ``batch`` (``ppo_update``); returns its metrics.
 
         Args:
             policy_coef: weight of the policy terms (0 during the value warm-up).
             reference: the frozen policy of the KL regulariser (used when ``ref_kl_coef`` > 0).
+            generator: the RNG of the minibatch shuffles (the same seed on every rank).
+            data_parallel: the training group's ranks share each minibatch
+                (``rlvla3/algo/data_parallel.py``).
         """
         a = self.algo
         return ppo_update(
@@ -95,6 +101,8 @@ class Objective:
             policy_coef=policy_coef,
             reference=reference,
             ref_kl_coef=a.ref_kl_coef,
+            generator=generator,
+            data_parallel=data_parallel,
         )
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from rlvla3.algo.advantages import normalize_advantages
+from rlvla3.algo.data_parallel import DataParallel
 from rlvla3.policy.base import ActorCritic
 
 Tensor = torch.Tensor
@@ -155,7 +156,6 @@ def _minibatch_loss(
     policy: ActorCritic,
     mb: dict[str, object],
     *,
-    norm_adv: bool,
     reference: ActorCritic | None = None,
     ref_kl_coef: float = 0.0,
     **loss_kwargs: object,
@@ -163,13 +163,10 @@ def _minibatch_loss(
     """Re-evaluate the policy on one minibatch and return ``ppo_loss`` for it (plus
     ``ref_kl_coef * reference_kl`` when a reference policy is given)."""
     out = policy.evaluate(mb["obs"], mb["actions"])
-    advantages = mb["advantages"]
-    if norm_adv:
-        advantages = normalize_advantages(advantages)
     loss, metrics = ppo_loss(
         out.log_prob,
         mb["log_probs"],
-        advantages,
+        mb["advantages"],
         out.value,
         mb["returns"],
         out.entropy,
@@ -215,6 +212,7 @@ def ppo_update(
     policy_coef: float = 1.0,
     reference: ActorCritic | None = None,
     ref_kl_coef: float = 0.0,
+    data_parallel: DataParallel | None = None,
 ) -> dict[str, float]:
     """Run ``epochs`` passes of shuffled minibatch PPO updates over one flat batch.
 
@@ -234,32 +232,49 @@ def ppo_update(
         policy_coef: see ``ppo_loss`` (0: update the critic only).
         reference: a frozen policy; with ``ref_kl_coef`` > 0 the loss adds
             ``ref_kl_coef * reference_kl`` (metric ``ref_kl``), also when ``policy_coef`` is 0.
+        data_parallel: the training group's ranks share each minibatch
+            (``rlvla3/algo/data_parallel.py``); every rank must call with the same ``batch``
+            and ``generator`` state. The metrics are this rank's slice's.
 
     Returns:
         The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
         ``explained_variance`` (of the behaviour values), ``num_minibatches``, ``num_epochs``,
         ``skipped_minibatches`` (non-finite gradients: no optimizer step, not averaged in).
     """
+    if data_parallel is not None and target_kl is not None:
+        # each rank sees its own slice's approx_kl: they would stop at different steps
+        raise ValueError("target_kl: not with data_parallel (the ranks would disagree)")
     n = batch["advantages"].shape[0]
     totals: dict[str, float] = {}
     num_minibatches, num_epochs, skipped, stop = 0, 0, 0, False
     while num_epochs < epochs and not stop:
         num_epochs += 1
         for idx in torch.randperm(n, generator=generator).split(minibatch_size):
-            loss, metrics = _minibatch_loss(
-                policy,
-                _index_batch(batch, idx),
-                norm_adv=norm_adv,
-                clip_coef=clip_coef,
-                vf_coef=vf_coef,
-                ent_coef=ent_coef,
-                clip_vloss=clip_vloss,
-                policy_coef=policy_coef,
-                reference=reference if ref_kl_coef > 0 else None,
-                ref_kl_coef=ref_kl_coef,
-            )
+            mb = _index_batch(batch, idx)
+            if norm_adv:  # over the whole minibatch, also when ranks share it
+                mb["advantages"] = normalize_advantages(mb["advantages"])
+            size = len(idx)
+            if data_parallel is not None:  # this rank's slice of the minibatch
+                mb = _index_batch(mb, data_parallel.local_positions(size))
+            local = len(mb["advantages"])
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            metrics: dict[str, float] = {}
+            if local:  # (a rank's slice of a short last minibatch may be empty)
+                loss, metrics = _minibatch_loss(
+                    policy,
+                    mb,
+                    clip_coef=clip_coef,
+                    vf_coef=vf_coef,
+                    ent_coef=ent_coef,
+                    clip_vloss=clip_vloss,
+                    policy_coef=policy_coef,
+                    reference=reference if ref_kl_coef > 0 else None,
+                    ref_kl_coef=ref_kl_coef,
+                )
+                loss.backward()
+            if data_parallel is not None:
+                params = [p for p in policy.parameters() if p.requires_grad]
+                data_parallel.reduce_gradients(params, weight=local / size)
             grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm).item()
             if not math.isfinite(grad_norm):  # one NaN step would make every weight NaN for good
                 skipped += 1

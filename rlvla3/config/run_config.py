@@ -216,7 +216,6 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.algo.kind == "grpo":
         _validate_grpo(cfg)
-    _validate_learner_counts(cfg)
     _validate_eval(cfg)
     _validate_env_groups(cfg)
     _validate_weight_path(cfg)
@@ -240,16 +239,6 @@ def _validate_weight_path(cfg: Config) -> None:
             "roles.weight_broadcaster: a trainer's weights reach the rollout servers through "
             "a weight broadcaster (a run without trainers serves policy.init_checkpoint)"
         )
-
-
-def _validate_learner_counts(cfg: Config) -> None:
-    # two learners of one run would write the same checkpoint files and publish rival versions
-    for role in ("trainer", "sft_trainer"):
-        if cfg.num_processes(role) > 1:
-            raise ConfigError(
-                f"roles.{role}.count: a run has at most one {role} (has "
-                f"{cfg.num_processes(role)}); data-parallel learners are not supported yet"
-            )
 
 
 def _validate_env_groups(cfg: Config) -> None:

@@ -148,7 +148,7 @@ class RoleConfig:
     """
 
     count: int = bounded(1, ge=0, le=4096)
-    """Processes of this role."""
+    """Processes of this role (``trainer`` and ``sft_trainer``: ranks of one data-parallel training group, docs/data-parallel.md)."""
     node: str | list[str] | None = None
     """A node or group name, or a list of them, the instances spread over round-robin (null: the first node)."""
     cpus: list[int] | None = None

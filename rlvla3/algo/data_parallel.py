@@ -1,0 +1,145 @@
+"""Data parallelism for the learners: one update spread over a training group's ranks.
+
+Every rank holds the whole update batch (the leader posts it, ``rlvla3/runtime/train_group.py``)
+and the same shuffle (the leader posts its seed). Each minibatch is cut into ``world_size``
+slices; a rank evaluates the loss on its own slice only, and before each optimizer step the
+gradients are summed over the ranks in one flat all-reduce, each rank's weighted by its slice's
+share of the minibatch. The sum is exactly the gradient of the whole minibatch's mean loss, so
+N ranks take the same optimizer steps as one process would on the same batch, and every rank's
+weights stay identical without ever being sent (DDP's contract, with the all-reduce written out:
+the learners evaluate policies through ``evaluate``, not ``forward``, which DDP's hooks wrap).
+Advantages are normalised over the whole minibatch, before it is sliced.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rlvla3.runtime.train_group import GroupError, Message, TrainGroup
+
+STATE = "state"
+"""The kind of the message that brings a joining rank the leader's weights and optimizer state."""
+
+Tensor = torch.Tensor
+
+
+class DataParallel:
+    """A rank's share of each minibatch, and the gradient all-reduce.
+
+    Args:
+        group: the training group (rank and world size, collectives).
+    """
+
+    def __init__(self, group: TrainGroup) -> None:
+        self.group = group
+        self.reduced_bytes = 0
+        """Bytes of gradients all-reduced so far (the bench reads it)."""
+        self.reduce_s = 0.0
+        """Seconds spent in the gradient all-reduces so far."""
+
+    def local_positions(self, size: int) -> Tensor:
+        """This rank's positions in a minibatch of ``size`` samples (slices differ by at most
+        one sample; a rank's is empty when ``size`` < the world size)."""
+        return torch.arange(size).tensor_split(self.group.world_size)[self.group.rank]
+
+    def reduce_gradients(self, params: list[torch.nn.Parameter], weight: float) -> None:
+        """Replace every parameter's gradient by the ranks' sum of ``weight`` x their gradient.
+
+        A rank without a gradient for a parameter (its slice was empty) counts as zeros; a
+        parameter no rank has a gradient for keeps none, so the optimizer leaves it alone as it
+        would in one process (AdamW would otherwise decay it). One flat all-reduce carries the
+        gradients and, per parameter, whether a rank had one.
+        """
+        started = time.perf_counter()
+        device = self.group.device
+        present = torch.tensor([float(p.grad is not None) for p in params], device=device)
+        grads = [
+            p.grad.reshape(-1).to(device, torch.float32)
+            if p.grad is not None
+            else torch.zeros(p.numel(), device=device)
+            for p in params
+        ]
+        flat = torch.cat([torch.cat(grads).mul_(weight), present])
+        self.group.all_reduce_sum_(flat)
+        had = flat[-len(params) :].tolist()
+        offset = 0
+        for p, had_grad in zip(params, had, strict=True):
+            n = p.numel()
+            grad = flat[offset : offset + n].view(p.shape).to(p.device, p.dtype, copy=True)
+            p.grad = grad if had_grad > 0 else None
+            offset += n
+        self.reduced_bytes += flat.numel() * flat.element_size()
+        self.reduce_s += time.perf_counter() - started
+
+
+# --- what the leader posts -----------------------------------------------------------------------
+
+
+def flatten_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Tensor]:
+    """``{"obs": {"image": t}}`` -> ``{"obs/image": t}``: a batch as named tensors."""
+    flat: dict[str, Tensor] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten_tree(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def unflatten_tree(flat: dict[str, Tensor]) -> dict[str, Any]:
+    """The inverse of ``flatten_tree``."""
+    tree: dict[str, Any] = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def post_state(
+    group: TrainGroup,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    info: dict[str, Any] | None = None,
+) -> None:
+    """The leader: send the weights (buffers too), the optimizer's state and ``info`` (plain
+    fields: where the leader stands) to every rank, so all start from where it resumed."""
+    tensors = {f"model/{k}": v.detach() for k, v in module.state_dict().items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optim/{index}/{key}"] = torch.as_tensor(value)
+    group.post(STATE, info or {}, tensors)
+
+
+def load_state(
+    message: Message, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """A follower: take the leader's weights and optimizer state from a ``state`` message (the
+    learning rates stay this rank's own: an RL update message carries them); returns its
+    plain fields."""
+    if message.kind != STATE:
+        raise GroupError(f"group message: {message.kind!r} where the leader's state was due")
+    model = {
+        k.removeprefix("model/"): v for k, v in message.tensors.items() if k.startswith("model/")
+    }
+    module.load_state_dict(model)
+    state: dict[int, dict[str, Tensor]] = {}
+    for name, value in message.tensors.items():
+        if name.startswith("optim/"):
+            _, index, key = name.split("/", 2)
+            state.setdefault(int(index), {})[key] = value
+    groups = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return message.info
+
+
+def shuffle_generator(seed: int) -> torch.Generator:
+    """The generator of an update's minibatch shuffles (the same seed on every rank)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator

@@ -1,0 +1,294 @@
+"""The training group: a learner role's ``count`` ranks as one torch.distributed group.
+
+Rank ``i`` is the role's instance ``i``; rank 0 leads. It runs a ``TCPStore`` on its node
+address and advertises it in Redis (endpoint ``group``); the other ranks find it there and the
+group is a gloo group on CPU, NCCL when the ranks train on CUDA. It is a group of its own, beside
+the weight links (``transport/weights.py``), made the same way.
+
+Beyond the collectives, the leader *posts* messages to the others: a JSON header in the store
+(a kind, plain fields, the names, dtypes and shapes of the tensors that follow) and then one
+broadcast per tensor. The followers poll the store for the next message, so their own loop keeps
+beating while the leader waits for chunks, and nothing is ever unpickled: the header is JSON,
+checked against ``_DTYPES`` and a size bound, and the tensors are raw collectives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlvla3.runtime.role import Role
+from transport.weights import start_store
+
+_DTYPES = {
+    name: getattr(torch, name)
+    for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
+}
+STOP = "stop"
+"""The kind of the leader's last message: the run stops (a leader that fails says nothing, so its
+followers fail too and the whole group restarts)."""
+MAX_MESSAGE_BYTES = 8 * 2**30
+"""The most a posted message's tensors may hold together (a bound on what a follower allocates)."""
+
+
+class GroupError(RuntimeError):
+    """The group cannot go on (a rank died or restarted, a message is malformed): every rank
+    leaves with an error and the launchers restart the whole group."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message the leader posted to the group."""
+
+    kind: str
+    """What the followers do with it (e.g. ``update``, ``state``, ``stop``)."""
+    info: dict[str, Any]
+    """Plain JSON fields."""
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Named tensors, on the group's device."""
+
+
+class TrainGroup:
+    """The ranks of one learner role: collectives, and messages from rank 0.
+
+    Args:
+        store: rank 0's ``TCPStore`` (the server on rank 0, a client elsewhere).
+        rank: this process's rank (its role index).
+        world_size: the role's ``count``.
+        device: where tensors live; ``cuda`` uses NCCL, anything else gloo.
+        host: the node address gloo binds (see ``transport.weights.WeightLink``).
+        timeout_s: how long a collective may wait for a rank before the group counts as broken.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        host: str,
+        timeout_s: float,
+    ) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.device = device
+        self._seq = 0
+        self._unread: list[str] = []  # headers posted that a rank may not have read yet
+        prefixed = dist.PrefixStore("train_group", store)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device.type == "cuda":
+            self.backend = "nccl"
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg: Any = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        else:
+            self.backend = "gloo"
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+
+    @property
+    def leader(self) -> bool:
+        """Whether this is rank 0 (which publishes, checkpoints and owns the version)."""
+        return self.rank == 0
+
+    # --- collectives ---------------------------------------------------------------------------
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the ranks, in place."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        self.pg.allreduce([tensor], opts).wait()
+        self._synchronize()
+        # An all-reduce needs every rank's part, so every rank has read the headers posted
+        # before it (a broadcast's root may finish before a receiver has even looked).
+        for key in self._unread:
+            self.store.delete_key(key)
+        self._unread.clear()
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.pg.broadcast([tensor], opts).wait()
+        self._synchronize()
+
+    def _synchronize(self) -> None:
+        if self.backend == "nccl":  # wait() only orders the stream; a collective must be done
+            torch.cuda.current_stream(self.device).synchronize()
+
+    # --- messages ------------------------------------------------------------------------------
+    def post(self, kind: str, info: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Rank 0: send a message to every other rank; returns the bytes its tensors took."""
+        self._seq += 1
+        specs = [
+            [name, str(t.dtype).removeprefix("torch."), list(t.shape)]
+            for name, t in tensors.items()
+        ]
+        key = f"message/{self._seq}"
+        self.store.set(key, json.dumps({"kind": kind, "info": info, "tensors": specs}))
+        sent = 0
+        for tensor in tensors.values():
+            tensor = tensor.to(self.device).contiguous()
+            self.broadcast_(tensor)
+            sent += tensor.numel() * tensor.element_size()
+        self._unread.append(key)
+        return sent
+
+    def poll(self) -> Message | None:
+        """A follower: the next message if the leader posted it, else None at once."""
+        key = f"message/{self._seq + 1}"
+        if not self.store.check([key]):
+            return None
+        self._seq += 1
+        kind, info, specs = _parse_header(self.store.get(key))
+        tensors: dict[str, torch.Tensor] = {}
+        for name, dtype, shape in specs:
+            tensors[name] = torch.empty(shape, dtype=dtype, device=self.device)
+            self.broadcast_(tensors[name])
+        return Message(kind, info, tensors)
+
+    def wait(self, should_stop: Callable[[], bool], idle: Callable[[], None]) -> Message | None:
+        """A follower: poll until a message comes (``idle`` between polls) or ``should_stop``."""
+        while not should_stop():
+            message = self.poll()
+            if message is not None:
+                return message
+            idle()
+        return None
+
+    def close(self) -> None:
+        """Leave the group (the process group's sockets close with it)."""
+        self.pg = None
+
+
+def _parse_header(
+    raw: bytes,
+) -> tuple[str, dict[str, Any], list[tuple[str, torch.dtype, list[int]]]]:
+    """A posted header's kind, fields and tensor specs; a ``GroupError`` naming what is wrong."""
+    try:
+        header = json.loads(raw)
+        kind, info, specs = header["kind"], header["info"], header["tensors"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise GroupError(f"group message: not a header ({err})") from None
+    if not isinstance(kind, str) or not isinstance(info, dict) or not isinstance(specs, list):
+        raise GroupError("group message: kind, info or tensors of the wrong type")
+    parsed, total = [], 0
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 3 and spec[1] in _DTYPES):
+            raise GroupError(
+                f"group message {kind}: tensor spec {spec!r:.80} not [name, dtype, shape]"
+            )
+        name, dtype, shape = spec[0], _DTYPES[spec[1]], spec[2]
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise GroupError(f"group message {kind}: tensor {name!r:.40} shape {shape!r:.80}")
+        total += math.prod(shape) * dtype.itemsize
+        parsed.append((str(name), dtype, shape))
+    if total > MAX_MESSAGE_BYTES:
+        raise GroupError(
+            f"group message {kind}: {total} bytes of tensors, over {MAX_MESSAGE_BYTES}"
+        )
+    return kind, info, parsed
+
+
+def leader_store(host: str, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's store, on a free port of ``host``."""
+    return start_store(host, timeout_s=timeout_s)
+
+
+def follower_store(address: str, timeout_s: float) -> dist.TCPStore:
+    """A client of rank 0's store at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(
+        host,
+        int(port),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+# --- forming the group of a role's ranks ---------------------------------------------------------
+
+_ENDPOINT = "group"
+_WATCH_PERIOD_S = 1.0
+
+
+def join_group(
+    role: Role, device: torch.device, join_timeout_s: float = 120.0
+) -> TrainGroup | None:
+    """Form the group of ``role``'s ``count`` ranks (None when it has one: no group). Rank 0
+    starts the store and advertises it; the others find it in Redis. Collectives wait up to
+    ``run.stall_timeout_s`` for a rank."""
+    world_size = role.cfg.num_processes(role.name)
+    if world_size < 2:
+        return None
+    timeout_s = role.cfg.run.stall_timeout_s
+    if role.index == 0:
+        store = leader_store(role.address, timeout_s=join_timeout_s)
+        role.registry.publish_endpoint(role.name, 0, _ENDPOINT, f"{role.address}:{store.port}")
+    else:
+        store = _leader_store(role, join_timeout_s)
+    with role.busy(f"forming the {role.name} group of {world_size} ranks", up_to_s=join_timeout_s):
+        group = TrainGroup(store, role.index, world_size, device, role.address, timeout_s)
+    role.log.info("rank %d of %d (%s)", role.index, world_size, group.backend)
+    return group
+
+
+def _leader_store(role: Role, join_timeout_s: float) -> dist.TCPStore:
+    """A client of rank 0's store; a store that does not answer (a rank 0 that is going away,
+    whose record still shows) is retried until ``join_timeout_s``."""
+    deadline = time.monotonic() + join_timeout_s
+    while True:
+        address = role.wait_for_endpoints(role.name, _ENDPOINT, timeout_s=join_timeout_s)[0]
+        try:
+            return follower_store(address, timeout_s=min(10.0, join_timeout_s))
+        except (RuntimeError, OSError) as err:  # DistNetworkError, DistStoreError
+            if time.monotonic() > deadline:
+                raise GroupError(f"rank 0's store at {address} does not answer: {err}") from None
+            role.log.info("rank 0's store at %s does not answer yet (%s)", address, err)
+            if role.stop_event.wait(0.5):
+                raise InterruptedError("stopped while joining the group") from None
+
+
+class GroupWatch:
+    """Notices a rank of the group that died or restarted (its heartbeat gone, or another
+    process in its place), so that every rank leaves and the launchers restart the whole group:
+    one rank cannot rejoin a group that is mid-update.
+
+    Args:
+        role: this rank.
+        group: its group.
+    """
+
+    def __init__(self, role: Role, group: TrainGroup) -> None:
+        self.role, self.group = role, group
+        self.pids = self._peer_pids()
+        self._next_check = time.monotonic() + _WATCH_PERIOD_S
+
+    def _peer_pids(self) -> dict[int, int | None]:
+        found = {r.index: r for r in self.role.registry.roles() if r.role == self.role.name}
+        return {
+            i: found[i].pid if i in found and found[i].alive else None
+            for i in range(self.group.world_size)
+            if i != self.group.rank
+        }
+
+    def check(self) -> None:
+        """Raise ``GroupError`` if a peer left since the group formed (checked once a second)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + _WATCH_PERIOD_S
+        for index, pid in self._peer_pids().items():
+            if pid is None or pid != self.pids[index]:
+                raise GroupError(
+                    f"{self.role.name}/{index} left the group (died or restarted): "
+                    "the whole group restarts"
+                )

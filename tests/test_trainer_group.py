@@ -1,0 +1,29 @@
+"""``trainer.count: 2``: one data-parallel training group of real role processes (gloo)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from rlvla3.runtime.registry import Registry
+from tests.test_rl_loop import assert_no_chunk_lost, cartpole_config, run_to_end
+
+
+def test_two_trainer_ranks_train_as_one_group(tmp_path, redis_url) -> None:
+    name = "cp_group"
+    cfg = cartpole_config(name, redis_url, "async")
+    cfg["roles"]["trainer"]["count"] = 2
+    run_dir = run_to_end(tmp_path, cfg)
+    registry = Registry(redis_url, name)
+    c = registry.counters()
+    assert c["updates"] >= 2 and registry.weight_version() >= 2
+    assert_no_chunk_lost(registry, c)
+    leader = (run_dir / "logs" / "trainer-0.log").read_text()
+    follower = (run_dir / "logs" / "trainer-1.log").read_text()
+    assert "rank 0 of 2 (gloo)" in leader and "rank 1 of 2 (gloo)" in follower
+    # the follower trained every update the leader did (its slice of each), and only rank 0
+    # wrote checkpoints and published versions
+    followed = int(re.search(r"trained (\d+) updates as rank 1", follower).group(1))
+    assert followed == c["updates"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == c["updates"]
