@@ -61,7 +61,8 @@ class ProtocolEpisode:
     init_state: int | None
     """LIBERO: the index of its fixed initial state; None elsewhere."""
     max_steps: int | None
-    """Policy steps after which it is cut (None: the env's own limit)."""
+    """Env (simulator) steps after which it is cut, settle steps not counted; an action chunk
+    of K actions is K of them (None: the env's own limit)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Env options the protocol sets over the run's ``env.kwargs`` (step limit, settle steps)."""
     ignore_terminations: bool = False
@@ -125,6 +126,12 @@ class Protocol:
             "episodes": len(self.episodes),
             "tasks": len({e.task for e in self.episodes}),
         }
+
+
+def file_safe(text: str, fill: str = "-", limit: int = 80) -> str:
+    """``text`` as part of a file or run name: letters, digits, ``-``, ``_`` and ``.`` kept,
+    anything else (the ``/`` of an env id, a space) ``fill``; at most ``limit`` long."""
+    return "".join(c if c.isalnum() or c in "-_." else fill for c in text)[:limit]
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

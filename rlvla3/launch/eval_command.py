@@ -11,6 +11,7 @@ result to ``episodes.jsonl`` as it arrives and ends the run when none is left. T
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from rlvla3.launch.cluster import find_seat
 from rlvla3.launch.eval_report import (
     EPISODES_FILE,
     build_report,
+    drop_torn_lines,
     read_episodes,
     table,
     write_report,
@@ -36,7 +38,7 @@ from rlvla3.launch.stop_reason import StopKind, StopReason
 from rlvla3.runtime.checkpoints import find_checkpoint
 from rlvla3.runtime.eval_queue import EvalQueue
 from rlvla3.runtime.registry import Registry
-from sim.protocols import Protocol, merged, protocol_for
+from sim.protocols import Protocol, file_safe, merged, protocol_for
 
 _REQUEUE_EVERY_S = 2.0  # how often the head looks for episodes whose worker died
 STAMP_FILE = "eval_run.json"
@@ -74,12 +76,14 @@ class EvalRequest:
 
 def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     """Run ``request`` to the end; returns the exit code (0: every episode evaluated)."""
+    if request.workers < 1:
+        raise ConfigError(f"--workers: need at least 1, got {request.workers}")
+    if request.episodes is not None and request.episodes < 1:
+        raise ConfigError(f"--episodes: need at least 1, got {request.episodes}")
     checkpoint = find_checkpoint(request.source)
     if checkpoint is None:
         raise ConfigError(f"{request.source}: no checkpoint there (a .pt file or a run dir)")
     base = load_yaml_config(request.config or _run_config(checkpoint, request.source))
-    if request.workers < 1:
-        raise ConfigError(f"--workers: need at least 1, got {request.workers}")
     try:
         protocol = protocol_for(
             suite=request.suite,
@@ -92,7 +96,7 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     cfg = eval_config(base, protocol, checkpoint, request)
     run_dir = _out_dir(request, checkpoint, protocol)
     meta = {"checkpoint": str(checkpoint), "greedy": not request.sample}
-    done = _resume(run_dir, protocol, meta)
+    done = _resume(run_dir, protocol, meta | {"overrides": list(request.overrides)})
     todo = [e for e in protocol.episodes if e.key not in done]
     echo(
         f"{protocol.name}: {len(protocol.episodes)} episodes ({protocol.reference}); "
@@ -122,7 +126,7 @@ def eval_config(base: Config, protocol: Protocol, checkpoint: Path, request: Eva
     }
     raw.pop("nodes", None)
     run = raw.setdefault("run", {})
-    run["name"] = "eval-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in protocol.name)
+    run["name"] = "eval-" + file_safe(protocol.name)
     run["stop"] = {}
     run["eval"] = {"protocol": True, "sample": request.sample, "videos": request.videos}
     env = raw.setdefault("env", {})
@@ -134,6 +138,9 @@ def eval_config(base: Config, protocol: Protocol, checkpoint: Path, request: Eva
         vectorized=False,
     )
     env.pop("straggler", None)
+    # nothing trains: the training algorithm's settings (GRPO's group size, which must divide
+    # the one env per worker here) would only fail the checks
+    raw.pop("algo", None)
     policy = raw.setdefault("policy", {})
     policy.update(init_checkpoint=str(checkpoint), init_launch=None)
     for item in request.overrides:
@@ -161,33 +168,44 @@ def _run_config(checkpoint: Path, source: str) -> Path:
 def _out_dir(request: EvalRequest, checkpoint: Path, protocol: Protocol) -> Path:
     if request.out:
         return Path(request.out).resolve()
-    name = "eval-" + protocol.name.replace("/", "-")
+    name = "eval-" + file_safe(protocol.name)
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     return (run / name).resolve()
 
 
 def _resume(run_dir: Path, protocol: Protocol, meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The episodes an earlier evaluation into ``run_dir`` finished, when it evaluated the same
-    checkpoint the same way; stamps ``run_dir`` with this evaluation."""
-    stamp = {**meta, "protocol": protocol.name}
+    """The episodes an earlier evaluation into ``run_dir`` finished, when it was this same
+    evaluation (``meta``: checkpoint, sampling, overrides; and the protocol's exact episode
+    list); stamps ``run_dir`` with this evaluation.
+
+    Raises:
+        ConfigError: ``run_dir`` holds another evaluation's results.
+    """
+    stamp = {**meta, "protocol": protocol.name, "episodes_sha256": _episodes_digest(protocol)}
     path = run_dir / STAMP_FILE
     if path.is_file():
         earlier = json.loads(path.read_text())
-        if earlier != stamp:
+        # a field an earlier stamp lacks is not compared (its records are all kept below)
+        differs = sorted(k for k in stamp if k in earlier and earlier[k] != stamp[k])
+        if differs:
             raise ConfigError(
-                f"--out {run_dir}: holds another evaluation ({earlier}); choose another --out"
+                f"--out {run_dir}: holds the results of another evaluation (its "
+                f"{', '.join(differs)} differ: {STAMP_FILE}); choose another --out"
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stamp, indent=2) + "\n")
-    keys = {e.key for e in protocol.episodes}
-    done = {k: r for k, r in read_episodes(run_dir / EPISODES_FILE).items() if k in keys}
-    # rewritten with the readable records only: a killed writer's torn last line would
-    # otherwise swallow the next record appended after it
     episodes = run_dir / EPISODES_FILE
-    tmp = episodes.with_name(episodes.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
-    tmp.rename(episodes)
-    return done
+    # a killed writer's torn last line would swallow the next record appended after it
+    drop_torn_lines(episodes)
+    keys = {e.key for e in protocol.episodes}
+    return {k: r for k, r in read_episodes(episodes).items() if k in keys}
+
+
+def _episodes_digest(protocol: Protocol) -> str:
+    """The protocol's episode list in a few characters: any other task subset, episode count
+    or seed is another list."""
+    listed = "\n".join(json.dumps(e.to_dict(), sort_keys=True) for e in protocol.episodes)
+    return hashlib.sha256(listed.encode()).hexdigest()
 
 
 class ProtocolHooks:

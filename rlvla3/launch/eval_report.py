@@ -41,13 +41,32 @@ def read_episodes(path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return done
     for line in path.read_text().splitlines():
-        try:
+        if _is_record(line):
             result = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(result, dict) and isinstance(result.get("key"), str):
             done.setdefault(result["key"], result)
     return done
+
+
+def drop_torn_lines(path: Path) -> None:
+    """Rewrite ``path`` (a JSONL file) without its unreadable lines (a killed writer's torn
+    last line), every record kept as written; untouched when every line reads."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _is_record(line)]
+    if len(kept) == len(lines) and all(line.endswith("\n") for line in kept):
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line.rstrip("\n") + "\n" for line in kept))
+    tmp.rename(path)
+
+
+def _is_record(line: str) -> bool:
+    try:
+        result = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(result, dict) and isinstance(result.get("key"), str)
 
 
 def stats(results: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from roles.env.runner_thread import RunnerParts
 from sim.adapter import Obs
 from sim.env_group import EnvGroup, SeparateEnvs, Stepped
 from sim.envs import make_env
-from sim.protocols import ProtocolEpisode, merged
+from sim.protocols import ProtocolEpisode, file_safe, merged
 
 _IDLE_S = 0.2  # how often a runner with nothing to play looks at the list again
 VIDEO_FPS = 20
@@ -180,7 +180,7 @@ class _Outcome:
 
 def video_name(episode: ProtocolEpisode) -> str:
     """The GIF file of ``episode`` in the videos folder."""
-    task = "".join(c if c.isalnum() or c in "-_" else "_" for c in episode.task)[:80]
+    task = file_safe(episode.task, fill="_")
     return f"{episode.index:05d}_{task}_seed{episode.seed}.gif"
 
 
