@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rlvla3.runtime.eval_queue import EvalQueue
-from roles.env.action_chunks import ActionChunkEnvs
+from roles.env.action_chunks import SUCCESS_IN_CHUNK, ActionChunkEnvs
 from roles.env.env_slot import finite
 from roles.env.runner_thread import RunnerParts
 from sim.adapter import Obs
@@ -35,19 +35,19 @@ class TaskEnvs(EnvGroup):
         """``env.kwargs`` of the run, under the protocol's own options."""
         self.action_steps = action_steps
         self.size = 1
-        self._made: tuple[str, str] | None = None
+        self._made: tuple[str, str, bool] | None = None
         self._group: EnvGroup | None = None
 
     def use(self, episode: ProtocolEpisode) -> None:
         """Make ``episode``'s env current, building it unless it already is."""
         kwargs = merged(self.base_kwargs, episode.env_kwargs)
-        made = (episode.env_id, repr(sorted(kwargs.items())))
+        made = (episode.env_id, repr(sorted(kwargs.items())), episode.ignore_terminations)
         if made == self._made:
             return
         self.close()
         group: EnvGroup = SeparateEnvs([make_env(episode.env_id, seed=episode.seed, **kwargs)])
         if self.action_steps > 1:
-            group = ActionChunkEnvs(group, self.action_steps)
+            group = ActionChunkEnvs(group, self.action_steps, episode.ignore_terminations)
         self._group, self._made = group, made
         self.observation_space = group.observation_space
 
@@ -150,7 +150,9 @@ class _Outcome:
         if success is not None:
             self.reports_success = True
             self.success_at_end = bool(success)
-            self.success_once = self.success_once or self.success_at_end
+            # an action chunk's info is its last step's: an earlier step's success is aside
+            during = bool(res.info.get(SUCCESS_IN_CHUNK, success))
+            self.success_once = self.success_once or self.success_at_end or during
         if not finite(res.obs, res.reward):
             self.fault = True
             return True
