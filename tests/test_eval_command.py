@@ -124,6 +124,71 @@ def test_resuming_under_a_stamp_without_the_episode_list_keeps_every_record(
     assert len(done) == 2 and len(read_episodes(tmp_path / "episodes.jsonl")) == 5
 
 
+def test_an_episode_whose_players_keep_dying_is_given_up_after_three_plays(registry) -> None:
+    """Each time its player dies the episode goes back first in line, until the third death:
+    then it leaves the list, for the launcher to record as failed, and the next one is played."""
+    from rlvla3.runtime.eval_queue import EvalQueue
+
+    queue = EvalQueue(registry)
+    first, second = (e.to_dict() for e in seeded_protocol(ENV, 2).episodes)
+    queue.fill([first, second])
+    for pid in (101, 102):
+        claim = queue.take("eval_env_worker/0", pid)
+        assert claim is not None and claim.data() == first
+        assert queue.pending() == (1, 1)
+        assert queue.requeue_orphans(lambda worker, p: p > pid) == []  # put back
+    claim = queue.take("eval_env_worker/0", 103)
+    assert claim is not None and claim.data() == first
+    assert queue.requeue_orphans(lambda worker, p: False) == [claim.raw]
+    assert queue.pending() == (1, 0)
+    nxt = queue.take("eval_env_worker/0", 104)
+    assert nxt is not None and nxt.data() == second
+    queue.finish(nxt, {"key": second["key"]})
+    assert queue.pending() == (0, 0) and queue.results(0) == [{"key": second["key"]}]
+
+
+def test_a_given_up_episode_is_recorded_failed_with_its_error(registry, tmp_path) -> None:
+    from rlvla3.launch.eval_command import ProtocolHooks
+
+    protocol = seeded_protocol(ENV, 1)
+    hooks = ProtocolHooks(protocol, tmp_path / "episodes.jsonl", [protocol.episodes[0].to_dict()])
+    hooks.started(registry)
+    assert hooks._queue is not None
+    for pid in (1, 2, 3):  # no worker is alive: every check finds the claim orphaned
+        assert hooks._queue.take("eval_env_worker/0", pid) is not None
+        hooks._next_requeue = 0.0
+        reason = hooks.check(registry)
+    assert reason is not None and "evaluated all 1 episodes" in reason.text
+    record = read_episodes(tmp_path / "episodes.jsonl")[protocol.episodes[0].key]
+    assert record["success"] is False and "died while playing it 3 times" in record["error"]
+
+
+def test_a_malformed_queued_entry_is_counted_not_played(registry) -> None:
+    import logging
+    import threading
+    from types import SimpleNamespace
+
+    from rlvla3.runtime import keys
+    from rlvla3.runtime.eval_queue import EvalQueue
+    from roles.env.protocol_runner import ProtocolRunner, TaskEnvs
+
+    queue = EvalQueue(registry)
+    queue.fill([])
+    registry.redis.rpush(keys.eval_todo(registry.run_id), "{not json", '{"key": 1}')
+    stop, refused = threading.Event(), []
+
+    def drop(name: str, why: str) -> None:
+        refused.append((name, why))
+        if len(refused) == 2:
+            stop.set()
+
+    parts = SimpleNamespace(stop_event=stop, counters=SimpleNamespace(drop=drop))
+    runner = ProtocolRunner(parts, queue, "eval_env_worker/0", (Path("."), 0), logging.getLogger())
+    runner.run(TaskEnvs({}, 1))
+    assert [name for name, _ in refused] == ["eval_bad_episodes"] * 2
+    assert queue.pending() == (0, 0)
+
+
 # --------------------------------------------------------------- real evaluations (the roles)
 def tiny_checkpoint(run_dir: Path, max_steps: int = 20) -> Path:
     """A run dir with a config and one checkpoint of a small random MLP on the table-top task."""

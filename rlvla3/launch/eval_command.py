@@ -28,6 +28,7 @@ from rlvla3.launch.eval_report import (
     EPISODES_FILE,
     build_report,
     drop_torn_lines,
+    failed_result,
     read_episodes,
     table,
     write_report,
@@ -36,9 +37,9 @@ from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.run_dir import config_path
 from rlvla3.launch.stop_reason import StopKind, StopReason
 from rlvla3.runtime.checkpoints import find_checkpoint
-from rlvla3.runtime.eval_queue import EvalQueue
+from rlvla3.runtime.eval_queue import MAX_ATTEMPTS, EvalQueue
 from rlvla3.runtime.registry import Registry
-from sim.protocols import Protocol, file_safe, merged, protocol_for
+from sim.protocols import Protocol, ProtocolEpisode, file_safe, merged, protocol_for
 
 _REQUEUE_EVERY_S = 2.0  # how often the head looks for episodes whose worker died
 STAMP_FILE = "eval_run.json"
@@ -236,7 +237,8 @@ class ProtocolHooks:
         if now >= self._next_requeue:
             self._next_requeue = now + _REQUEUE_EVERY_S
             live = {(f"{r.role}/{r.index}", r.pid) for r in registry.roles() if r.alive}
-            queue.requeue_orphans(lambda worker, pid: (worker, pid) in live)
+            given_up = queue.requeue_orphans(lambda worker, pid: (worker, pid) in live)
+            self._record([self._failed(raw) for raw in given_up])
         if self.recorded >= self.wanted:
             return StopReason(StopKind.JOB_DONE, f"evaluated all {len(self.wanted)} episodes")
         return None
@@ -255,6 +257,12 @@ class ProtocolHooks:
             with open(self.episodes_file, "a") as f:
                 f.writelines(lines)
                 f.flush()
+
+    def _failed(self, raw: str) -> dict[str, Any]:
+        """The failed result of an episode (as queued by ``started``) given up after its
+        players died ``MAX_ATTEMPTS`` times."""
+        episode = ProtocolEpisode.from_dict(json.loads(raw))  # (queued here: readable)
+        return failed_result(episode, f"its worker died while playing it {MAX_ATTEMPTS} times")
 
     def progress_line(self, registry: Registry, elapsed_s: float) -> str | None:
         done, total = len(self.recorded), len(self.wanted)

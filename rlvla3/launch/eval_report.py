@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sim.protocols import Protocol
+from sim.protocols import Protocol, ProtocolEpisode
 
 Z95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
@@ -45,6 +45,25 @@ def read_episodes(path: Path) -> dict[str, dict[str, Any]]:
             result = json.loads(line)
             done.setdefault(result["key"], result)
     return done
+
+
+def failed_result(episode: ProtocolEpisode, error: str) -> dict[str, Any]:
+    """The record of ``episode`` when it could not be played (``error`` says why): it counts,
+    unsuccessful, so the evaluation goes on without it."""
+    return {
+        "index": episode.index,
+        "key": episode.key,
+        "task": episode.task,
+        "env_id": episode.env_id,
+        "seed": episode.seed,
+        "init_state": episode.init_state,
+        "success": False,
+        "success_at_end": False,
+        "length": 0,
+        "return": 0.0,
+        "sim_fault": False,
+        "error": error,
+    }
 
 
 def drop_torn_lines(path: Path) -> None:

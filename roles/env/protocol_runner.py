@@ -87,21 +87,20 @@ class ProtocolRunner:
         assert isinstance(envs, TaskEnvs)
         stop = self.parts.stop_event
         while not stop.is_set():
-            raw = self.queue.take(self.worker, os.getpid())
-            if raw is None:
+            claim = self.queue.take(self.worker, os.getpid())
+            if claim is None:
                 stop.wait(_IDLE_S)
                 continue
             try:
-                episode = ProtocolEpisode.from_dict(raw)
+                episode = ProtocolEpisode.from_dict(claim.data())
             except ValueError as err:  # not what `rlvla3 eval` queues: counted, never played
-                key = raw.get("key") if isinstance(raw, dict) else None
-                self.queue.drop(str(key if isinstance(key, str) else raw))
+                self.queue.drop(claim)
                 self.parts.counters.drop("eval_bad_episodes", f"protocol episode refused: {err}")
                 continue
             result = self._play(envs, episode)
             if result is None:
                 return  # stopping: the claim stays, and the episode is played again
-            self.queue.finish(episode.key, result)
+            self.queue.finish(claim, result)
             self.parts.counters.count("eval_episodes")
 
     def _play(self, envs: TaskEnvs, episode: ProtocolEpisode) -> dict[str, Any] | None:
