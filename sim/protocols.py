@@ -68,6 +68,11 @@ class ProtocolEpisode:
     ignore_terminations: bool = False
     """Play on after ``terminated`` until truncation (ManiSkill's fair evaluation)."""
 
+    def identity(self) -> dict[str, Any]:
+        """What names it in its result record (``episodes.jsonl``)."""
+        names = ("index", "key", "task", "env_id", "seed", "init_state")
+        return {name: getattr(self, name) for name in names}
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON), as workers receive it."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

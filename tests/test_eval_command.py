@@ -136,7 +136,7 @@ def test_an_episode_whose_players_keep_dying_is_given_up_after_three_plays(regis
         claim = queue.take("eval_env_worker/0", pid)
         assert claim is not None and claim.data() == first
         assert queue.pending() == (1, 1)
-        assert queue.requeue_orphans(lambda worker, p: p > pid) == []  # put back
+        assert queue.requeue_orphans(lambda worker, p, dead=pid: p > dead) == []  # put back
     claim = queue.take("eval_env_worker/0", 103)
     assert claim is not None and claim.data() == first
     assert queue.requeue_orphans(lambda worker, p: False) == [claim.raw]

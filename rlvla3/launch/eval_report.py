@@ -51,12 +51,7 @@ def failed_result(episode: ProtocolEpisode, error: str) -> dict[str, Any]:
     """The record of ``episode`` when it could not be played (``error`` says why): it counts,
     unsuccessful, so the evaluation goes on without it."""
     return {
-        "index": episode.index,
-        "key": episode.key,
-        "task": episode.task,
-        "env_id": episode.env_id,
-        "seed": episode.seed,
-        "init_state": episode.init_state,
+        **episode.identity(),
         "success": False,
         "success_at_end": False,
         "length": 0,

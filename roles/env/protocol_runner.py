@@ -162,12 +162,7 @@ class _Outcome:
     def result(self, episode: ProtocolEpisode, worker: str) -> dict[str, Any]:
         success = (self.success_once and not self.fault) if self.reports_success else None
         return {
-            "index": episode.index,
-            "key": episode.key,
-            "task": episode.task,
-            "env_id": episode.env_id,
-            "seed": episode.seed,
-            "init_state": episode.init_state,
+            **episode.identity(),
             "success": success,
             "success_at_end": self.success_at_end if self.reports_success else None,
             "length": self.length,
