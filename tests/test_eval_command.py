@@ -151,8 +151,11 @@ def test_a_given_up_episode_is_recorded_failed_with_its_error(registry, tmp_path
     from rlvla3.launch.eval_command import ProtocolHooks
 
     protocol = seeded_protocol(ENV, 1)
-    hooks = ProtocolHooks(protocol, tmp_path / "episodes.jsonl", [protocol.episodes[0].to_dict()])
+    hooks = ProtocolHooks(
+        protocol, tmp_path / "episodes.jsonl", [protocol.episodes[0].to_dict()], 0
+    )
     hooks.started(registry)
+    assert hooks.check(registry) is None  # (no worker to wait for) queued
     assert hooks._queue is not None
     for pid in (1, 2, 3):  # no worker is alive: every check finds the claim orphaned
         assert hooks._queue.take("eval_env_worker/0", pid) is not None
@@ -216,6 +219,8 @@ def test_two_workers_give_the_same_episodes_as_one(tmp_path: Path) -> None:
     one, two = outcomes(tmp_path / "one"), outcomes(tmp_path / "two")
     assert len(one) == 10 and one == two
     report = json.loads((tmp_path / "two" / "eval.json").read_text())
+    players = {e["worker"] for e in report["episodes"]}
+    assert players == {"eval_env_worker/0", "eval_env_worker/1"}, players
     assert report["complete"] and report["overall"]["episodes"] == 10
     assert [e["seed"] for e in report["episodes"]] == list(range(10))
     assert report["greedy"] and all(e["greedy"] and e["version"] == 0 for e in report["episodes"])

@@ -42,6 +42,7 @@ from rlvla3.runtime.registry import Registry
 from sim.protocols import Protocol, ProtocolEpisode, file_safe, merged, protocol_for
 
 _REQUEUE_EVERY_S = 2.0  # how often the head looks for episodes whose worker died
+_QUEUE_WITHIN_S = 120.0  # the episodes are queued by then even if some worker is not up
 STAMP_FILE = "eval_run.json"
 """What an ``--out`` holds the results of (checkpoint, protocol, sampling), to resume only the
 same evaluation."""
@@ -105,7 +106,8 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     )
     code = 0
     if todo:
-        hooks = ProtocolHooks(protocol, run_dir / EPISODES_FILE, [e.to_dict() for e in todo])
+        listed = [e.to_dict() for e in todo]
+        hooks = ProtocolHooks(protocol, run_dir / EPISODES_FILE, listed, request.workers)
         code = Launcher(cfg, run_dir, find_seat(cfg, None), echo=echo, hooks=hooks).run()
     report = build_report(protocol, read_episodes(run_dir / EPISODES_FILE), meta)
     path = write_report(run_dir, report)
@@ -210,11 +212,16 @@ def _episodes_digest(protocol: Protocol) -> str:
 
 
 class ProtocolHooks:
-    """The head launcher's part in a protocol evaluation (a ``RunHooks``): queue the episodes,
+    """The head launcher's part in a protocol evaluation (a ``RunHooks``): queue the episodes
+    once every worker is running (the first one up would otherwise play a short list alone),
     keep each result as it arrives, put back those of dead workers, end when all are in."""
 
-    def __init__(self, protocol: Protocol, episodes_file: Path, todo: list[dict[str, Any]]):
+    def __init__(
+        self, protocol: Protocol, episodes_file: Path, todo: list[dict[str, Any]], workers: int
+    ):
         self.protocol = protocol
+        self.workers = workers
+        """Eval env workers to wait for before queueing."""
         self.episodes_file = episodes_file
         self.todo = todo
         self.wanted = {e["key"] for e in todo}
@@ -223,13 +230,22 @@ class ProtocolHooks:
         self._read = 0  # results taken from Redis so far
         self._next_requeue = 0.0
         self._queue: EvalQueue | None = None
+        self._queue_by: float | None = None  # (monotonic) None: queued
 
     def started(self, registry: Registry) -> None:
         self._queue = EvalQueue(registry)
-        self._queue.fill(self.todo)
+        self._queue.fill([])  # nothing of an earlier launch's list is left
+        self._queue_by = time.monotonic() + _QUEUE_WITHIN_S
 
     def check(self, registry: Registry) -> StopReason | None:
         queue = self._queue or EvalQueue(registry)
+        if self._queue_by is not None:
+            running = [
+                r for r in registry.roles() if r.role == "eval_env_worker" and r.status == "running"
+            ]
+            if len(running) >= self.workers or time.monotonic() >= self._queue_by:
+                queue.fill(self.todo)
+                self._queue_by = None
         fresh = queue.results(self._read)
         self._read += len(fresh)
         self._record(fresh)
