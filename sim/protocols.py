@@ -61,11 +61,17 @@ class ProtocolEpisode:
     init_state: int | None
     """LIBERO: the index of its fixed initial state; None elsewhere."""
     max_steps: int | None
-    """Policy steps after which it is cut (None: the env's own limit)."""
+    """Env (simulator) steps after which it is cut, settle steps not counted; an action chunk
+    of K actions is K of them (None: the env's own limit)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Env options the protocol sets over the run's ``env.kwargs`` (step limit, settle steps)."""
     ignore_terminations: bool = False
     """Play on after ``terminated`` until truncation (ManiSkill's fair evaluation)."""
+
+    def identity(self) -> dict[str, Any]:
+        """What names it in its result record (``episodes.jsonl``)."""
+        names = ("index", "key", "task", "env_id", "seed", "init_state")
+        return {name: getattr(self, name) for name in names}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON), as workers receive it."""
@@ -125,6 +131,12 @@ class Protocol:
             "episodes": len(self.episodes),
             "tasks": len({e.task for e in self.episodes}),
         }
+
+
+def file_safe(text: str, fill: str = "-", limit: int = 80) -> str:
+    """``text`` as part of a file or run name: letters, digits, ``-``, ``_`` and ``.`` kept,
+    anything else (the ``/`` of an env id, a space) ``fill``; at most ``limit`` long."""
+    return "".join(c if c.isalnum() or c in "-_." else fill for c in text)[:limit]
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

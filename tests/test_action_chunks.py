@@ -176,6 +176,51 @@ def test_an_env_runner_executes_action_chunks_and_counts_real_steps() -> None:
     assert host.counters["env_steps"] == int(rewards.sum()) + unsent > len(rewards)
 
 
+class _ScriptedSim:
+    """A simulator whose step ``k`` (1-based) is terminal from ``terminal_at`` on and reports
+    success only at ``success_at``."""
+
+    def __init__(self, terminal_at: int, success_at: int) -> None:
+        self.terminal_at, self.success_at, self.steps = terminal_at, success_at, 0
+
+    def step(self, action):
+        import numpy as np
+
+        self.steps += 1
+        info = {"success": self.steps == self.success_at}
+        return {"x": np.zeros(1)}, 1.0, self.steps >= self.terminal_at, False, info
+
+
+def test_a_chunk_plays_through_terminations_an_episode_ignores_and_keeps_a_middle_success():
+    """ManiSkill's fair evaluation: a chunk of 4 whose second step is terminal and the only
+    successful one runs all 4 steps when terminations are ignored, and the success is kept."""
+    from roles.env.action_chunks import SUCCESS_IN_CHUNK, execute_chunk
+
+    chunk = [[0.0]] * 4
+    played = execute_chunk(_ScriptedSim(2, 2), chunk, 4, ignore_terminations=True)
+    assert played.sim_steps == 4 and played.reward == 4.0
+    assert played.info["success"] is False and played.info[SUCCESS_IN_CHUNK] is True
+    ended = execute_chunk(_ScriptedSim(2, 2), chunk, 4)
+    assert ended.sim_steps == 2 and ended.terminated and ended.info[SUCCESS_IN_CHUNK]
+
+
+def test_a_protocol_episode_counts_a_success_inside_a_chunk_as_success_once() -> None:
+    from roles.env.action_chunks import SUCCESS_IN_CHUNK
+    from roles.env.protocol_runner import _Outcome
+    from sim.env_group import Stepped
+    from sim.protocols import maniskill_protocol
+
+    episode = maniskill_protocol("maniskill/PickCube-v1", episodes=1).episodes[0]
+    outcome = _Outcome()
+    step = Stepped({"x": torch.zeros(1).numpy()}, 0.0, True, False, {"success": False})
+    assert not outcome.add(step, episode)  # terminal, ignored
+    middle = Stepped(step.obs, 0.0, True, False, {"success": False, SUCCESS_IN_CHUNK: True})
+    assert not outcome.add(middle, episode)
+    result = outcome.result(episode, "eval_env_worker/0")
+    assert result["success"] is True and result["success_at_end"] is False
+    assert result["length"] == 2
+
+
 # --------------------------------------------------------------------------------- SFT targets
 def test_a_frames_target_is_its_next_k_actions_padded_with_the_last() -> None:
     import numpy as np

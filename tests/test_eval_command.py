@@ -51,6 +51,147 @@ def test_protocol_episodes_round_trip_and_bad_ones_are_named() -> None:
         ProtocolEpisode.from_dict([1, 2])
 
 
+def test_bad_arguments_are_refused_naming_them(tmp_path: Path) -> None:
+    from rlvla3.config.typed_load import ConfigError
+    from rlvla3.launch.eval_command import EvalRequest, evaluate
+
+    for episodes in (0, -3):
+        with pytest.raises(ConfigError, match=f"--episodes: need at least 1, got {episodes}"):
+            evaluate(EvalRequest(source=str(tmp_path), episodes=episodes))
+
+
+def test_a_grpo_checkpoint_evaluates_under_one_env_per_worker() -> None:
+    """Nothing trains in an evaluation: GRPO's group size (which must divide the envs per
+    worker) does not stop a GRPO run's checkpoint from being evaluated."""
+    from rlvla3.config.run_config import load_config
+    from rlvla3.launch.eval_command import EvalRequest, eval_config
+
+    base = load_config(None, [f"env.id={ENV}", "algo.kind=grpo", "algo.group_size=4"])
+    cfg = eval_config(base, seeded_protocol(ENV, 2), Path("c.pt"), EvalRequest(source="c.pt"))
+    assert cfg.env.num_envs_per_worker == 1 and cfg.algo.kind == "ppo"
+
+
+def test_the_run_and_the_results_dir_are_named_alike() -> None:
+    from rlvla3.config.run_config import load_config
+    from rlvla3.launch.eval_command import EvalRequest, _out_dir, eval_config
+    from roles.env.protocol_runner import video_name
+
+    protocol = seeded_protocol("odd/Task name:v0", 2)
+    request = EvalRequest(source="c.pt")
+    checkpoint = Path("/runs/r/checkpoints/c.pt")
+    cfg = eval_config(load_config(None, [f"env.id={ENV}"]), protocol, checkpoint, request)
+    assert cfg.run.name == _out_dir(request, checkpoint, protocol).name == "eval-odd-Task-name-v0"
+    assert video_name(protocol.episodes[1]) == "00001_odd_Task_name_v0_seed1.gif"
+
+
+def _records(path: Path, keys: list[str]) -> None:
+    lines = [json.dumps({"key": k, "task": "t", "success": True}) + "\n" for k in keys]
+    path.write_text("".join(lines) + '{"key": "torn')
+
+
+def test_an_out_holding_another_evaluation_is_refused_and_kept(tmp_path: Path) -> None:
+    """Fewer episodes, other seeds or other overrides into the same --out are refused, and
+    the results there stay; a torn last line is all that resuming drops."""
+    from rlvla3.config.typed_load import ConfigError
+    from rlvla3.launch.eval_command import _resume
+
+    full = seeded_protocol(ENV, 5)
+    jsonl = tmp_path / "episodes.jsonl"
+    meta = {"checkpoint": "c.pt", "greedy": True, "overrides": []}
+    _records(jsonl, [e.key for e in full.episodes])
+    assert len(_resume(tmp_path, full, meta)) == 5
+    assert jsonl.read_text().count("\n") == 5 and "torn" not in jsonl.read_text()
+    others = [
+        (seeded_protocol(ENV, 1), meta),
+        (seeded_protocol(ENV, 5, seed=1), meta),
+        (full, meta | {"overrides": ["env.kwargs.max_episode_steps=9"]}),
+    ]
+    for protocol, other in others:
+        with pytest.raises(ConfigError, match=f"--out {tmp_path}: holds the results of another"):
+            _resume(tmp_path, protocol, other)
+    assert len(read_episodes(jsonl)) == 5
+
+
+def test_resuming_under_a_stamp_without_the_episode_list_keeps_every_record(
+    tmp_path: Path,
+) -> None:
+    from rlvla3.launch.eval_command import STAMP_FILE, _resume
+
+    full = seeded_protocol(ENV, 5)
+    (tmp_path / STAMP_FILE).write_text(json.dumps({"checkpoint": "c.pt", "protocol": ENV}))
+    _records(tmp_path / "episodes.jsonl", [e.key for e in full.episodes])
+    done = _resume(tmp_path, seeded_protocol(ENV, 2), {"checkpoint": "c.pt", "overrides": []})
+    assert len(done) == 2 and len(read_episodes(tmp_path / "episodes.jsonl")) == 5
+
+
+def test_an_episode_whose_players_keep_dying_is_given_up_after_three_plays(registry) -> None:
+    """Each time its player dies the episode goes back first in line, until the third death:
+    then it leaves the list, for the launcher to record as failed, and the next one is played."""
+    from rlvla3.runtime.eval_queue import EvalQueue
+
+    queue = EvalQueue(registry)
+    first, second = (e.to_dict() for e in seeded_protocol(ENV, 2).episodes)
+    queue.fill([first, second])
+    for pid in (101, 102):
+        claim = queue.take("eval_env_worker/0", pid)
+        assert claim is not None and claim.data() == first
+        assert queue.pending() == (1, 1)
+        assert queue.requeue_orphans(lambda worker, p, dead=pid: p > dead) == []  # put back
+    claim = queue.take("eval_env_worker/0", 103)
+    assert claim is not None and claim.data() == first
+    assert queue.requeue_orphans(lambda worker, p: False) == [claim.raw]
+    assert queue.pending() == (1, 0)
+    nxt = queue.take("eval_env_worker/0", 104)
+    assert nxt is not None and nxt.data() == second
+    queue.finish(nxt, {"key": second["key"]})
+    assert queue.pending() == (0, 0) and queue.results(0) == [{"key": second["key"]}]
+
+
+def test_a_given_up_episode_is_recorded_failed_with_its_error(registry, tmp_path) -> None:
+    from rlvla3.launch.eval_command import ProtocolHooks
+
+    protocol = seeded_protocol(ENV, 1)
+    hooks = ProtocolHooks(
+        protocol, tmp_path / "episodes.jsonl", [protocol.episodes[0].to_dict()], 0
+    )
+    hooks.started(registry)
+    assert hooks.check(registry) is None  # (no worker to wait for) queued
+    assert hooks._queue is not None
+    for pid in (1, 2, 3):  # no worker is alive: every check finds the claim orphaned
+        assert hooks._queue.take("eval_env_worker/0", pid) is not None
+        hooks._next_requeue = 0.0
+        reason = hooks.check(registry)
+    assert reason is not None and "evaluated all 1 episodes" in reason.text
+    record = read_episodes(tmp_path / "episodes.jsonl")[protocol.episodes[0].key]
+    assert record["success"] is False and "died while playing it 3 times" in record["error"]
+
+
+def test_a_malformed_queued_entry_is_counted_not_played(registry) -> None:
+    import logging
+    import threading
+    from types import SimpleNamespace
+
+    from rlvla3.runtime import keys
+    from rlvla3.runtime.eval_queue import EvalQueue
+    from roles.env.protocol_runner import ProtocolRunner, TaskEnvs
+
+    queue = EvalQueue(registry)
+    queue.fill([])
+    registry.redis.rpush(keys.eval_todo(registry.run_id), "{not json", '{"key": 1}')
+    stop, refused = threading.Event(), []
+
+    def drop(name: str, why: str) -> None:
+        refused.append((name, why))
+        if len(refused) == 2:
+            stop.set()
+
+    parts = SimpleNamespace(stop_event=stop, counters=SimpleNamespace(drop=drop))
+    runner = ProtocolRunner(parts, queue, "eval_env_worker/0", (Path("."), 0), logging.getLogger())
+    runner.run(TaskEnvs({}, 1))
+    assert [name for name, _ in refused] == ["eval_bad_episodes"] * 2
+    assert queue.pending() == (0, 0)
+
+
 # --------------------------------------------------------------- real evaluations (the roles)
 def tiny_checkpoint(run_dir: Path, max_steps: int = 20) -> Path:
     """A run dir with a config and one checkpoint of a small random MLP on the table-top task."""
@@ -78,6 +219,8 @@ def test_two_workers_give_the_same_episodes_as_one(tmp_path: Path) -> None:
     one, two = outcomes(tmp_path / "one"), outcomes(tmp_path / "two")
     assert len(one) == 10 and one == two
     report = json.loads((tmp_path / "two" / "eval.json").read_text())
+    players = {e["worker"] for e in report["episodes"]}
+    assert players == {"eval_env_worker/0", "eval_env_worker/1"}, players
     assert report["complete"] and report["overall"]["episodes"] == 10
     assert [e["seed"] for e in report["episodes"]] == list(range(10))
     assert report["greedy"] and all(e["greedy"] and e["version"] == 0 for e in report["episodes"])
@@ -92,14 +235,14 @@ def test_a_killed_evaluation_resumes_without_replays(tmp_path: Path) -> None:
     total = 300
     source = tiny_checkpoint(tmp_path / "run", max_steps=30)
     out = tmp_path / "out"
-    log = open(tmp_path / "first.log", "wb")
-    first = subprocess.Popen(
-        eval_command(source, out, "--episodes", str(total)),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
-    )
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.Popen(
+            eval_command(source, out, "--episodes", str(total)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=os.environ | {"PYTHONPATH": str(REPO)},
+        )
     try:
         jsonl = out / "episodes.jsonl"
         wait_until(lambda: jsonl.is_file() and len(read_episodes(jsonl)) >= 5, 120, "episodes")

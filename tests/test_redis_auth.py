@@ -22,6 +22,7 @@ from rlvla3.launch.redis_server import EmbeddedRedis, RedisServerError, find_red
 from rlvla3.launch.rendezvous import JoinError, find_head_store
 from rlvla3.launch.slurm import SlurmStep
 from rlvla3.runtime import role_keys, run_secret
+from rlvla3.runtime.eval_queue import EvalQueue
 from rlvla3.runtime.redis_auth import RUN_USER, run_password, run_redis_auth
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
@@ -144,7 +145,27 @@ def test_every_registry_call_of_a_run_passes_the_acl(head_redis) -> None:
     assert registry.run_end() == ("done", 0)
     registry.record_restart("trainer", 0)
     registry.mark_dead("trainer", 0)
+    _use_an_eval_queue(EvalQueue(registry))
     registry.close()
+
+
+def _use_an_eval_queue(queue: EvalQueue) -> None:
+    """Every call of ``rlvla3 eval``'s episode list, launcher's and worker's."""
+    queue.fill([{"key": "a"}, {"key": "b"}, {"key": "c"}])
+    claim = queue.take("eval_env_worker/0", 7)
+    assert claim is not None and queue.pending() == (2, 1)
+    assert queue.requeue_orphans(lambda worker, pid: False, max_attempts=1) == [claim.raw]
+    assert queue.requeue_orphans(lambda worker, pid: False) == []
+    for _ in range(2):
+        claim = queue.take("eval_env_worker/0", 8)
+        assert claim is not None
+        assert queue.requeue_orphans(lambda worker, pid: pid == 8) == []
+    queue.finish(claim, {"key": claim.data()["key"]})
+    assert queue.requeue_orphans(lambda worker, pid: pid != 8) == []  # "b" back in line
+    again = queue.take("eval_env_worker/1", 9)
+    assert again is not None and again.data() == {"key": "b"}
+    queue.drop(again)
+    assert queue.pending() == (0, 0) and len(queue.results(0)) == 1
 
 
 def test_an_env_workers_keys_reach_the_runs_redis_over_tls(head_redis) -> None:

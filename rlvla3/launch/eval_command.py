@@ -11,6 +11,7 @@ result to ``episodes.jsonl`` as it arrives and ends the run when none is left. T
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from rlvla3.launch.cluster import find_seat
 from rlvla3.launch.eval_report import (
     EPISODES_FILE,
     build_report,
+    drop_torn_lines,
+    failed_result,
     read_episodes,
     table,
     write_report,
@@ -34,11 +37,12 @@ from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.run_dir import config_path
 from rlvla3.launch.stop_reason import StopKind, StopReason
 from rlvla3.runtime.checkpoints import find_checkpoint
-from rlvla3.runtime.eval_queue import EvalQueue
+from rlvla3.runtime.eval_queue import MAX_ATTEMPTS, EvalQueue
 from rlvla3.runtime.registry import Registry
-from sim.protocols import Protocol, merged, protocol_for
+from sim.protocols import Protocol, ProtocolEpisode, file_safe, merged, protocol_for
 
 _REQUEUE_EVERY_S = 2.0  # how often the head looks for episodes whose worker died
+_QUEUE_WITHIN_S = 120.0  # the episodes are queued by then even if some worker is not up
 STAMP_FILE = "eval_run.json"
 """What an ``--out`` holds the results of (checkpoint, protocol, sampling), to resume only the
 same evaluation."""
@@ -74,12 +78,14 @@ class EvalRequest:
 
 def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     """Run ``request`` to the end; returns the exit code (0: every episode evaluated)."""
+    if request.workers < 1:
+        raise ConfigError(f"--workers: need at least 1, got {request.workers}")
+    if request.episodes is not None and request.episodes < 1:
+        raise ConfigError(f"--episodes: need at least 1, got {request.episodes}")
     checkpoint = find_checkpoint(request.source)
     if checkpoint is None:
         raise ConfigError(f"{request.source}: no checkpoint there (a .pt file or a run dir)")
     base = load_yaml_config(request.config or _run_config(checkpoint, request.source))
-    if request.workers < 1:
-        raise ConfigError(f"--workers: need at least 1, got {request.workers}")
     try:
         protocol = protocol_for(
             suite=request.suite,
@@ -92,7 +98,7 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     cfg = eval_config(base, protocol, checkpoint, request)
     run_dir = _out_dir(request, checkpoint, protocol)
     meta = {"checkpoint": str(checkpoint), "greedy": not request.sample}
-    done = _resume(run_dir, protocol, meta)
+    done = _resume(run_dir, protocol, meta | {"overrides": list(request.overrides)})
     todo = [e for e in protocol.episodes if e.key not in done]
     echo(
         f"{protocol.name}: {len(protocol.episodes)} episodes ({protocol.reference}); "
@@ -100,7 +106,8 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     )
     code = 0
     if todo:
-        hooks = ProtocolHooks(protocol, run_dir / EPISODES_FILE, [e.to_dict() for e in todo])
+        listed = [e.to_dict() for e in todo]
+        hooks = ProtocolHooks(protocol, run_dir / EPISODES_FILE, listed, request.workers)
         code = Launcher(cfg, run_dir, find_seat(cfg, None), echo=echo, hooks=hooks).run()
     report = build_report(protocol, read_episodes(run_dir / EPISODES_FILE), meta)
     path = write_report(run_dir, report)
@@ -122,7 +129,7 @@ def eval_config(base: Config, protocol: Protocol, checkpoint: Path, request: Eva
     }
     raw.pop("nodes", None)
     run = raw.setdefault("run", {})
-    run["name"] = "eval-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in protocol.name)
+    run["name"] = "eval-" + file_safe(protocol.name)
     run["stop"] = {}
     run["eval"] = {"protocol": True, "sample": request.sample, "videos": request.videos}
     env = raw.setdefault("env", {})
@@ -134,6 +141,9 @@ def eval_config(base: Config, protocol: Protocol, checkpoint: Path, request: Eva
         vectorized=False,
     )
     env.pop("straggler", None)
+    # nothing trains: the training algorithm's settings (GRPO's group size, which must divide
+    # the one env per worker here) would only fail the checks
+    raw.pop("algo", None)
     policy = raw.setdefault("policy", {})
     policy.update(init_checkpoint=str(checkpoint), init_launch=None)
     for item in request.overrides:
@@ -161,41 +171,57 @@ def _run_config(checkpoint: Path, source: str) -> Path:
 def _out_dir(request: EvalRequest, checkpoint: Path, protocol: Protocol) -> Path:
     if request.out:
         return Path(request.out).resolve()
-    name = "eval-" + protocol.name.replace("/", "-")
+    name = "eval-" + file_safe(protocol.name)
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     return (run / name).resolve()
 
 
 def _resume(run_dir: Path, protocol: Protocol, meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The episodes an earlier evaluation into ``run_dir`` finished, when it evaluated the same
-    checkpoint the same way; stamps ``run_dir`` with this evaluation."""
-    stamp = {**meta, "protocol": protocol.name}
+    """The episodes an earlier evaluation into ``run_dir`` finished, when it was this same
+    evaluation (``meta``: checkpoint, sampling, overrides; and the protocol's exact episode
+    list); stamps ``run_dir`` with this evaluation.
+
+    Raises:
+        ConfigError: ``run_dir`` holds another evaluation's results.
+    """
+    stamp = {**meta, "protocol": protocol.name, "episodes_sha256": _episodes_digest(protocol)}
     path = run_dir / STAMP_FILE
     if path.is_file():
         earlier = json.loads(path.read_text())
-        if earlier != stamp:
+        # a field an earlier stamp lacks is not compared (its records are all kept below)
+        differs = sorted(k for k in stamp if k in earlier and earlier[k] != stamp[k])
+        if differs:
             raise ConfigError(
-                f"--out {run_dir}: holds another evaluation ({earlier}); choose another --out"
+                f"--out {run_dir}: holds the results of another evaluation (its "
+                f"{', '.join(differs)} differ: {STAMP_FILE}); choose another --out"
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stamp, indent=2) + "\n")
-    keys = {e.key for e in protocol.episodes}
-    done = {k: r for k, r in read_episodes(run_dir / EPISODES_FILE).items() if k in keys}
-    # rewritten with the readable records only: a killed writer's torn last line would
-    # otherwise swallow the next record appended after it
     episodes = run_dir / EPISODES_FILE
-    tmp = episodes.with_name(episodes.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
-    tmp.rename(episodes)
-    return done
+    # a killed writer's torn last line would swallow the next record appended after it
+    drop_torn_lines(episodes)
+    keys = {e.key for e in protocol.episodes}
+    return {k: r for k, r in read_episodes(episodes).items() if k in keys}
+
+
+def _episodes_digest(protocol: Protocol) -> str:
+    """The protocol's episode list in a few characters: any other task subset, episode count
+    or seed is another list."""
+    listed = "\n".join(json.dumps(e.to_dict(), sort_keys=True) for e in protocol.episodes)
+    return hashlib.sha256(listed.encode()).hexdigest()
 
 
 class ProtocolHooks:
-    """The head launcher's part in a protocol evaluation (a ``RunHooks``): queue the episodes,
+    """The head launcher's part in a protocol evaluation (a ``RunHooks``): queue the episodes
+    once every worker is running (the first one up would otherwise play a short list alone),
     keep each result as it arrives, put back those of dead workers, end when all are in."""
 
-    def __init__(self, protocol: Protocol, episodes_file: Path, todo: list[dict[str, Any]]):
+    def __init__(
+        self, protocol: Protocol, episodes_file: Path, todo: list[dict[str, Any]], workers: int
+    ):
         self.protocol = protocol
+        self.workers = workers
+        """Eval env workers to wait for before queueing."""
         self.episodes_file = episodes_file
         self.todo = todo
         self.wanted = {e["key"] for e in todo}
@@ -204,13 +230,22 @@ class ProtocolHooks:
         self._read = 0  # results taken from Redis so far
         self._next_requeue = 0.0
         self._queue: EvalQueue | None = None
+        self._queue_by: float | None = None  # (monotonic) None: queued
 
     def started(self, registry: Registry) -> None:
         self._queue = EvalQueue(registry)
-        self._queue.fill(self.todo)
+        self._queue.fill([])  # nothing of an earlier launch's list is left
+        self._queue_by = time.monotonic() + _QUEUE_WITHIN_S
 
     def check(self, registry: Registry) -> StopReason | None:
         queue = self._queue or EvalQueue(registry)
+        if self._queue_by is not None:
+            running = [
+                r for r in registry.roles() if r.role == "eval_env_worker" and r.status == "running"
+            ]
+            if len(running) >= self.workers or time.monotonic() >= self._queue_by:
+                queue.fill(self.todo)
+                self._queue_by = None
         fresh = queue.results(self._read)
         self._read += len(fresh)
         self._record(fresh)
@@ -218,7 +253,8 @@ class ProtocolHooks:
         if now >= self._next_requeue:
             self._next_requeue = now + _REQUEUE_EVERY_S
             live = {(f"{r.role}/{r.index}", r.pid) for r in registry.roles() if r.alive}
-            queue.requeue_orphans(lambda worker, pid: (worker, pid) in live)
+            given_up = queue.requeue_orphans(lambda worker, pid: (worker, pid) in live)
+            self._record([self._failed(raw) for raw in given_up])
         if self.recorded >= self.wanted:
             return StopReason(StopKind.JOB_DONE, f"evaluated all {len(self.wanted)} episodes")
         return None
@@ -237,6 +273,12 @@ class ProtocolHooks:
             with open(self.episodes_file, "a") as f:
                 f.writelines(lines)
                 f.flush()
+
+    def _failed(self, raw: str) -> dict[str, Any]:
+        """The failed result of an episode (as queued by ``started``) given up after its
+        players died ``MAX_ATTEMPTS`` times."""
+        episode = ProtocolEpisode.from_dict(json.loads(raw))  # (queued here: readable)
+        return failed_result(episode, f"its worker died while playing it {MAX_ATTEMPTS} times")
 
     def progress_line(self, registry: Registry, elapsed_s: float) -> str | None:
         done, total = len(self.recorded), len(self.wanted)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sim.protocols import Protocol
+from sim.protocols import Protocol, ProtocolEpisode
 
 Z95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
@@ -41,13 +41,46 @@ def read_episodes(path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return done
     for line in path.read_text().splitlines():
-        try:
+        if _is_record(line):
             result = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(result, dict) and isinstance(result.get("key"), str):
             done.setdefault(result["key"], result)
     return done
+
+
+def failed_result(episode: ProtocolEpisode, error: str) -> dict[str, Any]:
+    """The record of ``episode`` when it could not be played (``error`` says why): it counts,
+    unsuccessful, so the evaluation goes on without it."""
+    return {
+        **episode.identity(),
+        "success": False,
+        "success_at_end": False,
+        "length": 0,
+        "return": 0.0,
+        "sim_fault": False,
+        "error": error,
+    }
+
+
+def drop_torn_lines(path: Path) -> None:
+    """Rewrite ``path`` (a JSONL file) without its unreadable lines (a killed writer's torn
+    last line), every record kept as written; untouched when every line reads."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _is_record(line)]
+    if len(kept) == len(lines) and all(line.endswith("\n") for line in kept):
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line.rstrip("\n") + "\n" for line in kept))
+    tmp.rename(path)
+
+
+def _is_record(line: str) -> bool:
+    try:
+        result = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(result, dict) and isinstance(result.get("key"), str)
 
 
 def stats(results: Iterable[dict[str, Any]]) -> dict[str, Any]:

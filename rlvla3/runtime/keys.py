@@ -119,10 +119,20 @@ def eval_todo(run_id: str) -> str:
     return f"{run_prefix(run_id)}:eval_todo"
 
 
-def eval_claims(run_id: str) -> str:
-    """Hash: episode key -> JSON ``{"episode", "worker", "pid"}`` of each protocol episode an
-    eval env worker plays now."""
-    return f"{run_prefix(run_id)}:eval_claims"
+def eval_claimants(run_id: str) -> str:
+    """Set of ``WORKER@PID`` (``eval_env_worker/0@4242``): every eval env worker process that
+    has taken protocol episodes, each with its own ``eval_claimed`` list."""
+    return f"{run_prefix(run_id)}:eval_claimants"
+
+
+def eval_claimed(run_id: str, claimant: str) -> str:
+    """List of the JSON protocol episodes eval env worker process ``claimant`` plays now."""
+    return f"{run_prefix(run_id)}:eval_claimed:{claimant}"
+
+
+def eval_attempts(run_id: str) -> str:
+    """Hash: queued JSON protocol episode -> how many of its players died playing it."""
+    return f"{run_prefix(run_id)}:eval_attempts"
 
 
 def eval_results(run_id: str) -> str:

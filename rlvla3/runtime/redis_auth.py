@@ -30,6 +30,8 @@ RUN_USER_COMMANDS = (
     "hget", "hgetall", "hset", "hsetnx", "hincrby",
     "sadd", "smembers", "rpush", "lrange", "ltrim",
     "multi", "exec", "discard",
+    # what rlvla3/runtime/eval_queue.py sends besides (a protocol evaluation's episode list)
+    "llen", "lmove", "lrem", "lpush", "srem",
 )  # fmt: skip
 """Every command the run user may send; ``tests/test_redis_auth.py`` runs a real run with
 nothing else allowed."""

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from rlvla3.runtime.eval_queue import EvalQueue
-from roles.env.action_chunks import ActionChunkEnvs
+from roles.env.action_chunks import SUCCESS_IN_CHUNK, ActionChunkEnvs
 from roles.env.env_slot import finite
 from roles.env.runner_thread import RunnerParts
 from sim.adapter import Obs
 from sim.env_group import EnvGroup, SeparateEnvs, Stepped
 from sim.envs import make_env
-from sim.protocols import ProtocolEpisode, merged
+from sim.protocols import ProtocolEpisode, file_safe, merged
 
 _IDLE_S = 0.2  # how often a runner with nothing to play looks at the list again
 VIDEO_FPS = 20
@@ -35,19 +35,19 @@ class TaskEnvs(EnvGroup):
         """``env.kwargs`` of the run, under the protocol's own options."""
         self.action_steps = action_steps
         self.size = 1
-        self._made: tuple[str, str] | None = None
+        self._made: tuple[str, str, bool] | None = None
         self._group: EnvGroup | None = None
 
     def use(self, episode: ProtocolEpisode) -> None:
         """Make ``episode``'s env current, building it unless it already is."""
         kwargs = merged(self.base_kwargs, episode.env_kwargs)
-        made = (episode.env_id, repr(sorted(kwargs.items())))
+        made = (episode.env_id, repr(sorted(kwargs.items())), episode.ignore_terminations)
         if made == self._made:
             return
         self.close()
         group: EnvGroup = SeparateEnvs([make_env(episode.env_id, seed=episode.seed, **kwargs)])
         if self.action_steps > 1:
-            group = ActionChunkEnvs(group, self.action_steps)
+            group = ActionChunkEnvs(group, self.action_steps, episode.ignore_terminations)
         self._group, self._made = group, made
         self.observation_space = group.observation_space
 
@@ -87,21 +87,20 @@ class ProtocolRunner:
         assert isinstance(envs, TaskEnvs)
         stop = self.parts.stop_event
         while not stop.is_set():
-            raw = self.queue.take(self.worker, os.getpid())
-            if raw is None:
+            claim = self.queue.take(self.worker, os.getpid())
+            if claim is None:
                 stop.wait(_IDLE_S)
                 continue
             try:
-                episode = ProtocolEpisode.from_dict(raw)
+                episode = ProtocolEpisode.from_dict(claim.data())
             except ValueError as err:  # not what `rlvla3 eval` queues: counted, never played
-                key = raw.get("key") if isinstance(raw, dict) else None
-                self.queue.drop(str(key if isinstance(key, str) else raw))
+                self.queue.drop(claim)
                 self.parts.counters.drop("eval_bad_episodes", f"protocol episode refused: {err}")
                 continue
             result = self._play(envs, episode)
             if result is None:
                 return  # stopping: the claim stays, and the episode is played again
-            self.queue.finish(episode.key, result)
+            self.queue.finish(claim, result)
             self.parts.counters.count("eval_episodes")
 
     def _play(self, envs: TaskEnvs, episode: ProtocolEpisode) -> dict[str, Any] | None:
@@ -150,7 +149,9 @@ class _Outcome:
         if success is not None:
             self.reports_success = True
             self.success_at_end = bool(success)
-            self.success_once = self.success_once or self.success_at_end
+            # an action chunk's info is its last step's: an earlier step's success is aside
+            during = bool(res.info.get(SUCCESS_IN_CHUNK, success))
+            self.success_once = self.success_once or self.success_at_end or during
         if not finite(res.obs, res.reward):
             self.fault = True
             return True
@@ -161,12 +162,7 @@ class _Outcome:
     def result(self, episode: ProtocolEpisode, worker: str) -> dict[str, Any]:
         success = (self.success_once and not self.fault) if self.reports_success else None
         return {
-            "index": episode.index,
-            "key": episode.key,
-            "task": episode.task,
-            "env_id": episode.env_id,
-            "seed": episode.seed,
-            "init_state": episode.init_state,
+            **episode.identity(),
             "success": success,
             "success_at_end": self.success_at_end if self.reports_success else None,
             "length": self.length,
@@ -180,7 +176,7 @@ class _Outcome:
 
 def video_name(episode: ProtocolEpisode) -> str:
     """The GIF file of ``episode`` in the videos folder."""
-    task = "".join(c if c.isalnum() or c in "-_" else "_" for c in episode.task)[:80]
+    task = file_safe(episode.task, fill="_")
     return f"{episode.index:05d}_{task}_seed{episode.seed}.gif"
 
 
