@@ -211,18 +211,24 @@ def outcomes(out: Path) -> dict[str, tuple]:
     }
 
 
+EPISODES = 40
+
+
 def test_two_workers_give_the_same_episodes_as_one(tmp_path: Path) -> None:
-    """Each episode depends only on its seed and the weights: who plays it changes nothing."""
+    """Each episode depends only on its seed and the weights: who plays it changes nothing.
+    (Enough episodes that neither worker can drain the queue before the other's first take.)"""
     tiny_checkpoint(tmp_path / "run")
-    run_eval(tmp_path / "run", tmp_path / "one", "--episodes", "10", "--workers", "1")
-    printed = run_eval(tmp_path / "run", tmp_path / "two", "--episodes", "10", "--workers", "2")
+    run_eval(tmp_path / "run", tmp_path / "one", "--episodes", str(EPISODES), "--workers", "1")
+    printed = run_eval(
+        tmp_path / "run", tmp_path / "two", "--episodes", str(EPISODES), "--workers", "2"
+    )
     one, two = outcomes(tmp_path / "one"), outcomes(tmp_path / "two")
-    assert len(one) == 10 and one == two
+    assert len(one) == EPISODES and one == two
     report = json.loads((tmp_path / "two" / "eval.json").read_text())
     players = {e["worker"] for e in report["episodes"]}
     assert players == {"eval_env_worker/0", "eval_env_worker/1"}, players
-    assert report["complete"] and report["overall"]["episodes"] == 10
-    assert [e["seed"] for e in report["episodes"]] == list(range(10))
+    assert report["complete"] and report["overall"]["episodes"] == EPISODES
+    assert [e["seed"] for e in report["episodes"]] == list(range(EPISODES))
     assert report["greedy"] and all(e["greedy"] and e["version"] == 0 for e in report["episodes"])
     lo, hi = report["overall"]["success_ci95"]
     assert lo <= report["overall"]["success_rate"] <= hi
