@@ -25,7 +25,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from harness.mode_rates import measure_rates
+from harness.mode_rates import measure_rates, mode_roles
 from harness.provenance import write_result
 from harness.report import Table, add_straggler_flags, benchmark_parser
 
@@ -49,15 +49,7 @@ def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
             "progress_interval_s": 3600,
             "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120},
         },
-        "roles": {
-            "env_worker": {"count": args.num_workers},
-            "rollout_server": {
-                "count": 1,
-                "settings": {"max_batch": args.num_envs, "max_wait_ms": 0.0},
-            },
-            "trainer": {"count": 1},
-            "weight_broadcaster": {"count": 1},
-        },
+        "roles": mode_roles(args.num_workers, args.num_envs),
         "env": {
             "id": args.env,
             "num_envs_per_worker": per_worker,

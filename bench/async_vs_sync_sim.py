@@ -18,6 +18,9 @@ with the reason; ``--smoke`` then exits 0, a full run exits 1 when nothing could
 
     python bench/async_vs_sync_sim.py --sims libero [--num-envs 4] [--num-workers 2]
         [--duration-s 45] [--warmup-s 10] [--repeats 2] [--json PATH]
+
+``--smoke``: sync and async once each, 2 envs in one worker, seconds of each (minutes in all
+where the simulators are installed: building their first env is most of it).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.mode_rates import measure_rates
+from harness.mode_rates import measure_rates, mode_roles
 from harness.provenance import write_result
 from harness.report import Table, benchmark_parser, host_record, load_average_1m
 
@@ -41,6 +44,8 @@ from sim.env_probe import env_unavailable
 
 ORDERS = (("sync", "async", "async_rollout"), ("async_rollout", "async", "sync"))
 """Mode order of odd and even repeats: each mode runs early and late under the drifting load."""
+SMOKE_ORDERS = (("sync", "async"),)
+"""``--smoke``: the two modes the gain compares (a simulator's first env is most of its cost)."""
 REFERENCE_GAIN_PCT = {"seed_paper_libero": 126.67, "rl_vla3_low": 59.0, "rl_vla3_high": 85.0}
 """Published env-throughput gains of async over sync, percent (issue 35)."""
 VLA = {"d_model": 64, "num_layers": 2, "num_heads": 4, "action_head": "gaussian"}
@@ -67,16 +72,16 @@ class SimWorkload:
     """``run`` keys of its own: the liveness limits a slow first render needs."""
 
 
+SLOW_START = {"heartbeat_ttl_s": 120.0, "stall_timeout_s": 300.0}
+"""The liveness limits of both simulators' runs."""
+
 SIMS = {
-    "libero": SimWorkload("libero/libero_spatial/0", {"image_size": 128}, 16, 8, {}),
-    # SAPIEN's first picture in a process takes tens of CPU-seconds in lavapipe with the GIL
-    # held (docs/maniskill.md): every role that reads the env's spaces freezes that long.
+    # Building the env freezes a process with the GIL held for seconds (LIBERO's model compile
+    # and GL context) to tens of seconds (SAPIEN's first picture in lavapipe, docs/maniskill.md)
+    # under load: every role that reads the env's spaces does it, beyond the default 5 s TTL.
+    "libero": SimWorkload("libero/libero_spatial/0", {"image_size": 128}, 16, 8, SLOW_START),
     "maniskill": SimWorkload(
-        "maniskill/PickCube-v1",
-        {"obs_mode": "rgb", "image_size": 64},
-        8,
-        16,
-        {"heartbeat_ttl_s": 120.0, "stall_timeout_s": 300.0},
+        "maniskill/PickCube-v1", {"obs_mode": "rgb", "image_size": 64}, 8, 16, SLOW_START
     ),
 }
 
@@ -92,15 +97,7 @@ def run_config(args: argparse.Namespace, sim: SimWorkload, mode: str, redis_url:
             "stop": {"max_wall_s": args.warmup_s + args.duration_s + 600},
             **sim.run,
         },
-        "roles": {
-            "env_worker": {"count": args.num_workers},
-            "rollout_server": {
-                "count": 1,
-                "settings": {"max_batch": args.num_envs, "max_wait_ms": 0.0},
-            },
-            "trainer": {"count": 1},
-            "weight_broadcaster": {"count": 1},
-        },
+        "roles": mode_roles(args.num_workers, args.num_envs),
         "env": {
             "id": sim.env_id,
             "num_envs_per_worker": args.num_envs // args.num_workers,
@@ -118,7 +115,7 @@ def measure_sim(args: argparse.Namespace, sim: SimWorkload, redis_url: str) -> l
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-sim-") as tmp:
         for repeat in range(args.repeats):
             modes: dict[str, dict] = {}
-            for mode in ORDERS[repeat % 2]:
+            for mode in args.orders[repeat % len(args.orders)]:
                 load_before, started = load_average_1m(), time.monotonic()
                 cfg = run_config(args, sim, mode, redis_url)
                 got = measure_rates(cfg, args.num_envs, Path(tmp), args.warmup_s, args.duration_s)
@@ -183,6 +180,7 @@ def parse_args() -> argparse.Namespace:
     if args.smoke:
         args.duration_s, args.warmup_s, args.num_envs, args.num_workers = 2.0, 1.0, 2, 1
         args.repeats = 1
+    args.orders = SMOKE_ORDERS if args.smoke else ORDERS
     if args.num_envs % args.num_workers:
         parser.error("--num-envs must be a multiple of --num-workers")
     return args
@@ -196,7 +194,7 @@ def main() -> None:
             sim = SIMS[name]
             why = env_unavailable(sim.env_id, json.dumps(sim.kwargs))
             if why is not None:
-                print(f"{name}: not installed or not usable here, skipped ({why})", flush=True)
+                print(f"{name}: skipped: {why}", flush=True)
                 report[name] = {"skipped": why}
                 continue
             print(f"{name}: {args.num_envs} envs over {args.num_workers} env workers", flush=True)

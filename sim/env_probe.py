@@ -19,12 +19,14 @@ from sim.adapter import SimulatorNotInstalledError
 
 PROBE_OK = "ENV_PROBE_OK"
 """What the child prints once the env stepped."""
+NOT_INSTALLED_RC = 3
+"""The child's exit status when the env's simulator package is not installed."""
 
 
 @functools.cache
 def env_unavailable(env_id: str, kwargs_json: str = "{}", timeout_s: float = 180.0) -> str | None:
-    """None if ``make_env(env_id, **kwargs)`` builds, resets and steps here, else why not (the
-    child's last error line). ``kwargs_json`` is the kwargs as JSON (hashable, so the answer is
+    """None if ``make_env(env_id, **kwargs)`` builds, resets and steps here, else why not: "not
+    installed" with the extra to install, or the child's last error line. ``kwargs_json`` is the kwargs as JSON (hashable, so the answer is
     cached per process)."""
     cmd = [sys.executable, "-m", "sim.env_probe", env_id, kwargs_json]
     try:
@@ -40,6 +42,8 @@ def env_unavailable(env_id: str, kwargs_json: str = "{}", timeout_s: float = 180
         return f"{env_id}: building and stepping one env took over {timeout_s:.0f}s"
     if proc.returncode == 0 and PROBE_OK in proc.stdout:
         return None
+    if proc.returncode == NOT_INSTALLED_RC:
+        return f"{env_id}: not installed ({proc.stderr.strip()})"
     lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()] or ["(no output)"]
     errors = [line for line in lines if "Error:" in line or "Exception:" in line]
     return f"{env_id}: {(errors or lines)[-1]}"
@@ -51,7 +55,8 @@ def _child(env_id: str, kwargs_json: str) -> None:
     try:
         env = make_env(env_id, seed=0, **json.loads(kwargs_json))
     except SimulatorNotInstalledError as err:
-        sys.exit(f"SimulatorNotInstalledError: {err}")
+        print(err, file=sys.stderr)
+        sys.exit(NOT_INSTALLED_RC)
     try:
         env.reset(seed=0)
         env.step(env.action_space.sample())

@@ -18,6 +18,17 @@ COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "a
 """The run counters the figures come from."""
 
 
+def mode_roles(num_workers: int, num_envs: int) -> dict[str, Any]:
+    """The roles of a mode comparison: ``num_workers`` env workers, one rollout server that
+    answers each batch at once (up to every env's request), one trainer and one broadcaster."""
+    return {
+        "env_worker": {"count": num_workers},
+        "rollout_server": {"count": 1, "settings": {"max_batch": num_envs, "max_wait_ms": 0.0}},
+        "trainer": {"count": 1},
+        "weight_broadcaster": {"count": 1},
+    }
+
+
 def measure_rates(
     cfg: dict[str, Any], num_envs: int, workdir: Path, warmup_s: float, duration_s: float
 ) -> dict[str, Any]:
