@@ -25,9 +25,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from harness.mode_rates import measure_rates, mode_roles
 from harness.provenance import write_result
 from harness.report import Table, add_straggler_flags, benchmark_parser
-from harness.run_sampler import sample_run
 
 from rlvla3.launch.redis_server import EmbeddedRedis
 
@@ -49,15 +49,7 @@ def run_config(args: argparse.Namespace, mode: str, redis_url: str) -> dict:
             "progress_interval_s": 3600,
             "stop": {"max_wall_s": args.warmup_s + args.duration_s + 120},
         },
-        "roles": {
-            "env_worker": {"count": args.num_workers},
-            "rollout_server": {
-                "count": 1,
-                "settings": {"max_batch": args.num_envs, "max_wait_ms": 0.0},
-            },
-            "trainer": {"count": 1},
-            "weight_broadcaster": {"count": 1},
-        },
+        "roles": mode_roles(args.num_workers, args.num_envs),
         "env": {
             "id": args.env,
             "num_envs_per_worker": per_worker,
@@ -93,27 +85,7 @@ def role_cpus(text: str) -> tuple[str, list[int]]:
 def measure_mode(args: argparse.Namespace, mode: str, redis_url: str, workdir: Path) -> dict:
     """Launch one mode, wait for steady state, measure env steps/s over the window, stop it."""
     cfg = run_config(args, mode, redis_url)
-    got = sample_run(cfg, workdir, _COUNTERS, args.warmup_s, args.duration_s)
-    d = {k: got.delta(k) for k in _COUNTERS}
-    rate = {k: got.rate(k) for k in _COUNTERS}
-    steps = max(d["env_steps"], 1)
-    # Where one env's time goes per step: the simulator (incl. the injected latency), waiting for
-    # its action, and the rest (chunk building, barriers in sync mode, being descheduled).
-    per_step_ms = args.num_envs / max(rate["env_steps"], 1e-9) * 1000
-    env_step_ms = d["env_step_us"] / steps / 1000
-    action_wait_ms = d["action_wait_us"] / max(d["action_requests"], 1) / 1000
-    return {
-        "env_steps_per_s": rate["env_steps"],
-        "trained_samples_per_s": rate["samples_consumed"],
-        "per_step_ms": {
-            "env_step": env_step_ms,
-            "action_wait": action_wait_ms,
-            "other": per_step_ms - env_step_ms - action_wait_ms * d["action_requests"] / steps,
-        },
-    }
-
-
-_COUNTERS = ("env_steps", "samples_consumed", "env_step_us", "action_wait_us", "action_requests")
+    return measure_rates(cfg, args.num_envs, workdir, args.warmup_s, args.duration_s)
 
 
 def parse_args() -> argparse.Namespace:

@@ -8,6 +8,7 @@ bench/sdpa_backends.py says it needs one and exits 0 here.)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ FROM_SCRATCH = [
 ]
 BENCHMARKS = {
     "async_vs_sync.py": [],
+    "async_vs_sync_sim.py": ["--sims", "libero"],
     "codec_sockets.py": [],
     "data_parallel.py": [],
     "faults.py": [],
@@ -105,3 +107,30 @@ def test_the_sft_probe_takes_any_policy_family_from_a_launch_yaml(tmp_path) -> N
     result = json.loads(out.read_text())["results"]
     assert result["args"]["env_id"] == "rlvla3/TableTopEasy-v0"  # the YAML's task, not the flag's
     assert "token_vla" in done.stdout and result["curve"][-1]["step"] == 3
+
+
+def test_the_simulator_benchmark_skips_absent_simulators_and_says_so(tmp_path) -> None:
+    """Where LIBERO and ManiSkill are not installed (the README's test command on a clean
+    machine), the smoke says so for each, writes its JSON and exits 0."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util as u\n"
+        "_find = u.find_spec\n"
+        "u.find_spec = lambda name, *a: None if name in ('libero', 'mani_skill') else _find(name, *a)\n"
+    )
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "bench/async_vs_sync_sim.py", "--smoke", "--json", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stdout.count("not installed") == 2
+    for sim in ("libero", "maniskill"):
+        assert f"{sim}: skipped: " in done.stdout
+        assert "not installed" in json.loads(out.read_text())["results"][sim]["skipped"]
