@@ -4,6 +4,7 @@ run whose rollout server is frozen."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -232,7 +233,7 @@ def test_the_grafana_dashboard_asks_only_for_served_metrics() -> None:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
-def test_the_tui_in_a_terminal_shows_a_frozen_server_and_rates_falling_to_zero(
+def test_the_tui_in_a_terminal_shows_a_frozen_server_and_its_replacement(
     tmp_path, redis_url
 ) -> None:
     name = "tui_live"
@@ -286,15 +287,19 @@ def test_the_tui_in_a_terminal_shows_a_frozen_server_and_rates_falling_to_zero(
             rows = [line for line in screen().splitlines() if line.startswith("rollout_server/0")]
             return rows[0] if rows else ""
 
-        wait_until(
-            lambda: ("LOST" in server_row() or "STALLED" in server_row()) and rate_shown() == 0,
-            30,
-            "the frozen server's row to say LOST or STALLED, and 0 env steps/s",
-        )
-        assert "UNHEALTHY" in screen()
+        def frozen_shown() -> bool:
+            shown = screen()
+            row = next((r for r in shown.splitlines() if r.startswith("rollout_server/0")), "")
+            return ("LOST" in row or "STALLED" in row) and "UNHEALTHY" in shown
+
+        # a frozen role is replaced once its heartbeat is silent past the TTL: the screen says
+        # so while it is, then shows the replacement and its restart
+        wait_until(frozen_shown, 30, "the frozen server's row to say LOST or STALLED")
+        wait_until(lambda: "↻1" in server_row(), 60, "the replaced server's restart")
     finally:
         if frozen is not None:
-            os.kill(frozen, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # replaced: killed as frozen
+                os.kill(frozen, signal.SIGCONT)
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         launcher.send_signal(signal.SIGINT)
         code = launcher.wait(timeout=60)

@@ -125,7 +125,8 @@ def test_a_broadcaster_that_leaves_breaks_its_servers_pending_receive() -> None:
         broadcaster.publish(0, torch.zeros(3))
         assert results.get(timeout=60) == 0
         broadcaster.close()
-        assert "closed" in results.get(timeout=20).lower()
+        error = results.get(timeout=20)  # the version's number had it not failed
+        assert isinstance(error, str) and ("closed" in error.lower() or "reset" in error.lower())
     finally:
         server.join(timeout=60)
 
