@@ -95,11 +95,7 @@ class TokenVLAPolicy(ActorCritic):
         """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
         over the K x D tokens) and value float32[B] of actions int64[B, D] (int64[B, K, D])."""
         inputs, lengths = self._prompt_inputs(obs)
-        action = action.to(device=lengths.device, dtype=torch.int64)
-        expected = (len(lengths), *self.bins.action_shape)
-        if tuple(action.shape) != expected:
-            raise ValueError(f"action shape {tuple(action.shape)} != expected {expected}")
-        tokens = action.reshape(len(lengths), -1)  # step-major, as act decodes them
+        tokens = self.action_tokens(action, lengths)
         logits, last_hidden = self._score(inputs, lengths, tokens)
         dist = Categorical(logits=logits[:, : tokens.shape[1]], validate_args=False)
         return EvalOutput(
@@ -107,6 +103,19 @@ class TokenVLAPolicy(ActorCritic):
             entropy=dist.entropy().sum(-1),
             value=self.value_head(last_hidden).squeeze(-1),
         )
+
+    def action_tokens(self, action: Tensor, lengths: Tensor) -> Tensor:
+        """Bin indices int64[B, D] (int64[B, K, D]) of a batch of ``len(lengths)`` prompts as
+        int64[B, K x D] on the prompts' device, step-major as ``act`` decodes them.
+
+        Raises:
+            ValueError: the action's shape is not the policy's.
+        """
+        action = action.to(device=lengths.device, dtype=torch.int64)
+        expected = (len(lengths), *self.bins.action_shape)
+        if tuple(action.shape) != expected:
+            raise ValueError(f"action shape {tuple(action.shape)} != expected {expected}")
+        return action.reshape(len(lengths), -1)
 
     def value_parameters(self) -> list[nn.Parameter]:
         """The value head's parameters."""

@@ -234,11 +234,7 @@ class PackedEvaluator:
         value float32[B] of actions int64[B, D] (an action chunk's int64[B, K, D])."""
         policy = self.policy
         inputs, lengths = policy._prompt_inputs(obs)
-        action = action.to(device=lengths.device, dtype=torch.int64)
-        expected = (len(lengths), *policy.bins.action_shape)
-        if tuple(action.shape) != expected:
-            raise ValueError(f"action shape {tuple(action.shape)} != expected {expected}")
-        action = action.reshape(len(lengths), -1)  # step-major, as act decodes them
+        action = policy.action_tokens(action, lengths)
         dims = action.shape[1]
         rows = pack_frames(
             inputs,
