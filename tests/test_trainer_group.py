@@ -33,3 +33,17 @@ def test_two_trainer_ranks_train_as_one_group(tmp_path, redis_url, shard: bool) 
     assert followed == c["updates"]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == c["updates"]
+
+
+@pytest.mark.slow
+def test_launch_cartpole_with_a_sharded_trainer_group_solves(tmp_path) -> None:
+    """``rlvla3 launch launch/cartpole.yaml`` with two sharded trainer ranks reaches its
+    target: published and checkpointed weights are the whole ones gathered from the shards."""
+    from rlvla3.launch.command import launch
+
+    overrides = ["roles.trainer.count=2", "roles.trainer.settings.shard=true"]
+    code = launch("launch/cartpole.yaml", overrides, out=str(tmp_path / "run"), echo=lambda _: None)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert code == 0 and summary["solved"], summary
+    follower = (tmp_path / "run" / "logs" / "trainer-1.log").read_text()
+    assert "policy sharded over 2 ranks" in follower
