@@ -33,7 +33,7 @@ import torch
 from rlvla3.algo.batch import chunk_staleness
 from rlvla3.algo.chunk_check import chunk_problem, observation_bytes
 from rlvla3.algo.group_updates import GroupUpdates
-from rlvla3.algo.learners import TakenBatch, build_learner
+from rlvla3.algo.learners import Objective, TakenBatch, build_learner
 from rlvla3.algo.optim import build_optimizer, scale_learning_rate
 from rlvla3.algo.ppo import frozen_reference
 from rlvla3.config.role_settings import TrainerSettings
@@ -82,8 +82,9 @@ class Trainer(TrainingRole[TrainerSettings]):
             objective = build_learner(
                 self.cfg.algo, on_policy_only=False, batch_steps=1, device=self.device
             ).objective
-            updates = GroupUpdates(self.group, objective, self.policy, self.optimizer)
+            updates = self._group_updates(objective)
             self.follower = FollowerRank(self, updates, self.reference)
+            self._say_sharded(updates)
             return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
@@ -107,15 +108,31 @@ class Trainer(TrainingRole[TrainerSettings]):
             batch_steps=self.cfg.algo.batch_steps or self._round_steps(),
             device=self.device,
         )
-        self.group_updates = GroupUpdates(
-            self.group, self.learner.objective, self.policy, self.optimizer
-        )
+        self.group_updates = self._group_updates(self.learner.objective)
         self.group_updates.share_state()
+        self.optimizer = self.group_updates.optimizer  # (sharded: over the shards)
+        self._say_sharded(self.group_updates)
         self.group_watch = GroupWatch(self, self.group) if self.group is not None else None
         self.sample_rate = RateMeter(window_s=20.0)
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "train"))
         self.frozen, self.next_freeze_check = False, 0.0
         self._publish()
+
+    def _group_updates(self, objective: Objective) -> GroupUpdates:
+        """The rank's updates; ``settings.shard``: the policy is sharded over the group."""
+        rebuild = None
+        if self.settings.shard:
+            rebuild = lambda policy: build_optimizer(policy, self.cfg.algo)  # noqa: E731
+        return GroupUpdates(self.group, objective, self.policy, self.optimizer, rebuild)
+
+    def _say_sharded(self, updates: GroupUpdates) -> None:
+        if updates.sharded and self.group is not None:
+            self.log.info(
+                "policy sharded over %d ranks: this rank holds 1/%d of its parameters and "
+                "optimizer state (settings.shard)",
+                self.group.world_size,
+                self.group.world_size,
+            )
 
     def _round_steps(self) -> int:
         workers = self.cfg.num_processes("env_worker") or 1  # a round needs at least one worker
@@ -185,7 +202,7 @@ class Trainer(TrainingRole[TrainerSettings]):
 
     def _train(self) -> None:
         started = time.perf_counter()
-        taken = self.learner.take_batch(self.policy, self.version)
+        taken = self.learner.take_batch(self.group_updates.batch_policy(), self.version)
         if taken.batch is None:
             reason = f"dropped {len(taken.chunks)} {self.learner.name} chunks: every step too stale"
             self.accounting.drop_held(taken.chunks, reason)
@@ -227,7 +244,8 @@ class Trainer(TrainingRole[TrainerSettings]):
         return max(0.0, 1.0 - self.samples_trained / a.lr_anneal_samples)
 
     def _publish(self) -> None:
-        self.version = self.publish_weights(self.publisher, self.policy)
+        module, _ = self.group_updates.whole()
+        self.version = self.publish_weights(self.publisher, module)
 
     def _log_metrics(
         self, metrics: dict[str, float], taken: TakenBatch, *, lr: float, started: float
@@ -249,9 +267,10 @@ class Trainer(TrainingRole[TrainerSettings]):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
+        module, optimizer = self.group_updates.whole(optimizer=True)
         self.save_checkpoint(
-            self.policy,
-            self.optimizer,
+            module,
+            optimizer,
             self.version,
             self.updates,
             samples_trained=self.samples_trained,
@@ -295,11 +314,14 @@ class Trainer(TrainingRole[TrainerSettings]):
                 self.follower.finish(timeout_s=self.cfg.run.stall_timeout_s)
             self.log.info("trained %d updates as rank %d", self.follower.done, self.index)
             return
-        if self.group is not None and self.stop_event.is_set():  # a clean stop, not a failure
+        clean = self.stop_event.is_set()  # not a failure
+        if self.updates and (clean or not self.group_updates.sharded):
+            # (sharded, the checkpoint gathers from every rank: on a failure the group
+            # restarts from the last one written)
+            self._checkpoint()
+        if self.group is not None and clean:
             self.group.post(STOP, {}, {})
         self.accounting.drain(self.chunks, held=self.learner.held)
-        if self.updates:
-            self._checkpoint()
 
 
 if __name__ == "__main__":

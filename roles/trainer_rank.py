@@ -2,7 +2,8 @@
 
 It binds no chunk socket, publishes no weights and writes no checkpoints: it takes the leader's
 state when the group forms, then trains each update the leader posts, its slice of every
-minibatch, gradients all-reduced (``rlvla3/algo/group_updates.py``). When a peer leaves the group
+minibatch, gradients all-reduced (``rlvla3/algo/group_updates.py``); sharded, it also joins the
+leader's critic passes and gatherings of the whole weights. When a peer leaves the group
 (``GroupWatch``) or the leader's store goes away, it leaves with an error, so the launchers
 restart the whole group from the last checkpoint.
 """
@@ -78,5 +79,5 @@ class FollowerRank:
 
     def _follow(self, message: Message) -> None:
         with self.role.busy(self.busy_what):
-            self.updates.follow(message, self.reference)
-        self.done += 1
+            metrics = self.updates.follow(message, self.reference)
+        self.done += metrics is not None  # (not a sharded group's evaluation or gathering)

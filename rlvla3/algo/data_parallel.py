@@ -27,14 +27,17 @@ Tensor = torch.Tensor
 
 
 class DataParallel:
-    """A rank's share of each minibatch, and the gradient all-reduce.
+    """A rank's share of each minibatch, and the gradient reduction.
 
     Args:
         group: the training group (rank and world size, collectives).
+        sharded: the policy is sharded (``rlvla3/algo/sharding.py``): FSDP reduce-scatters the
+            gradients during the backward pass, so each rank weights its loss by its share
+            before it (``weigh_loss``) and ``reduce_gradients`` has nothing left to do.
     """
 
-    def __init__(self, group: TrainGroup) -> None:
-        self.group = group
+    def __init__(self, group: TrainGroup, sharded: bool = False) -> None:
+        self.group, self.sharded = group, sharded
         self.reduced_bytes = 0
         """Bytes of gradients all-reduced so far (the bench reads it)."""
         self.reduce_s = 0.0
@@ -45,14 +48,40 @@ class DataParallel:
         one sample; a rank's is empty when ``size`` < the world size)."""
         return torch.arange(size).tensor_split(self.group.world_size)[self.group.rank]
 
+    def share(self, size: int) -> tuple[Tensor, float]:
+        """This rank's positions in a minibatch of ``size`` samples and the weight of its
+        gradient (its share of the minibatch). Sharded, a rank whose slice is empty still
+        runs a pass, on the first sample at weight 0: FSDP's gathers and reductions are
+        collectives that every rank must enter, over the same autograd graph."""
+        positions = self.local_positions(size)
+        weight = len(positions) / size
+        if self.sharded and not len(positions):
+            positions = torch.arange(1)
+        return positions, weight
+
+    def weigh_loss(self, loss: Tensor, weight: float) -> Tensor:
+        """The loss this rank back-propagates: weighted by its share when sharded (FSDP sums
+        the gradients as they are made), as it is otherwise (``reduce_gradients`` weighs)."""
+        return loss * weight if self.sharded else loss
+
+    def mean_over_ranks(self, value: float, weight: float) -> float:
+        """The ranks' sum of ``weight`` x ``value``: a minibatch's mean from its slices' means
+        weighted by their shares (every rank must call it)."""
+        total = torch.tensor([value * weight], dtype=torch.float64, device=self.group.device)
+        self.group.all_reduce_sum_(total)
+        return float(total.item())
+
     def reduce_gradients(self, params: list[torch.nn.Parameter], weight: float) -> None:
         """Replace every parameter's gradient by the ranks' sum of ``weight`` x their gradient.
 
         A rank without a gradient for a parameter (its slice was empty) counts as zeros; a
         parameter no rank has a gradient for keeps none, so the optimizer leaves it alone as it
         would in one process (AdamW would otherwise decay it). One flat all-reduce carries the
-        gradients and, per parameter, whether a rank had one.
+        gradients and, per parameter, whether a rank had one. Sharded, FSDP has reduced them
+        in the backward pass already: nothing to do.
         """
+        if self.sharded:
+            return
         started = time.perf_counter()
         device = self.group.device
         present = torch.tensor([float(p.grad is not None) for p in params], device=device)

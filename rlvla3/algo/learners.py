@@ -101,6 +101,7 @@ class Objective:
             policy_coef=policy_coef,
             reference=reference,
             ref_kl_coef=a.ref_kl_coef,
+            target_kl=a.target_kl,
             generator=generator,
             data_parallel=data_parallel,
         )

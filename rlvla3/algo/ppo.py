@@ -186,6 +186,20 @@ def _minibatch_loss(
     return loss, metrics
 
 
+def _item(value: Tensor) -> float:
+    """A scalar's value; a sharded policy's gradient norm is a ``DTensor``, whole on every rank."""
+    return float(value.full_tensor().item() if hasattr(value, "full_tensor") else value.item())
+
+
+def _minibatch_kl(
+    metrics: dict[str, float], weight: float, data_parallel: DataParallel | None
+) -> float:
+    """The minibatch's approx_kl. A training group agrees on it (its slices' values weighted by
+    their shares, all-reduced), so that every rank stops at the same minibatch."""
+    kl = metrics.get("approx_kl", 0.0)
+    return kl if data_parallel is None else data_parallel.mean_over_ranks(kl, weight)
+
+
 def explained_variance(values: Tensor, returns: Tensor) -> float:
     """1 - Var(R - V) / Var(R) for float32[N] tensors (nan when Var(R) = 0)."""
     var_returns = returns.var()
@@ -234,16 +248,14 @@ def ppo_update(
             ``ref_kl_coef * reference_kl`` (metric ``ref_kl``), also when ``policy_coef`` is 0.
         data_parallel: the training group's ranks share each minibatch
             (``rlvla3/algo/data_parallel.py``); every rank must call with the same ``batch``
-            and ``generator`` state. The metrics are this rank's slice's.
+            and ``generator`` state. The metrics are this rank's slice's; with ``target_kl``
+            the ranks agree on each minibatch's approx_kl (one small all-reduce).
 
     Returns:
         The metrics of ``ppo_loss`` plus ``grad_norm`` averaged over minibatches, and
         ``explained_variance`` (of the behaviour values), ``num_minibatches``, ``num_epochs``,
         ``skipped_minibatches`` (non-finite gradients: no optimizer step, not averaged in).
     """
-    if data_parallel is not None and target_kl is not None:
-        # each rank sees its own slice's approx_kl: they would stop at different steps
-        raise ValueError("target_kl: not with data_parallel (the ranks would disagree)")
     n = batch["advantages"].shape[0]
     totals: dict[str, float] = {}
     num_minibatches, num_epochs, skipped, stop = 0, 0, 0, False
@@ -253,13 +265,13 @@ def ppo_update(
             mb = _index_batch(batch, idx)
             if norm_adv:  # over the whole minibatch, also when ranks share it
                 mb["advantages"] = normalize_advantages(mb["advantages"])
-            size = len(idx)
+            weight = 1.0
             if data_parallel is not None:  # this rank's slice of the minibatch
-                mb = _index_batch(mb, data_parallel.local_positions(size))
-            local = len(mb["advantages"])
+                positions, weight = data_parallel.share(len(idx))
+                mb = _index_batch(mb, positions)
             optimizer.zero_grad(set_to_none=True)
             metrics: dict[str, float] = {}
-            if local:  # (a rank's slice of a short last minibatch may be empty)
+            if len(mb["advantages"]):  # (a rank's slice of a short last minibatch may be empty)
                 loss, metrics = _minibatch_loss(
                     policy,
                     mb,
@@ -271,11 +283,13 @@ def ppo_update(
                     reference=reference if ref_kl_coef > 0 else None,
                     ref_kl_coef=ref_kl_coef,
                 )
+                if data_parallel is not None:
+                    loss = data_parallel.weigh_loss(loss, weight)
                 loss.backward()
             if data_parallel is not None:
                 params = [p for p in policy.parameters() if p.requires_grad]
-                data_parallel.reduce_gradients(params, weight=local / size)
-            grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm).item()
+                data_parallel.reduce_gradients(params, weight=weight)
+            grad_norm = _item(nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm))
             if not math.isfinite(grad_norm):  # one NaN step would make every weight NaN for good
                 skipped += 1
                 continue
@@ -284,7 +298,7 @@ def ppo_update(
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
             num_minibatches += 1
-            if target_kl is not None and metrics["approx_kl"] > target_kl:
+            if target_kl is not None and _minibatch_kl(metrics, weight, data_parallel) > target_kl:
                 stop = True
                 break
     result = {key: value / max(num_minibatches, 1) for key, value in totals.items()}

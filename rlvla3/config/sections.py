@@ -250,6 +250,8 @@ class AlgoConfig:
     """Gradient norm clipping."""
     epochs: int = bounded(4, ge=1)
     """Passes over each batch."""
+    target_kl: float | None = bounded(None, gt=0)
+    """Stop an update's remaining minibatches once one's approx_kl (the k3 estimator, over the whole minibatch) exceeds this (null: run every epoch). A training group's ranks agree on it, so all stop at the same minibatch."""
     minibatch_size: int = bounded(256, ge=1)
     """Samples per gradient step."""
     batch_steps: int = bounded(0, ge=0)
