@@ -15,6 +15,11 @@ Weights go to the broadcaster every ``sft.publish_every`` steps, so rollout serv
 env workers evaluate — the pretrained policy while it trains. After ``sft.max_steps`` it publishes
 the final weights, checkpoints, and asks the launcher to end the run (which then evaluates the
 final weights on fresh episodes when ``run.stop.eval_episodes`` is set).
+
+With ``count`` > 1 the ranks are one group (docs/data-parallel.md): each reads its own episodes,
+the loss is the global batch's, and rank 0 alone publishes and checkpoints. ``settings.shard``
+shards the policy over the ranks (``rlvla3/algo/group_state.py``); the publish and checkpoint
+steps are every rank's to know, and at each the ranks join rank 0's gathering.
 """
 
 from __future__ import annotations
