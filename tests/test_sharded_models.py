@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from rlvla3.algo.sharding import run_as_forward, shard_units
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.sft_tokens import frame_tokens
 from rlvla3.policy.vla import VLAConfig, VLAPolicy
+from rlvla3.runtime.checkpoints import resume_training, save_training
 from rlvla3.runtime.train_group import TrainGroup, follower_store
 from sim.tokenizer import encode_instruction
 from tests.test_data_parallel import _spawn
@@ -165,11 +167,13 @@ def _sft_frames(policy, family: str, step: int, rows: slice) -> tuple[dict, torc
     return {k: v[rows] for k, v in obs.items()}, _actions(policy, SAMPLES, seed=300 + step)[rows]
 
 
-def _sft_steps(policy, evaluate, optimizer, family: str, rows: slice, data_parallel, after):
-    """``STEPS`` SFT steps on ``rows`` of each step's frames (``after()`` after each); their
-    (loss, gradient norm)s."""
+def _sft_steps(
+    policy, evaluate, optimizer, family: str, rows: slice, data_parallel, after, steps=STEPS
+):
+    """SFT steps (``steps``: how many, or which) on ``rows`` of each step's frames
+    (``after()`` after each); their (loss, gradient norm)s."""
     figures = []
-    for step in range(STEPS):
+    for step in range(steps) if isinstance(steps, int) else steps:
         obs, actions = _sft_frames(policy, family, step, rows)
         figure = sft_update(
             policy,
@@ -185,11 +189,19 @@ def _sft_steps(policy, evaluate, optimizer, family: str, rows: slice, data_paral
     return figures
 
 
-def _sft_rank(family: str, model_dir: str, rank: int, port: int, out: str) -> None:
+def _sft_rank(
+    family: str, model_dir: str, ckpt: str, resume: bool, rank: int, port: int, out: str
+) -> None:
+    """``STEPS`` steps, then a checkpoint into ``ckpt``; ``resume``: one more step from it."""
     group = _group(rank, port)
     policy = _policy(family, model_dir, seed=7 + rank)
     evaluate = frame_tokens(policy, row_tokens=4096).evaluate  # (as the role: before sharding)
-    state = GroupState(group, policy, _sft_optimizer(policy), _sft_optimizer)
+    optimizer = _sft_optimizer(policy)
+    if resume and group.leader:  # (as the role: rank 0 loads it whole, then shares it)
+        assert resume_training(
+            Path(ckpt), model=policy, optimizer=optimizer, device="cpu", log=logging.getLogger()
+        )
+    state = GroupState(group, policy, optimizer, _sft_optimizer)
     state.share()
     evaluate = run_as_forward(policy, "sft_evaluate", evaluate)
     # uneven shares (5 and 7 frames): the loss is the global batch's mean
@@ -200,18 +212,28 @@ def _sft_rank(family: str, model_dir: str, rank: int, port: int, out: str) -> No
     else:
         after = lambda: _follow_gather(state, group)  # noqa: E731
     data_parallel = DataParallel(group, sharded=True)
-    figures = _sft_steps(policy, evaluate, state.optimizer, family, rows, data_parallel, after)
+    steps = range(STEPS, STEPS + 1) if resume else STEPS
+    figures = _sft_steps(
+        policy, evaluate, state.optimizer, family, rows, data_parallel, after, steps
+    )
     local = {k: v.to_local().numel() for k, v in policy.state_dict().items() if _dtensor(v)}
+    if not resume and group.leader:
+        module, whole_optimizer = state.whole(optimizer=True)
+        save_training(
+            Path(ckpt), model=module, optimizer=whole_optimizer, version=1, updates=1, keep=1
+        )
+    elif not resume:
+        _follow_gather(state, group)
     torch.save({"trace": trace, "figures": figures, "local": local}, out)
 
 
-def _sft_one_process(family: str, model_dir: str) -> tuple[list[dict], list]:
+def _sft_one_process(family: str, model_dir: str, steps: int = STEPS) -> tuple[list[dict], list]:
     policy = _policy(family, model_dir, seed=7)
     evaluate = frame_tokens(policy, row_tokens=4096).evaluate
     trace: list[dict] = []
     after = lambda: trace.append(_state(policy))  # noqa: E731
     optimizer = _sft_optimizer(policy)
-    figures = _sft_steps(policy, evaluate, optimizer, family, slice(None), None, after)
+    figures = _sft_steps(policy, evaluate, optimizer, family, slice(None), None, after, steps)
     return trace, figures
 
 
@@ -262,13 +284,28 @@ def test_sharded_transformer_ranks_match_one_process_in_ppo(family, request, tmp
     _assert_same(leader["trace"], one_trace, family)
 
 
+def _sft_group(family: str, model_dir: str, tmp: Path, resume: bool) -> dict:
+    ranks = tmp / ("resumed" if resume else "ranks")
+    ranks.mkdir()
+    target = functools.partial(_sft_rank, family, model_dir, str(tmp / "ckpt"), resume)
+    return _spawn(target, ranks)[0]
+
+
 @pytest.mark.parametrize("family", ["vla", "token_vla"])
 def test_two_sharded_sft_ranks_match_one_with_the_doubled_batch(family, request, tmp_path) -> None:
     model_dir = _model_dir(family, request)
-    leader = _spawn(functools.partial(_sft_rank, family, model_dir), tmp_path)[0]
+    leader = _sft_group(family, model_dir, tmp_path, resume=False)
     _assert_half_held(leader, _policy(family, model_dir, seed=7))
     one_trace, one_figures = _sft_one_process(family, model_dir)
     # the global batch's loss and gradient norm, as one process has them
     flat = lambda figures: [x for figure in figures for x in figure]  # noqa: E731
     assert flat(leader["figures"]) == pytest.approx(flat(one_figures), rel=1e-4)
     _assert_same(leader["trace"], one_trace, family)
+
+
+def test_a_sharded_sft_groups_checkpoint_resumes_into_a_sharded_group(tmp_path) -> None:
+    _sft_group("vla", "", tmp_path, resume=False)  # its checkpoint: whole tensors, gathered
+    resumed = _sft_group("vla", "", tmp_path, resume=True)
+    # one more step from it, AdamW's moments included, lands where one process's third does
+    one_trace, _ = _sft_one_process("vla", "", steps=STEPS + 1)
+    torch.testing.assert_close(resumed["trace"][0], one_trace[-1], rtol=1e-4, atol=1e-5)
