@@ -15,6 +15,11 @@ Weights go to the broadcaster every ``sft.publish_every`` steps, so rollout serv
 env workers evaluate — the pretrained policy while it trains. After ``sft.max_steps`` it publishes
 the final weights, checkpoints, and asks the launcher to end the run (which then evaluates the
 final weights on fresh episodes when ``run.stop.eval_episodes`` is set).
+
+With ``count`` > 1 the ranks are one group (docs/data-parallel.md): each reads its own episodes,
+the loss is the global batch's, and rank 0 alone publishes and checkpoints. ``settings.shard``
+shards the policy over the ranks (``rlvla3/algo/group_state.py``); the publish and checkpoint
+steps are every rank's to know, and at each the ranks join rank 0's gathering.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlvla3.algo.data_parallel import DataParallel, load_state, post_state
+from rlvla3.algo.data_parallel import DataParallel
+from rlvla3.algo.group_state import GroupState
 from rlvla3.algo.optim import trainable_parameters
 from rlvla3.algo.sft_update import sft_update
+from rlvla3.algo.sharding import run_as_forward
 from rlvla3.config.role_settings import SftTrainerSettings
 from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
@@ -103,36 +110,52 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
                     fp8_backends(self.device) or "none",
                 )
         # after enable_fp8, which may give the linears new parameters (Transformer Engine)
-        self.optimizer = torch.optim.AdamW(  # fused: one kernel per step (see build_optimizer)
-            trainable_parameters(self.policy), lr=s.lr, weight_decay=s.weight_decay, fused=True
-        )
+        self.optimizer = self._optimizer(self.policy)
         self.steps, self.version = 0, -1
         self.last_loss: float | None = None
         self.finish_deadline: float | None = None
         self._resume()
-        self.data_parallel = DataParallel(self.group) if self.group is not None else None
+        # settings.shard: the ranks shard the policy once they hold the leader's state
+        self.state = GroupState(
+            self.group,
+            self.policy,
+            self.optimizer,
+            self._optimizer if self.settings.shard else None,
+        )
+        self.data_parallel = DataParallel(self.group, self.state.sharded) if self.group else None
         self.watch = GroupWatch(self, self.group) if self.group is not None else None
         self.finished = False
         self.token_rate = RateMeter(window_s=20.0)
         if not self.leader:  # rank 0 alone publishes, checkpoints and logs metrics
-            self._take_leader_state()
+            self.steps = int(self._share_state()["steps"])
+            # each rank its own packing and augmentation draws
+            self.rng = np.random.default_rng([self.cfg.run.seed + self.steps, self.index])
             return
         self.version = self.catch_up_weights(self.policy, self.version)
-        if self.group is not None:
-            post_state(self.group, self.policy, self.optimizer, {"steps": self.steps})
         self.publisher = self.start_weight_publisher(self.policy, self.version)
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "sft"))
         self.rng = np.random.default_rng(self.cfg.run.seed + self.steps)
-        self._publish()
+        # the first version from the whole weights, before any rank shards them
+        self.version = self.publish_weights(self.publisher, self.policy)
+        self._share_state({"steps": self.steps})
 
-    def _take_leader_state(self) -> None:
-        assert self.group is not None
-        message = self.group.wait(self.stop_event.is_set, lambda: self.stop_event.wait(0.02))
-        if message is None:
-            raise InterruptedError("stopped while waiting for the leader's state")
-        self.steps = int(load_state(message, self.policy, self.optimizer)["steps"])
-        # each rank its own packing and augmentation draws
-        self.rng = np.random.default_rng([self.cfg.run.seed + self.steps, self.index])
+    def _optimizer(self, policy: torch.nn.Module) -> torch.optim.Optimizer:
+        s = self.cfg.sft  # fused: one kernel per step (see build_optimizer)
+        return torch.optim.AdamW(
+            trainable_parameters(policy), lr=s.lr, weight_decay=s.weight_decay, fused=True
+        )
+
+    def _share_state(self, info: dict | None = None) -> dict:
+        """Every rank takes the leader's state (``info``: where it stands), then, sharded,
+        keeps its shard; returns the leader's ``info``."""
+        shared = self.state.share(self.stop_event.is_set, info)
+        self.optimizer = self.state.optimizer
+        if self.state.sharded:
+            # The family's evaluation (captured before sharding) as a forward of the sharded
+            # policy: the token VLA's packed one calls its model and value head directly.
+            self.evaluate = run_as_forward(self.policy, "sft_evaluate", self.evaluate)
+            self.state.say_sharded(self.log)
+        return shared
 
     def _dataset(self) -> Path:
         root = Path(self.cfg.sft.dataset)
@@ -181,10 +204,9 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         with self.busy("SFT step"):
             metrics = self._train_step()
         self.steps += 1
-        s = self.cfg.sft
-        if self.steps % s.publish_every == 0 or self.steps >= s.max_steps:
+        if self._publish_due():
             self._publish()
-        if self.steps % s.checkpoint_every == 0 or self.steps >= s.max_steps:
+        if self._checkpoint_due():
             self._checkpoint()
         self.metrics.log(self.steps, {**metrics, "step": self.steps, "version": self.version})
         self.gauge("steps", self.steps)
@@ -200,6 +222,27 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         with self.busy("SFT step"):
             self._train_step()
         self.steps += 1
+        if self.state.sharded:  # join the leader's gatherings after this step
+            for _ in range(self._publish_due() + self._checkpoint_due()):
+                self._join_gather()
+
+    def _join_gather(self) -> None:
+        assert self.group is not None
+        message = self.group.wait(self.stop_event.is_set, lambda: self.stop_event.wait(0.005))
+        if message is None:
+            raise InterruptedError("stopped while waiting for the leader's gather")
+        with self.busy("gathering the sharded weights"):
+            self.state.join(message)
+
+    def _publish_due(self) -> bool:
+        """Whether the weights are published after step ``steps`` (every rank knows it)."""
+        s = self.cfg.sft
+        return self.steps % s.publish_every == 0 or self.steps >= s.max_steps
+
+    def _checkpoint_due(self) -> bool:
+        """Whether a checkpoint is written after step ``steps`` (every rank knows it)."""
+        s = self.cfg.sft
+        return self.steps % s.checkpoint_every == 0 or self.steps >= s.max_steps
 
     def _ask_to_end(self) -> None:
         """Ask for the stop (and the evaluation) once the final weights are on the servers: the
@@ -252,15 +295,12 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         }
 
     def _publish(self) -> None:
-        self.version = self.publish_weights(self.publisher, self.policy)
+        module, _ = self.state.whole()  # (sharded: gathered, every rank joining)
+        self.version = self.publish_weights(self.publisher, module)
 
     def _checkpoint(self) -> None:
-        self.save_checkpoint(
-            self.policy,
-            self.optimizer,
-            self.version,
-            self.steps,
-        )
+        module, optimizer = self.state.whole(optimizer=True)
+        self.save_checkpoint(module, optimizer, self.version, self.steps)
 
     def _resume(self) -> None:
         resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)

@@ -84,7 +84,7 @@ class Trainer(TrainingRole[TrainerSettings]):
             ).objective
             updates = self._group_updates(objective)
             self.follower = FollowerRank(self, updates, self.reference)
-            self._say_sharded(updates)
+            updates.state.say_sharded(self.log)
             return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
@@ -111,7 +111,7 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.group_updates = self._group_updates(self.learner.objective)
         self.group_updates.share_state()
         self.optimizer = self.group_updates.optimizer  # (sharded: over the shards)
-        self._say_sharded(self.group_updates)
+        self.group_updates.state.say_sharded(self.log)
         self.group_watch = GroupWatch(self, self.group) if self.group is not None else None
         self.sample_rate = RateMeter(window_s=20.0)
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "train"))
@@ -124,15 +124,6 @@ class Trainer(TrainingRole[TrainerSettings]):
         if self.settings.shard:
             rebuild = lambda policy: build_optimizer(policy, self.cfg.algo)  # noqa: E731
         return GroupUpdates(self.group, objective, self.policy, self.optimizer, rebuild)
-
-    def _say_sharded(self, updates: GroupUpdates) -> None:
-        if updates.sharded and self.group is not None:
-            self.log.info(
-                "policy sharded over %d ranks: this rank holds 1/%d of its parameters and "
-                "optimizer state (settings.shard)",
-                self.group.world_size,
-                self.group.world_size,
-            )
 
     def _round_steps(self) -> int:
         workers = self.cfg.num_processes("env_worker") or 1  # a round needs at least one worker

@@ -240,9 +240,14 @@ def test_mlp_policy_gaussian_sums_log_prob_and_inits_small():
 def _fixed_batch(policy: MLPPolicy, n: int = 64) -> dict:
     gen = torch.Generator().manual_seed(1)
     obs = {"state": torch.randn(n, 4, generator=gen)}
+    return acted_batch(policy, obs, gen)
+
+
+def acted_batch(policy, obs: dict, gen: torch.Generator) -> dict:
+    """A PPO batch of ``obs`` acted by ``policy``, random advantages drawn from ``gen``."""
     with torch.no_grad():
         out = policy.act(obs)
-    advantages = torch.randn(n, generator=gen)
+    advantages = torch.randn(len(out.action), generator=gen)
     return {
         "obs": obs,
         "actions": out.action,

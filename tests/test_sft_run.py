@@ -14,12 +14,24 @@ from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 
 
 @pytest.mark.parametrize(
-    ("stream_buffer_frames", "symmetry", "ranks"),
-    [(0, "none", 1), (60, "none", 1), (0, "dihedral", 1), (60, "none", 2)],
-    ids=["in_memory", "streamed", "in_memory_with_symmetry", "two_ranks_streamed"],
+    ("stream_buffer_frames", "symmetry", "ranks", "shard"),
+    [
+        (0, "none", 1, False),
+        (60, "none", 1, False),
+        (0, "dihedral", 1, False),
+        (60, "none", 2, False),
+        (0, "none", 2, True),
+    ],
+    ids=[
+        "in_memory",
+        "streamed",
+        "in_memory_with_symmetry",
+        "two_ranks_streamed",
+        "two_sharded_ranks",
+    ],
 )
 def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
-    tmp_path, redis_url, stream_buffer_frames, symmetry, ranks
+    tmp_path, redis_url, stream_buffer_frames, symmetry, ranks, shard
 ) -> None:
     cfg = {
         "run": {
@@ -29,7 +41,7 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
             "stop": {"eval_episodes": 2, "eval_timeout_s": 120, "max_wall_s": 400},
         },
         "roles": {
-            "sft_trainer": {"count": ranks},
+            "sft_trainer": {"count": ranks, "settings": {"shard": shard}},
             "weight_broadcaster": {"count": 1},
             "rollout_server": {"count": 1},
             "env_worker": {"count": 1},
@@ -77,6 +89,7 @@ def test_short_sft_run_lowers_loss_and_publishes_versions_servers_load(
     if ranks == 2:  # one group; each rank read its 3 episodes and trained every step
         follower = (run_dir / "logs" / "sft_trainer-1.log").read_text()
         assert "rank 1 of 2 (gloo)" in follower and "from 3 episodes" in follower
+        assert ("policy sharded over 2 ranks" in follower) == shard
 
 
 def test_demos_command_writes_a_lerobot_dataset(tmp_path) -> None:

@@ -22,34 +22,26 @@ from rlvla3.algo.batch import Batch
 from rlvla3.algo.data_parallel import (
     DataParallel,
     flatten_tree,
-    load_state,
-    post_state,
     shuffle_generator,
     unflatten_tree,
 )
+from rlvla3.algo.group_state import GATHER, GroupState
 from rlvla3.algo.learners import Objective
-from rlvla3.algo.sharding import (
-    evaluate_shared,
-    gather_module,
-    gather_optimizer,
-    shard_training,
-)
+from rlvla3.algo.sharding import evaluate_shared
 from rlvla3.policy.base import ActorCritic, EvalOutput
 from rlvla3.runtime.train_group import GroupError, Message, TrainGroup
 
-UPDATE, EVALUATE, GATHER = "update", "evaluate", "gather"
-"""The kinds of the leader's messages that every rank acts on alike."""
+UPDATE, EVALUATE = "update", "evaluate"
+"""The kinds of the leader's messages that every rank acts on alike (and ``GATHER``)."""
 
 
 class GroupUpdates:
     """The updates of one rank (or of a lone learner).
 
     Args:
-        group: the training group, None for a lone learner.
         objective: the learner's loss and update.
-        policy, optimizer: what trains.
-        rebuild_optimizer: sharded mode (None: every rank holds the whole model): builds the
-            optimizer over the policy once ``share_state`` has sharded it.
+        group, policy, optimizer, rebuild_optimizer: the rank's ``GroupState``
+            (``rlvla3/algo/group_state.py``; ``rebuild_optimizer`` set: the sharded mode).
     """
 
     def __init__(
@@ -61,50 +53,36 @@ class GroupUpdates:
         rebuild_optimizer: Callable[[ActorCritic], torch.optim.Optimizer] | None = None,
     ) -> None:
         self.group, self.objective = group, objective
-        self.policy, self.optimizer = policy, optimizer
-        self.rebuild_optimizer = None if group is None else rebuild_optimizer
-        sharded = self.rebuild_optimizer is not None
-        self.data_parallel = None if group is None else DataParallel(group, sharded)
+        self.state = GroupState(group, policy, optimizer, rebuild_optimizer)
+        self.data_parallel = None if group is None else DataParallel(group, self.state.sharded)
         self.posted_bytes = 0
         """Bytes of batches the leader posted so far."""
         self.post_s = 0.0
         """Seconds the leader spent posting them."""
 
+    @property
+    def policy(self) -> ActorCritic:
+        """The rank's policy (sharded or whole)."""
+        return self.state.policy  # type: ignore[return-value]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer (sharded: over the shards, once ``share_state`` has run)."""
+        return self.state.optimizer
+
     def share_state(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Every rank starts from the leader's weights and optimizer state (what it resumed);
-        a follower waits for them until ``should_stop``."""
-        if self.group is None:
-            return
-        if self.group.leader:
-            post_state(self.group, self.policy, self.optimizer)
-        else:
-            message = self.group.wait(should_stop, lambda: time.sleep(0.02))
-            if message is None:
-                raise InterruptedError("stopped while waiting for the leader's state")
-            load_state(message, self.policy, self.optimizer)
-        if self.rebuild_optimizer is not None:  # every rank starts alike, then keeps its shard
-            self.optimizer = shard_training(
-                self.policy, self.optimizer, self.rebuild_optimizer, self.group
-            )
+        a follower waits for them until ``should_stop`` (``GroupState.share``)."""
+        self.state.share(should_stop)
 
     @property
     def sharded(self) -> bool:
         """Whether the ranks hold shards of the policy (``settings.shard``)."""
-        return self.rebuild_optimizer is not None
+        return self.state.sharded
 
     def whole(self, optimizer: bool = False) -> tuple[Any, Any]:
-        """The leader: the policy (and, with ``optimizer``, the optimizer) as publishing and
-        checkpoints read them: themselves, or, sharded, their whole state gathered from every
-        rank (the leader posts ``gather`` first, so the others join)."""
-        if not self.sharded:
-            return self.policy, self.optimizer
-        assert self.group is not None and self.group.leader
-        self.group.post(GATHER, {"optimizer": optimizer}, {})
-        return self._gather(optimizer)
-
-    def _gather(self, optimizer: bool) -> tuple[Any, Any]:
-        module = gather_module(self.policy)
-        return module, gather_optimizer(self.optimizer) if optimizer else None
+        """The leader: the policy (and optimizer) whole, as ``GroupState.whole``."""
+        return self.state.whole(optimizer)
 
     def batch_policy(self) -> Any:
         """What the leader builds a batch with (its critic pass): the policy, or, sharded, the
@@ -137,8 +115,8 @@ class GroupUpdates:
             batch = unflatten_tree(message.tensors)
             evaluate_shared(self.policy, self.group, batch["obs"], batch["actions"])
             return None
-        if self.sharded and message.kind == GATHER:
-            self._gather(bool(message.info.get("optimizer")))
+        if message.kind == GATHER:
+            self.state.join(message)
             return None
         if message.kind != UPDATE:
             raise GroupError(f"group message: {message.kind!r} where an update was expected")

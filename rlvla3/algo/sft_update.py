@@ -4,6 +4,10 @@ The loss is the negative log-likelihood of the demonstrated actions, averaged ov
 of the *global* batch: each rank sums its own samples' terms and divides by the sample count of
 all ranks together (one small all-reduce), and the gradients are summed over the ranks. So N
 ranks with a batch each take the step one process would take on the union of their batches.
+
+Sharded (``settings.shard``, ``rlvla3/algo/sharding.py``), FSDP sums the gradients during the
+backward pass: each rank's loss, its sum over the global count, is already its weighted share,
+so nothing is left to reduce after it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from rlvla3.algo.data_parallel import DataParallel
 from rlvla3.algo.optim import trainable_parameters
+from rlvla3.algo.sharding import whole
 from rlvla3.policy.base import ActorCritic
 
 _MAX_GRAD_NORM = 1.0
@@ -52,4 +57,4 @@ def sft_update(
         data_parallel.reduce_gradients(params, weight=1.0)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, _MAX_GRAD_NORM)
     optimizer.step()
-    return (totals[0] / totals[1]).item(), grad_norm.item()
+    return (totals[0] / totals[1]).item(), whole(grad_norm).item()

@@ -19,6 +19,7 @@ every rank at the same point: the leader decides and posts a message first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,19 @@ def shard_policy(policy: torch.nn.Module, mesh: DeviceMesh) -> None:
             # (gloo has no PREMUL_SUM, the op a custom factor would otherwise use).
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+
+
+def run_as_forward(
+    policy: torch.nn.Module, name: str, fn: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``fn`` made a forward pass of sharded ``policy``'s root unit, as ``policy.<name>``: it
+    gathers the root's parameters before ``fn`` runs and frees them after, as ``forward``
+    would. For an evaluation that reaches into the policy's modules without going through its
+    ``forward`` or ``evaluate`` (the token VLA's packed SFT evaluation calls its model and
+    value head directly). Must not be given a method already registered (``evaluate``)."""
+    setattr(policy, name, fn)
+    register_fsdp_forward_method(policy, name)
+    return getattr(policy, name)
 
 
 def shard_training(

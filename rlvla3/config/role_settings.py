@@ -91,6 +91,8 @@ class SftTrainerSettings:
     """torch CPU threads."""
     keep_checkpoints: int = bounded(2, ge=1)
     """Newest checkpoints kept."""
+    shard: bool = False
+    """With ``count`` > 1: shard the policy's parameters, gradients and optimizer state over the ranks (FSDP2's ``fully_shard``), each holding 1/N, for a model whose training state does not fit one device (docs/data-parallel.md); false: every rank holds all of it. No effect with one rank."""
 
 
 RoleSettings = (
