@@ -19,7 +19,9 @@ final weights on fresh episodes when ``run.stop.eval_episodes`` is set).
 With ``count`` > 1 the ranks are one group (docs/data-parallel.md): each reads its own episodes,
 the loss is the global batch's, and rank 0 alone publishes and checkpoints. ``settings.shard``
 shards the policy over the ranks (``rlvla3/algo/group_state.py``); the publish and checkpoint
-steps are every rank's to know, and at each the ranks join rank 0's gathering.
+steps are every rank's to know, and at each the ranks join rank 0's gathering. Rank 0 says
+each step before the ranks take it (``sft_step``), and ``stop`` when it stops: a follower asked to
+stop takes the steps rank 0 has said until then, so no rank is left in a collective alone.
 """
 
 from __future__ import annotations
@@ -43,13 +45,22 @@ from rlvla3.policy.sft_tokens import frame_tokens
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
-from rlvla3.runtime.train_group import GroupWatch, join_group
+from rlvla3.runtime.train_group import (
+    POLL_IDLE_S,
+    STOP,
+    GroupError,
+    GroupWatch,
+    Message,
+    join_group,
+)
 from rlvla3.runtime.training_role import TrainingRole
 from sft.data import DemoSet, DemoStream
 from sft.precision import autocast_context, enable_fp8, fp8_backends
 from sft.symmetry import PlanarSymmetry, augment
 
 _FINAL_BROADCAST_WAIT_S = 60.0
+SFT_STEP = "sft_step"
+"""The kind of rank 0's message before each step: every rank takes that step now."""
 
 
 class SftTrainer(TrainingRole[SftTrainerSettings]):
@@ -125,6 +136,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.data_parallel = DataParallel(self.group, self.state.sharded) if self.group else None
         self.watch = GroupWatch(self, self.group) if self.group is not None else None
         self.finished = False
+        self.told_to_stop = False  # a follower: rank 0 said ``stop``
         self.token_rate = RateMeter(window_s=20.0)
         if not self.leader:  # rank 0 alone publishes, checkpoints and logs metrics
             self.steps = int(self._share_state()["steps"])
@@ -201,6 +213,8 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         if self.steps >= self.cfg.sft.max_steps:  # (also when resumed after the end)
             self._ask_to_end()
             return
+        if self.group is not None:  # the followers take this step with us
+            self.group.post(SFT_STEP, {"step": self.steps}, {})
         with self.busy("SFT step"):
             metrics = self._train_step()
         self.steps += 1
@@ -215,10 +229,24 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.last_loss = metrics["loss"]
 
     def _follower_step(self) -> None:
-        """A rank other than 0: its share of every step up to ``sft.max_steps``, then idle."""
-        if self.steps >= self.cfg.sft.max_steps:
-            self.stop_event.wait(0.5)  # the leader asks the launcher to end the run
-            return
+        """A rank other than 0: the step rank 0 said it takes next, or a moment's wait."""
+        assert self.group is not None
+        message = self.group.poll()
+        if message is None:
+            self.stop_event.wait(POLL_IDLE_S)
+        elif message.kind == STOP:
+            self.told_to_stop = True
+            self.stop_event.set()
+        else:
+            self._follow(message)
+
+    def _follow(self, message: Message) -> None:
+        """Take the step rank 0 said (``SFT_STEP``), and join its gatherings after it."""
+        if message.kind != SFT_STEP or message.info.get("step") != self.steps:
+            raise GroupError(
+                f"sft_trainer/{self.index} at step {self.steps}: rank 0 said "
+                f"{message.kind} {message.info!r:.80}"
+            )
         with self.busy("SFT step"):
             self._train_step()
         self.steps += 1
@@ -228,11 +256,27 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
 
     def _join_gather(self) -> None:
         assert self.group is not None
-        message = self.group.wait(self.stop_event.is_set, lambda: self.stop_event.wait(0.005))
-        if message is None:
-            raise InterruptedError("stopped while waiting for the leader's gather")
+        # (not cut short by a stop: rank 0 gathers right after the step, whatever it was
+        # asked; a rank 0 that is gone fails the poll)
+        message = self.group.wait(lambda: False, lambda: time.sleep(0.005))
+        assert message is not None
         with self.busy("gathering the sharded weights"):
             self.state.join(message)
+
+    def shutdown(self) -> None:
+        """A clean stop of a group (a failure leaves at once: the group restarts): rank 0 says
+        ``stop``; a follower takes the steps rank 0 said until then, and leaves at once when
+        rank 0 is gone."""
+        if self.group is None or not self.stop_event.is_set():
+            return
+        if self.leader:
+            if not self.group.say_stop(timeout_s=self.cfg.run.heartbeat_ttl_s):
+                self.log.warning("not every rank read stop (one is gone)")
+        elif not self.told_to_stop:
+            timeout_s = self.cfg.run.stall_timeout_s
+            if not self.group.follow_to_stop(self._follow, timeout_s):
+                self.log.info("rank 0 is gone (or said nothing in %.0fs): leaving", timeout_s)
+        self.log.info("trained %d steps as rank %d", self.steps, self.index)
 
     def _publish_due(self) -> bool:
         """Whether the weights are published after step ``steps`` (every rank knows it)."""

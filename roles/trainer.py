@@ -46,7 +46,7 @@ from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
-from rlvla3.runtime.train_group import STOP, GroupWatch, join_group
+from rlvla3.runtime.train_group import GroupWatch, join_group
 from rlvla3.runtime.training_role import TrainingRole
 from roles.trainer_rank import FollowerRank
 from transport import sockets
@@ -311,7 +311,8 @@ class Trainer(TrainingRole[TrainerSettings]):
             # restarts from the last one written)
             self._checkpoint()
         if self.group is not None and clean:
-            self.group.post(STOP, {}, {})
+            if not self.group.say_stop(timeout_s=self.cfg.run.heartbeat_ttl_s):
+                self.log.warning("not every rank read stop (one is gone)")
         self.accounting.drain(self.chunks, held=self.learner.held)
 
 

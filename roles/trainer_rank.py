@@ -10,14 +10,10 @@ restart the whole group from the last checkpoint.
 
 from __future__ import annotations
 
-import time
-
 from rlvla3.algo.group_updates import GroupUpdates
 from rlvla3.policy.base import ActorCritic
 from rlvla3.runtime.role import Role
-from rlvla3.runtime.train_group import STOP, GroupWatch, Message
-
-_IDLE_S = 0.02  # between polls of the leader's store: a small delay on an update of many ms
+from rlvla3.runtime.train_group import POLL_IDLE_S, STOP, GroupWatch, Message
 
 
 class FollowerRank:
@@ -52,7 +48,7 @@ class FollowerRank:
         self.watch.check()
         message = self.group.poll()
         if message is None:
-            self.role.stop_event.wait(_IDLE_S)
+            self.role.stop_event.wait(POLL_IDLE_S)
         elif message.kind == STOP:
             self.told_to_stop = True
             self.role.stop_event.set()
@@ -62,20 +58,12 @@ class FollowerRank:
     def finish(self, timeout_s: float) -> None:
         """At a stop: go on following until the leader says ``stop`` (it may have posted an
         update this rank must take part in), its store goes away, or ``timeout_s`` passes."""
-        deadline = time.monotonic() + timeout_s
-        while not self.told_to_stop and time.monotonic() < deadline:
-            try:
-                message = self.group.poll()
-            except RuntimeError:  # the leader is gone (DistNetworkError)
-                return
-            if message is not None and message.kind == STOP:
-                self.told_to_stop = True
-            elif message is not None:
-                self._follow(message)
-            else:
-                time.sleep(_IDLE_S)
         if not self.told_to_stop:
-            self.role.log.warning("the leader did not say stop within %.0fs", timeout_s)
+            self.told_to_stop = self.group.follow_to_stop(self._follow, timeout_s)
+        if not self.told_to_stop:
+            self.role.log.warning(
+                "the leader did not say stop (it is gone, or not within %.0fs)", timeout_s
+            )
 
     def _follow(self, message: Message) -> None:
         with self.role.busy(self.busy_what):

@@ -82,3 +82,14 @@ def run_eval(source: Path, out: Path, *extra: str, timeout_s: float = 240) -> st
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+TINY_TABLETOP_VLA = {
+    "env": {"id": "rlvla3/TableTopEasy-v0", "num_envs_per_worker": 1},
+    "policy": {
+        "kind": "vla",
+        "vla": {"d_model": 32, "num_layers": 1, "num_heads": 2, "num_bins": 16},
+    },
+}
+"""The ``env`` and ``policy`` sections of a run that trains a tiny VLA on the easy table-top
+task: small enough for a test's seconds."""

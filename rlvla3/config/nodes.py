@@ -20,7 +20,7 @@ class NodeGroup(Protocol):
     name: str
     count: int
     host: str | None
-    devices: list[str]
+    devices: list[str] | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,7 +32,8 @@ class Node:
         group: the name of the ``nodes`` entry it belongs to.
         rank: its position among all nodes of the run (Slurm's node id under Slurm).
         host: the address configured for it, or None (found from the network at launch).
-        devices: the devices its roles may use.
+        devices: the devices its roles may use (``rlvla3/config/devices.py``); empty when
+            the YAML lists none.
     """
 
     name: str
@@ -54,7 +55,7 @@ def expand(groups: Sequence[NodeGroup]) -> list[Node]:
                     group=group.name,
                     rank=len(nodes),
                     host=group.host,
-                    devices=tuple(group.devices),
+                    devices=tuple(group.devices or ()),
                 )
             )
     return nodes

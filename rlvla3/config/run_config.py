@@ -7,10 +7,11 @@ applied to the raw YAML before validation, so they are checked exactly like file
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlvla3.config import devices
 from rlvla3.config import nodes as node_groups
 from rlvla3.config.role_settings import RoleSettings
 from rlvla3.config.role_table import EVAL_ROLES, ROLE_TABLE, known_roles
@@ -89,6 +90,25 @@ class Config:
         if not placed:
             placed = [self.all_nodes()[0].name]
         return node_groups.spread(self.all_nodes(), placed, rc.count)
+
+    def device_plan(self, role: str) -> list[str | None]:
+        """The device of every instance of ``role``, by index (``rlvla3/config/devices.py``:
+        its ``settings.device`` against its node's ``devices``); None for a role without a
+        ``device`` setting (env workers)."""
+        requested = getattr(self.role_settings(role), "device", None)
+        if requested is None:
+            return [None] * self.num_processes(role)
+        return list(devices.device_plan(self.nodes, role, requested, self.placement(role)))
+
+    def placed_settings(self, role: str, index: int, device: str | None = None) -> RoleSettings:
+        """The settings of ``role``'s instance ``index``, its ``device`` the one it was placed
+        on: ``device`` (what the launcher handed over), else the device plan's."""
+        settings = self.role_settings(role)
+        if not hasattr(settings, "device"):
+            return settings
+        if device is None and index < self.num_processes(role):
+            device = self.device_plan(role)[index]
+        return settings if device is None else replace(settings, device=device)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -210,6 +230,7 @@ def _validate(cfg: Config) -> None:
         if rc.cpus is not None and (not rc.cpus or any(c < 0 for c in rc.cpus)):
             raise ConfigError(f"roles.{role}.cpus: a non-empty list of CPU ids >= 0, got {rc.cpus}")
         cfg.role_settings(role)
+    _validate_devices(cfg)
     if cfg.algo.ref_kl_coef > 0 and not cfg.policy.init_checkpoint:
         raise ConfigError(
             "algo.ref_kl_coef: needs policy.init_checkpoint (the reference policy's weights)"
@@ -226,6 +247,21 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "policy.init_launch: needs policy.init_checkpoint (the run dir that launch writes)"
         )
+
+
+def _validate_devices(cfg: Config) -> None:
+    """Every role's devices can be served by its nodes; a training group's ranks on one node
+    have a GPU each unless ``run.nccl_shared_gpu``."""
+    devices.check_node_devices(cfg.nodes)
+    for role in cfg.roles:
+        requested = getattr(cfg.role_settings(role), "device", None)
+        if requested is None:
+            continue
+        placement = cfg.placement(role)
+        plan = devices.device_plan(cfg.nodes, role, requested, placement)
+        group = role in devices.TRAINING_GROUP_ROLES and cfg.num_processes(role) > 1
+        if group and not cfg.run.nccl_shared_gpu:
+            devices.check_group_devices(cfg.nodes, role, requested, placement, plan)
 
 
 def _validate_weight_path(cfg: Config) -> None:

@@ -125,8 +125,8 @@ class NodeConfig:
     """Nodes in the group; a Slurm allocation fills them in YAML order."""
     host: str | None = None
     """Address its roles bind and advertise (a group of one only); null: loopback on one host, the route to the head across hosts. Never a wildcard (``0.0.0.0``, ``::``); an address beyond loopback makes even a one-host run authenticate (CURVE)."""
-    devices: list[str] = field(default_factory=lambda: ["cpu"])
-    """Devices each of its nodes has (``cpu``, ``cuda:0``...)."""
+    devices: list[str] | None = None
+    """Devices each of its nodes has (``cpu``, ``cuda:0``...). A role whose ``settings.device`` is a type alone (``cuda``) takes them in turn: its ``i``-th instance on the node gets the ``i % n``-th of the ``n`` of that type; an explicit ``cuda:1`` must be listed; ``cpu`` stays cpu (docs/multi-node.md, Devices). null: every role's ``settings.device`` as written."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,9 @@ class RoleProcess:
     index: int
     node: str
     log_path: Path
+    device: str | None = None
+    """Where it runs (``Config.device_plan``), handed over as ``--device``; None: a role
+    without a ``device`` setting."""
     popen: subprocess.Popen | None = None
     restarts: int = 0
     restart_at: float | None = None
@@ -85,6 +88,8 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
         "--address",
         ctx.address,
     ]
+    if proc.device is not None:
+        args += ["--device", proc.device]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # numpy's OpenBLAS starts a thread per core, and its threads spin between the small matrix
     # products a role does (a rollout server's numpy policy path): on a 2-core machine that

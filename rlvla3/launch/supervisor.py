@@ -72,11 +72,14 @@ class RoleSupervisor:
         """Start every role instance placed on one of ``nodes``."""
         mine = set(nodes)
         for role in self.cfg.roles:
+            devices = self.cfg.device_plan(role)
             for index, node in enumerate(self.cfg.placement(role)):
                 if node not in mine:
                     continue
                 log_path = self.run_dir / "logs" / f"{role}-{index}.log"
-                proc = RoleProcess(role=role, index=index, node=node, log_path=log_path)
+                proc = RoleProcess(
+                    role=role, index=index, node=node, log_path=log_path, device=devices[index]
+                )
                 self.procs.append(proc)
                 spawn(proc, ctx)
 

@@ -15,7 +15,8 @@ slow by nature says so (``with self.busy("PPO update"): ...``); work done by thr
 loop is held to the same timeout (``stuck_work``).
 
 Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --node NODE
---address ADDR``. In a multi-host run (or on one host bound beyond loopback) the launcher hands
+--address ADDR --device DEV``, ``DEV`` being where the launcher placed the instance
+(``rlvla3/config/devices.py``; it becomes the role's ``settings.device``). In a multi-host run (or on one host bound beyond loopback) the launcher hands
 over the keys the role needs through a pipe (``--secret-fd``, ``rlvla3/runtime/role_keys.py``),
 never the run secret: the role then authenticates to Redis with the run user's credentials
 (``rlvla3/runtime/redis_auth.py``) and speaks CURVE on every socket
@@ -96,6 +97,7 @@ class Role(abc.ABC, Generic[SettingsT]):
         run_dir: Path,
         address: str | None = None,
         redis_password: RedisAuth | str | None = None,
+        device: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.index = index
@@ -104,7 +106,8 @@ class Role(abc.ABC, Generic[SettingsT]):
         self.run_dir = run_dir
         # The role table ties ``name`` to its settings class; a type checker cannot follow a
         # name, so the subclass's declared ``SettingsT`` is taken on trust here, once.
-        self.settings = cast(SettingsT, cfg.role_settings(self.name))
+        # ``settings.device`` is where the launcher placed this instance (``device``)
+        self.settings = cast(SettingsT, cfg.placed_settings(self.name, index, device))
         self.log = logging.getLogger(f"{self.name}/{index}")
         self.stop_event = threading.Event()
         if cfg.run.redis_url is None:
@@ -343,6 +346,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--address", default=None, help="address to bind and advertise (default: the node's host)"
     )
+    parser.add_argument("--device", default=None, help="where it runs (the launcher's plan)")
     parser.add_argument(
         "--secret-fd",
         type=int,
@@ -371,6 +375,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         run_dir=run_dir,
         address=args.address,
         redis_password=redis_password,
+        device=args.device,
     )
     if keys is not None:  # a multi-host run: only the run's peers may talk to us
         role.weights_key = keys.weights

@@ -35,6 +35,9 @@ _DTYPES = {
 STOP = "stop"
 """The kind of the leader's last message: the run stops (a leader that fails says nothing, so its
 followers fail too and the whole group restarts)."""
+POLL_IDLE_S = 0.02
+"""A follower's pause between polls of the leader's store: small beside a step of many ms."""
+_STOP_READ = "stop_read"  # the store's count of the ranks that read ``stop``
 MAX_MESSAGE_BYTES = 8 * 2**30
 """The most a posted message's tensors may hold together (a bound on what a follower allocates)."""
 
@@ -153,7 +156,21 @@ class TrainGroup:
         for name, dtype, shape in specs:
             tensors[name] = torch.empty(shape, dtype=dtype, device=self.device)
             self.broadcast_(tensors[name])
+        if kind == STOP:  # the leader keeps its store up until every rank has read this
+            self.store.add(_STOP_READ, 1)
         return Message(kind, info, tensors)
+
+    def say_stop(self, timeout_s: float) -> bool:
+        """The leader's last message: post ``stop`` and keep the store (which lives in this
+        process) up until every other rank has read it, or ``timeout_s`` passes (a rank that
+        is gone reads nothing). Returns whether every rank read it."""
+        self.post(STOP, {}, {})
+        deadline = time.monotonic() + timeout_s
+        while self.store.add(_STOP_READ, 0) < self.world_size - 1:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_IDLE_S)
+        return True
 
     def wait(self, should_stop: Callable[[], bool], idle: Callable[[], None]) -> Message | None:
         """A follower: poll until a message comes (``idle`` between polls) or ``should_stop``."""
@@ -163,6 +180,25 @@ class TrainGroup:
                 return message
             idle()
         return None
+
+    def follow_to_stop(self, follow: Callable[[Message], None], timeout_s: float) -> bool:
+        """A follower asked to stop: go on following (``follow`` each message: the leader may
+        have posted work this rank must take part in) until the leader says ``stop``, its store
+        goes away (the leader is gone: no rank is left to wait for), or ``timeout_s`` passes.
+        Returns whether the leader said ``stop``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                message = self.poll()
+            except RuntimeError:  # the leader's store is gone (DistNetworkError)
+                return False
+            if message is not None and message.kind == STOP:
+                return True
+            if message is not None:
+                follow(message)
+            else:
+                time.sleep(POLL_IDLE_S)
+        return False
 
     def close(self) -> None:
         """Leave the group (the process group's sockets close with it)."""

@@ -30,7 +30,12 @@ class TrainingRole(Role[TrainingSettingsT]):
 
         torch.manual_seed(self.cfg.run.seed)
         torch.set_num_threads(self.settings.num_threads)
-        return torch.device(self.settings.device)
+        device = torch.device(self.settings.device)
+        if device.type == "cuda" and device.index is not None:
+            # as torchrun's ranks do: NCCL, caching allocator and any bare ``cuda`` tensor on
+            # this rank's GPU, not every rank's context on cuda:0
+            torch.cuda.set_device(device)
+        return device
 
     def start_weight_publisher(self, module: Any, version: int) -> Any:
         """A ``transport.weight_publisher.WeightPublisher`` to the live weight broadcaster: it
