@@ -159,6 +159,7 @@ def test_config_command_prints_every_default_and_loads_back() -> None:
         "num_threads": 1,
         "chunk_queue_hwm": 256,
         "keep_checkpoints": 3,
+        "shard": False,
     }
     assert shown["roles"]["env_worker"]["settings"]["request_timeout_s"] == 10.0
     vla = shown["policy"]["vla"]
