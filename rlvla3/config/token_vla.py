@@ -37,6 +37,28 @@ class ObservationMapping:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PresetGrounding:
+    """Stage 0 for a size preset on the table-top task (rlvla3/policy/grounding.py): after
+    ``rlvla3 launch`` writes the random-init preset, it trains it on rendered frames to find
+    the blocks and targets, as a pretrained model's own pretraining would have, then saves it
+    back. Labels come from the env's privileged object positions; no action is shown. Both steps
+    0 (the default): the preset stays random-init."""
+
+    vision_steps: int = bounded(0, ge=0)
+    """Steps of the vision stage: a linear head on each image token learns which objects lie in its patch and where (trains the vision tower and projector)."""
+    text_steps: int = bounded(0, ge=0)
+    """Steps of the text stage: the whole model answers `` red block?`` with `` 0.3 -0.5`` for every block and target of a frame."""
+    frames: int = bounded(4000, ge=8)
+    """Rendered frames (an episode's start plus up to 6 random pusher moves); 200 of them (at most a quarter) are held out to measure the stages."""
+    batch_size: int = bounded(64, ge=1)
+    """Frames per step."""
+    lr: float = bounded(1e-3, gt=0)
+    """AdamW learning rate of both stages."""
+    seed: int = 0
+    """Seed of the frames, the batches and the head."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TokenVLAConfig:
     """A pretrained vision-language model as a policy, the OpenVLA recipe: each action dimension
     is one token among the model's last ``bins`` non-special vocabulary ids (docs/models.md)."""
@@ -45,6 +67,8 @@ class TokenVLAConfig:
     """The model's directory (``config.json``, weights, processor and tokenizer files, as ``save_pretrained`` writes them); loaded with ``local_files_only``: nothing is fetched."""
     preset: str | None = None
     """A size preset of ``rlvla3/policy/presets.py`` (``llava-tiny``, ``idefics3-test``...): when ``path`` holds no model (no ``config.json``), ``rlvla3 launch`` first writes that preset's random-init checkpoint there (nothing fetched); null: ``path`` must hold a model."""
+    preset_grounding: PresetGrounding = field(default_factory=PresetGrounding)
+    """Stage 0 for a written ``preset`` on the table-top task: train it to find the blocks and targets before SFT (the learning run; docs/models.md). Runs only when ``rlvla3 launch`` writes the preset."""
     bins: int = bounded(256, ge=2)
     """Bins per continuous action dimension (uniform between ``action_low`` and ``action_high``). A discrete action space uses one token per action instead."""
     action_low: list[float] | None = None

@@ -4,6 +4,8 @@ move an earlier run's dir aside, and hand this host's part of the run to the ``L
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,14 +104,38 @@ def _refuse_live_run(cfg: Config) -> None:
 
 def _write_model_preset(cfg: Config, echo: Callable[[str], None]) -> None:
     """Write ``policy.token_vla.preset`` into ``policy.token_vla.path`` when no model is there,
-    once, before any role (each of which loads it) starts."""
+    once, before any role (each of which loads it) starts; with ``preset_grounding``, ground it
+    first (stage 0) in a side directory whose files move in only when it is done, so that an
+    interrupted stage leaves no half-made model to load."""
     token_vla = cfg.policy.token_vla
     if cfg.policy.kind != "token_vla" or not token_vla.preset:
         return
     from rlvla3.policy.presets import ensure_preset  # torch and transformers: only here
 
-    if ensure_preset(token_vla.path, token_vla.preset):
-        echo(f"wrote the {token_vla.preset} preset's random-init model into {token_vla.path}")
+    grounding = token_vla.preset_grounding
+    if not (grounding.vision_steps or grounding.text_steps):
+        if ensure_preset(token_vla.path, token_vla.preset):
+            echo(f"wrote the {token_vla.preset} preset's random-init model into {token_vla.path}")
+        return
+    directory = Path(token_vla.path).expanduser()
+    if (directory / "config.json").is_file():
+        return
+    from rlvla3.policy.grounding import ground_preset
+
+    side = directory.with_name(directory.name + ".grounding")
+    shutil.rmtree(side, ignore_errors=True)
+    ensure_preset(str(side), token_vla.preset)
+    echo(f"grounding the {token_vla.preset} preset on {grounding.frames} {cfg.env.id} frames")
+    report = ground_preset(str(side), grounding, cfg.env.id, cfg.env.kwargs)
+    directory.mkdir(parents=True, exist_ok=True)
+    for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):  # config last
+        os.replace(file, directory / file.name)
+    side.rmdir()
+    echo(
+        f"wrote the grounded {token_vla.preset} preset into {token_vla.path}: held-out median "
+        f"position error {report['vision']['held_out_median_error']:.3f} after the vision "
+        f"stage, {report['text']['held_out_median_error']:.3f} after the text stage"
+    )
 
 
 def _check_multi_node(cfg: Config, seat: Seat) -> None:
