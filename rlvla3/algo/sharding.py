@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 from rlvla3.policy.base import EvalOutput
 from rlvla3.runtime.train_group import TrainGroup
@@ -139,19 +139,24 @@ def shard_training(
 
 def local_part(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Whole ``value`` as this rank holds it beside ``like``: when ``like`` is a shard
-    (``DTensor``) of the same shape, this rank's slice, in storage of its own (the whole
-    tensor can go); otherwise ``value`` itself (a whole parameter's, a scalar like Adam's
-    ``step``). No communication: every rank slices what it holds."""
+    (``DTensor``, FSDP's ``Shard(dim)`` over the group's 1-D mesh) of the same shape, this
+    rank's slice (``torch.chunk``'s, as FSDP cuts), in storage of its own; otherwise ``value``
+    itself (a whole parameter's, a scalar like Adam's ``step``). No communication: every rank
+    slices what it holds."""
     if not (
         isinstance(like, DTensor) and not isinstance(value, DTensor) and value.shape == like.shape
     ):
         return value
-    mesh = like.device_mesh
-    part = distribute_tensor(value.to(mesh.device_type), mesh, like.placements, src_data_rank=None)
-    # (the slice is a view of ``value``: copied, or it would keep the whole storage alive)
-    return DTensor.from_local(
-        part.to_local().clone(), mesh, like.placements, shape=like.shape, stride=like.stride()
-    )
+    mesh, (placement,) = like.device_mesh, like.placements
+    if not isinstance(placement, Shard):
+        raise ValueError(f"a sharded parameter placed {placement}, not Shard(dim)")
+    chunks = torch.chunk(value, mesh.size(), dim=placement.dim)
+    rank = mesh.get_local_rank()
+    local = chunks[rank] if rank < len(chunks) else value.narrow(placement.dim, 0, 0)
+    # A copy, not a view: the whole tensor goes at once (a view would keep it alive, and
+    # ``distribute_tensor``'s slicing leaves it in reference cycles until the next collection).
+    local = local.to(mesh.device_type, memory_format=torch.contiguous_format, copy=True)
+    return DTensor.from_local(local, mesh, like.placements, shape=like.shape, stride=like.stride())
 
 
 def copy_whole(target: torch.Tensor, value: torch.Tensor) -> None:
@@ -209,7 +214,7 @@ def _kept(value: Any, keep: bool) -> Any:
     full = whole(value)
     if not keep:
         return None
-    return full.detach().cpu() if isinstance(full, torch.Tensor) else full
+    return full.cpu() if isinstance(full, torch.Tensor) else full
 
 
 def gather_module(module: torch.nn.Module, keep: bool = True) -> GatheredModule | None:
