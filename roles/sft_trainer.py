@@ -75,8 +75,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.group = join_group(self, self.device)
         self.leader = self.group is None or self.group.leader
         shard = {"rank": self.index, "world_size": self.group.world_size} if self.group else {}
-        shards = self.group.world_size if self.group and self.settings.shard else 1
-        check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True, shards=shards)
+        check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True)
         self.policy = build_policy(self.cfg).to(self.device).train()
         s = self.cfg.sft
         # the policy family's sequence per frame, and its packed or padded evaluation

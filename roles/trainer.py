@@ -66,12 +66,7 @@ class Trainer(TrainingRole[TrainerSettings]):
         # with a warm start and a KL term, the trainer also holds the frozen reference copy
         reference = bool(self.cfg.policy.init_checkpoint) and self.cfg.algo.ref_kl_coef > 0
         estimate = check_role_memory(
-            self.cfg,
-            self.name,
-            self.device,
-            copies=1 + reference,
-            trains=True,
-            shards=self._shards(),
+            self.cfg, self.name, self.device, copies=1 + reference, trains=True
         )
         if estimate is not None:
             self.log.info("policy memory: %s", estimate.describe())
@@ -124,10 +119,6 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.metrics = self.own(MetricsLog(self.run_dir, self.registry, "train"))
         self.frozen, self.next_freeze_check = False, 0.0
         self._publish()
-
-    def _shards(self) -> int:
-        """Over how many ranks the training state is sharded (1: each holds all of it)."""
-        return self.cfg.num_processes(self.name) if self.settings.shard else 1
 
     def _group_updates(self, objective: Objective) -> GroupUpdates:
         """The rank's updates; ``settings.shard``: the policy is sharded over the group."""

@@ -155,11 +155,10 @@ def check_role_memory(
     copies: int,
     trains: bool,
     receives: bool = False,
-    shards: int = 1,
     free_bytes: FreeBytes | None = None,
 ) -> MemoryEstimate | None:
-    """Refuse a token VLA that cannot fit on ``device``, role ``role``'s device setting
-    (``shards``: the ranks its training state is sharded over, ``settings.shard``).
+    """Refuse a token VLA that cannot fit on ``device``, role ``role``'s device setting (a
+    learner whose ``settings.shard`` is on counts its share of the training state).
 
     Returns the estimate (None for another policy family, or a directory that does not say).
 
@@ -175,7 +174,7 @@ def check_role_memory(
         copies=copies,
         trains=trains,
         receives=receives,
-        shards=shards,
+        shards=training_shards(cfg, role) if trains else 1,
     )
     if estimate is None:
         return None
@@ -188,6 +187,13 @@ def check_role_memory(
             "bfloat16, policy.lora, or another device"
         )
     return estimate
+
+
+def training_shards(cfg: Config, role: str) -> int:
+    """The ranks a learner role's training state is sharded over: its ``count`` with
+    ``settings.shard``, else 1 (every rank holds all of it)."""
+    sharded = getattr(cfg.role_settings(role), "shard", False)
+    return cfg.num_processes(role) if sharded else 1
 
 
 def device_free_bytes(device: torch.device) -> int | None:
