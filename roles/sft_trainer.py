@@ -231,10 +231,10 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
     def _follower_step(self) -> None:
         """A rank other than 0: the step rank 0 said it takes next, or a moment's wait."""
         assert self.group is not None
-        message = self.group.poll()
+        message = self.group.poll(POLL_IDLE_S)  # (seen as soon as it is posted)
         if message is None:
-            self.stop_event.wait(POLL_IDLE_S)
-        elif message.kind == STOP:
+            return
+        if message.kind == STOP:
             self.told_to_stop = True
             self.stop_event.set()
         else:
@@ -258,7 +258,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         assert self.group is not None
         # (not cut short by a stop: rank 0 gathers right after the step, whatever it was
         # asked; a rank 0 that is gone fails the poll)
-        message = self.group.wait(lambda: False, lambda: time.sleep(0.005))
+        message = self.group.wait()
         assert message is not None
         with self.busy("gathering the sharded weights"):
             self.state.join(message)
@@ -267,7 +267,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         """A clean stop of a group (a failure leaves at once: the group restarts): rank 0 says
         ``stop``; a follower takes the steps rank 0 said until then, and leaves at once when
         rank 0 is gone."""
-        if self.group is None or not self.stop_event.is_set():
+        if self.group is None or self.failed:
             return
         if self.leader:
             if not self.group.say_stop(timeout_s=self.cfg.run.heartbeat_ttl_s):
@@ -347,6 +347,8 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.save_checkpoint(module, optimizer, self.version, self.steps)
 
     def _resume(self) -> None:
+        if not self.leader:  # the leader's state overwrites whatever it loads
+            return
         resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)
         if resumed is None:
             return

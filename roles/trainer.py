@@ -27,6 +27,7 @@ are published and checkpointed.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -84,6 +85,7 @@ class Trainer(TrainingRole[TrainerSettings]):
             ).objective
             updates = self._group_updates(objective)
             self.follower = FollowerRank(self, updates, self.reference)
+            self.optimizer = updates.optimizer  # (sharded: over the shards)
             updates.state.say_sharded(self.log)
             return
         self.version = self.catch_up_weights(self.policy, self.version)
@@ -259,12 +261,11 @@ class Trainer(TrainingRole[TrainerSettings]):
     # --- checkpoints -----------------------------------------------------------------------------
     def _checkpoint(self) -> None:
         module, optimizer = self.group_updates.whole(optimizer=True)
+        self._save(module, optimizer)
+
+    def _save(self, module: Any, optimizer: Any) -> None:
         self.save_checkpoint(
-            module,
-            optimizer,
-            self.version,
-            self.updates,
-            samples_trained=self.samples_trained,
+            module, optimizer, self.version, self.updates, samples_trained=self.samples_trained
         )
 
     def _resume(self) -> None:
@@ -275,6 +276,8 @@ class Trainer(TrainingRole[TrainerSettings]):
         if init and self.cfg.algo.ref_kl_coef > 0:
             # The KL regulariser's reference: the warm start's weights, frozen (also on resume).
             self.reference = frozen_reference(self.policy)
+        if self.index > 0:  # a follower rank: the leader's state overwrites whatever it loads
+            return
         resumed = self.resume_checkpoint(self.policy, self.optimizer, self.device)
         if resumed is None:
             self._set_initial_log_std()
@@ -301,19 +304,26 @@ class Trainer(TrainingRole[TrainerSettings]):
 
     def shutdown(self) -> None:
         if self.follower is not None:  # the leader holds the chunks and writes the checkpoints
-            if self.stop_event.is_set():  # a clean stop (a failure leaves at once)
+            if not self.failed:  # a clean stop (a failure leaves at once)
                 self.follower.finish(timeout_s=self.cfg.run.stall_timeout_s)
             self.log.info("trained %d updates as rank %d", self.follower.done, self.index)
             return
-        clean = self.stop_event.is_set()  # not a failure
-        if self.updates and (clean or not self.group_updates.sharded):
-            # (sharded, the checkpoint gathers from every rank: on a failure the group
-            # restarts from the last one written)
-            self._checkpoint()
+        self._last_checkpoint_and_stop(clean=not self.failed)
+        self.accounting.drain(self.chunks, held=self.learner.held)
+
+    def _last_checkpoint_and_stop(self, clean: bool) -> None:
+        """The last checkpoint, and (a clean stop) ``stop`` to the other ranks as soon as they
+        are no longer needed: after the sharded gathering, before the write, so that no rank
+        waits on the disk. Sharded, a failed leader writes none: the gathering would need
+        peers that may be gone (a failure after a stop was asked too); the group restarts
+        from the last one written."""
+        saving = self.updates > 0 and (clean or not self.group_updates.sharded)
+        module, optimizer = self.group_updates.whole(optimizer=True) if saving else (None, None)
         if self.group is not None and clean:
             if not self.group.say_stop(timeout_s=self.cfg.run.heartbeat_ttl_s):
                 self.log.warning("not every rank read stop (one is gone)")
-        self.accounting.drain(self.chunks, held=self.learner.held)
+        if saving:
+            self._save(module, optimizer)
 
 
 if __name__ == "__main__":

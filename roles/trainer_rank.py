@@ -46,10 +46,10 @@ class FollowerRank:
     def step(self) -> None:
         """Train the next posted update, or wait a moment for it; raise when the group broke."""
         self.watch.check()
-        message = self.group.poll()
+        message = self.group.poll(POLL_IDLE_S)  # (seen as soon as it is posted)
         if message is None:
-            self.role.stop_event.wait(POLL_IDLE_S)
-        elif message.kind == STOP:
+            return
+        if message.kind == STOP:
             self.told_to_stop = True
             self.role.stop_event.set()
         else:

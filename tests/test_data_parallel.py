@@ -66,9 +66,9 @@ def _rank(rank: int, port: int, out: str) -> None:
     shared = dp.DataParallel(group)
     trace = []
     if group.leader:
-        dp.post_state(group, policy, optimizer)
+        dp.post_state(group, dp.whole_state(policy, optimizer))
     else:
-        dp.load_state(group.wait(lambda: False, lambda: None), policy, optimizer)
+        dp.load_state(group, group.wait(lazy=True), policy, optimizer)
     for update in range(UPDATES):
         if group.leader:
             batch = _batch(policy, update)

@@ -182,3 +182,26 @@ def test_mem_available_is_read_from_meminfo(tmp_path) -> None:
     meminfo.write_text("MemTotal:       16384 kB\nMemAvailable:    2048 kB\n")
     assert memory_check._mem_available(meminfo) == 2048 * 1024
     assert memory_check._mem_available(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize("role", ["trainer", "sft_trainer"])
+def test_a_sharded_learner_counts_its_share_of_the_training_state(model_dir, role) -> None:
+    cfg = token_vla(model_dir, f"roles.{role}.count=2", f"roles.{role}.settings.shard=true")
+    whole = estimate_token_vla_memory(cfg.policy.token_vla, cfg.policy.lora, copies=1, trains=True)
+    # a rank of 2: the whole policy once (every rank builds it before sharding) + half the rest
+    rank_need = whole.copy_bytes + -(-whole.training_bytes // 2)
+    assert rank_need < whole.total_bytes
+    estimate = check_role_memory(
+        cfg, role, CUDA, copies=1, trains=True, free_bytes=lambda d: rank_need
+    )
+    assert estimate.total_bytes == rank_need and "1/2 of it here" in estimate.describe()
+    with pytest.raises(ConfigError, match="does not fit"):
+        check_role_memory(
+            cfg, role, CUDA, copies=1, trains=True, free_bytes=lambda d: rank_need - 1
+        )
+    # replicated ranks each hold all of it
+    replicated = token_vla(model_dir, f"roles.{role}.count=2")
+    with pytest.raises(ConfigError, match="does not fit"):
+        check_role_memory(
+            replicated, role, CUDA, copies=1, trains=True, free_bytes=lambda d: rank_need
+        )

@@ -6,7 +6,9 @@ import json
 import re
 
 import pytest
+import torch
 
+from rlvla3.runtime.checkpoints import checkpoints, load_checkpoint
 from rlvla3.runtime.registry import Registry
 from tests.test_rl_loop import assert_no_chunk_lost, cartpole_config, run_to_end
 
@@ -33,6 +35,12 @@ def test_two_trainer_ranks_train_as_one_group(tmp_path, redis_url, shard: bool) 
     assert followed == c["updates"]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == c["updates"]
+    # both ranks ended cleanly, and the leader's last checkpoint holds every update
+    records = {r.index: r.status for r in registry.roles() if r.role == "trainer"}
+    assert records == {0: "done", 1: "done"}
+    assert "the leader did not say stop" not in follower
+    newest = checkpoints(run_dir / "checkpoints")[-1]
+    assert load_checkpoint(newest, torch.device("cpu"))["updates"] == c["updates"]
 
 
 @pytest.mark.slow

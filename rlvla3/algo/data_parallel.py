@@ -14,10 +14,12 @@ Advantages are normalised over the whole minibatch, before it is sliced.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from rlvla3.algo.sharding import copy_whole, local_part
 from rlvla3.runtime.train_group import GroupError, Message, TrainGroup
 
 STATE = "state"
@@ -130,41 +132,79 @@ def unflatten_tree(flat: dict[str, Tensor]) -> dict[str, Any]:
     return tree
 
 
-def post_state(
-    group: TrainGroup,
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    info: dict[str, Any] | None = None,
-) -> None:
-    """The leader: send the weights (buffers too), the optimizer's state and ``info`` (plain
-    fields: where the leader stands) to every rank, so all start from where it resumed."""
+def whole_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """The leader's weights (buffers too) and optimizer state as the named tensors ``post_state``
+    sends (``model/<key>``, ``optim/<index>/<key>``): references, nothing copied."""
     tensors = {f"model/{k}": v.detach() for k, v in module.state_dict().items()}
     for index, state in optimizer.state_dict()["state"].items():
         for key, value in state.items():
             tensors[f"optim/{index}/{key}"] = torch.as_tensor(value)
+    return tensors
+
+
+def post_state(
+    group: TrainGroup, tensors: dict[str, Tensor], info: dict[str, Any] | None = None
+) -> None:
+    """The leader: send its ``whole_state`` and ``info`` (plain fields: where the leader stands)
+    to every rank, so all start from where it resumed."""
     group.post(STATE, info or {}, tensors)
 
 
 def load_state(
-    message: Message, module: torch.nn.Module, optimizer: torch.optim.Optimizer
+    group: TrainGroup,
+    message: Message,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
 ) -> dict[str, Any]:
-    """A follower: take the leader's weights and optimizer state from a ``state`` message (the
-    learning rates stay this rank's own: an RL update message carries them); returns its
-    plain fields."""
+    """A follower: take the leader's weights and optimizer state from a ``state`` message, one
+    tensor at a time as it arrives (a ``lazy`` one's; sharded, this rank keeps its slice of
+    each: ``local_part``), into ``module`` and ``optimizer``, whole or sharded alike. The
+    learning rates stay this rank's own (an RL update message carries them). Returns the
+    message's plain fields."""
     if message.kind != STATE:
         raise GroupError(f"group message: {message.kind!r} where the leader's state was due")
-    model = {
-        k.removeprefix("model/"): v for k, v in message.tensors.items() if k.startswith("model/")
-    }
-    module.load_state_dict(model)
+    load_tensors(group.receive(message), module, optimizer)
+    return message.info
+
+
+def load_tensors(
+    tensors: Iterable[tuple[str, Tensor]],
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """Load named tensors of a ``whole_state`` into ``module`` and ``optimizer``, each as it
+    comes: whole, or into shards (this rank's slice: ``local_part``). Every module entry must
+    come; a name that fits neither is a ``GroupError``."""
+    targets = module.state_dict()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     state: dict[int, dict[str, Tensor]] = {}
-    for name, value in message.tensors.items():
-        if name.startswith("optim/"):
-            _, index, key = name.split("/", 2)
-            state.setdefault(int(index), {})[key] = value
+    loaded = set()
+    for name, value in tensors:
+        where, _, rest = name.partition("/")
+        if where == "model" and rest in targets and targets[rest].shape == value.shape:
+            copy_whole(targets[rest], value)
+            loaded.add(rest)
+        elif where == "optim" and (slot := _optimizer_slot(rest, len(params))) is not None:
+            index, key = slot
+            state.setdefault(index, {})[key] = local_part(value, params[index])
+        else:
+            raise GroupError(
+                f"group message state: tensor {name!r:.80} {tuple(value.shape)} does not fit "
+                "this rank's policy or optimizer"
+            )
+    if loaded != targets.keys():
+        missing = sorted(targets.keys() - loaded)
+        raise GroupError(f"group message state: no tensor for {missing[:3]!r:.120}")
     groups = optimizer.state_dict()["param_groups"]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-    return message.info
+
+
+def _optimizer_slot(rest: str, num_params: int) -> tuple[int, str] | None:
+    """``<index>/<key>`` of an ``optim/`` tensor, the index within ``num_params``; else None."""
+    index, _, key = rest.partition("/")
+    if not (index.isdigit() and int(index) < num_params and key):
+        return None
+    return int(index), key
 
 
 def shuffle_generator(seed: int) -> torch.Generator:

@@ -106,7 +106,10 @@ class GroupUpdates:
         started = time.perf_counter()
         self.posted_bytes += self.group.post(UPDATE, info, flatten_tree(batch))
         self.post_s += time.perf_counter() - started
-        return self._update(batch, policy_coef, seed, reference)
+        metrics = self._update(batch, policy_coef, seed, reference)
+        if self.sharded:  # FSDP's all-gathers needed every rank: each read the headers
+            self.group.all_read()
+        return metrics
 
     def follow(self, message: Message, reference: ActorCritic | None) -> dict[str, float] | None:
         """A follower's part of what the leader posted as ``message``: an update (returns its

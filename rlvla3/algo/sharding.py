@@ -12,22 +12,27 @@ FSDP needs a registered process group; the training group's is a bare backend
 hands back that same backend object: FSDP's collectives and the group's own run over one set
 of connections, no second rendezvous.
 
-Every collective here (``gather_state``, the sharded forward and backward) must be entered by
+Every collective here (the gatherings, the sharded forward and backward) must be entered by
 every rank at the same point: the leader decides and posts a message first
 (``rlvla3/algo/group_updates.py``).
+
+Whole tensors exist one at a time: a gathering all-gathers one tensor, rank 0 keeps it (in CPU
+memory) and the others drop it before the next; a rank taking the leader's state keeps its slice
+of each tensor as it arrives (``local_part``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 from rlvla3.policy.base import EvalOutput
 from rlvla3.runtime.train_group import TrainGroup
@@ -73,7 +78,7 @@ def shard_policy(policy: torch.nn.Module, mesh: DeviceMesh) -> None:
     for unit in shard_units(policy):
         fully_shard(unit, mesh=mesh)
     fully_shard(policy, mesh=mesh)
-    register_fsdp_forward_method(policy, "evaluate")
+    run_as_forward(policy, "evaluate", policy.evaluate)
     for module in policy.modules():
         if isinstance(module, FSDPModule):
             # The group's contract: a gradient is the ranks' SUM, each rank's loss already
@@ -92,9 +97,28 @@ def run_as_forward(
     would. For an evaluation that reaches into the policy's modules without going through its
     ``forward`` or ``evaluate`` (the token VLA's packed SFT evaluation calls its model and
     value head directly). Must not be given a method already registered (``evaluate``)."""
-    setattr(policy, name, fn)
+    setattr(policy, name, _without_views(fn))
     register_fsdp_forward_method(policy, name)
     return getattr(policy, name)
+
+
+def _without_views(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with the view tensors of its output (an ``EvalOutput``'s fields, or a tensor)
+    copied. FSDP hooks its backward gathering onto a pass's outputs, and an in-place op on a
+    view would drop that hook: it warns of every view it is given, on every pass (a policy's
+    ``value`` is its critic's output squeezed). The copies are a few values per sample."""
+
+    def own(t: Any) -> Any:
+        return t.clone() if isinstance(t, torch.Tensor) and t._base is not None else t
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        if isinstance(out, EvalOutput):
+            return replace(out, **{f.name: own(getattr(out, f.name)) for f in fields(out)})
+        return own(out)
+
+    return call
 
 
 def shard_training(
@@ -103,47 +127,46 @@ def shard_training(
     rebuild_optimizer: Any,
     group: TrainGroup,
 ) -> torch.optim.Optimizer:
-    """Shard ``policy`` and move ``optimizer``'s state (whole, the same on every rank: the
-    leader's, shared) onto the shards; returns the optimizer over the sharded parameters,
-    built by ``rebuild_optimizer(policy)``."""
-    whole = optimizer.state_dict()
+    """Shard ``policy``; returns a fresh optimizer over its shards, built by
+    ``rebuild_optimizer(policy)`` (its state comes after: ``local_part``). ``optimizer``, over
+    the whole parameters, is emptied, so that a reference kept to it holds no whole tensor."""
     shard_policy(policy, group_mesh(group))
-    sharded = rebuild_optimizer(policy)
-    load_whole_optimizer_state(sharded, whole)
-    return sharded
+    optimizer.state.clear()
+    for param_group in optimizer.param_groups:
+        param_group["params"] = []
+    return rebuild_optimizer(policy)
 
 
-def load_whole_optimizer_state(optimizer: torch.optim.Optimizer, whole: dict[str, Any]) -> None:
-    """Load an optimizer state of whole tensors (a checkpoint's) into ``optimizer`` over
-    sharded parameters: each rank keeps its own slice of every moment (no communication)."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    state: dict[int, dict[str, Any]] = {}
-    for index, entry in whole["state"].items():
-        param = params[int(index)]
-        state[int(index)] = {
-            key: _local_slice(value, param) if _sharded_like(value, param) else value
-            for key, value in entry.items()
-        }
-    optimizer.load_state_dict({"state": state, "param_groups": whole["param_groups"]})
+def local_part(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Whole ``value`` as this rank holds it beside ``like``: when ``like`` is a shard
+    (``DTensor``, FSDP's ``Shard(dim)`` over the group's 1-D mesh) of the same shape, this
+    rank's slice (``torch.chunk``'s, as FSDP cuts), in storage of its own; otherwise ``value``
+    itself (a whole parameter's, a scalar like Adam's ``step``). No communication: every rank
+    slices what it holds."""
+    if not (
+        isinstance(like, DTensor) and not isinstance(value, DTensor) and value.shape == like.shape
+    ):
+        return value
+    mesh, (placement,) = like.device_mesh, like.placements
+    if not isinstance(placement, Shard):
+        raise ValueError(f"a sharded parameter placed {placement}, not Shard(dim)")
+    chunks = torch.chunk(value, mesh.size(), dim=placement.dim)
+    rank = mesh.get_local_rank()
+    local = chunks[rank] if rank < len(chunks) else value.narrow(placement.dim, 0, 0)
+    # A copy, not a view: the whole tensor goes at once (a view would keep it alive, and
+    # ``distribute_tensor``'s slicing leaves it in reference cycles until the next collection).
+    local = local.to(mesh.device_type, memory_format=torch.contiguous_format, copy=True)
+    return DTensor.from_local(local, mesh, like.placements, shape=like.shape, stride=like.stride())
 
 
-def _sharded_like(value: Any, param: torch.Tensor) -> bool:
-    return (
-        isinstance(param, DTensor)
-        and isinstance(value, torch.Tensor)
-        and not isinstance(value, DTensor)
-        and value.shape == param.shape
-    )
-
-
-def _local_slice(value: torch.Tensor, param: DTensor) -> DTensor:
-    # src_data_rank=None: every rank holds the whole tensor, each keeps its slice, no send
-    return distribute_tensor(
-        value.to(param.device_mesh.device_type),
-        param.device_mesh,
-        param.placements,
-        src_data_rank=None,
-    )
+def copy_whole(target: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy whole ``value`` into ``target`` (a state-dict entry): all of it, or, ``target`` a
+    shard, this rank's slice."""
+    with torch.no_grad():
+        if isinstance(target, DTensor):
+            target.to_local().copy_(local_part(value, target).to_local())
+        else:
+            target.copy_(value)
 
 
 # --- the whole state, gathered from the shards ---------------------------------------------------
@@ -185,22 +208,38 @@ def whole(value: Any) -> Any:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def gather_module(module: torch.nn.Module) -> GatheredModule:
+def _kept(value: Any, keep: bool) -> Any:
+    """``value`` gathered whole (a collective) and, on the rank that ``keep``s it, moved to CPU
+    memory; None elsewhere, so the whole tensor goes before the next is gathered."""
+    full = whole(value)
+    if not keep:
+        return None
+    return full.cpu() if isinstance(full, torch.Tensor) else full
+
+
+def gather_module(module: torch.nn.Module, keep: bool = True) -> GatheredModule | None:
     """The whole state of sharded ``module`` (with LoRA, the trained tensors alone: the frozen
-    base is not gathered). A collective: every rank calls it, in the same order."""
+    base is not gathered), one tensor at a time, in CPU memory; None where not ``keep``. A
+    collective: every rank calls it, in the same order; only the one that keeps (rank 0)
+    holds more than one whole tensor at once."""
     trained = trained_state_names(module)
     state = module.state_dict()
     names = list(state) if trained is None else trained
-    return GatheredModule({name: whole(state[name]).detach() for name in names}, trained)
+    tensors = {name: _kept(state[name], keep) for name in names}
+    return GatheredModule(tensors, trained) if keep else None
 
 
-def gather_optimizer(optimizer: torch.optim.Optimizer) -> GatheredOptimizer:
-    """The whole state of an optimizer over sharded parameters (a collective)."""
+def gather_optimizer(
+    optimizer: torch.optim.Optimizer, keep: bool = True
+) -> GatheredOptimizer | None:
+    """The whole state of an optimizer over sharded parameters, as ``gather_module``."""
     state = optimizer.state_dict()
     gathered = {
-        index: {key: whole(value) for key, value in entry.items()}
+        index: {key: _kept(value, keep) for key, value in entry.items()}
         for index, entry in state["state"].items()
     }
+    if not keep:
+        return None
     return GatheredOptimizer({"state": gathered, "param_groups": state["param_groups"]})
 
 

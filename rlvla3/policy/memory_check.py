@@ -13,7 +13,9 @@ The estimate (docs/models.md, Memory), for ``policy.kind: token_vla``:
 - times the copies the role holds (a rollout server: two, the served and the standby copy; a
   trainer: one, two with a KL reference);
 - a trainer adds a gradient and Adam's two moments for each *trainable* parameter, in its own
-  dtype: every parameter without LoRA, the adapters and the value head with it;
+  dtype: every parameter without LoRA, the adapters and the value head with it; a rank of a
+  sharded group (``settings.shard``) adds its share of them (1/N over N ranks), and still
+  counts one whole copy of the policy (every rank builds it whole before sharding it);
 - a rollout server of a bfloat16 model without LoRA adds the float32 buffer its versions arrive
   in (``transport/weights.py`` ``WeightTarget``: its copies cannot be views of float32 values).
 
@@ -56,6 +58,8 @@ class MemoryEstimate:
         copies: copies the role holds.
         trainable: parameters that train (0 on a role that does not train).
         training_bytes: the gradients and Adam moments of the trainable parameters.
+        shards: the ranks the training state is sharded over (this role holds 1/shards of
+            ``training_bytes``).
         receive_bytes: a float32 buffer weight versions arrive in (0 where the copies
             themselves are float32 and receive in place).
     """
@@ -67,11 +71,17 @@ class MemoryEstimate:
     trainable: int
     training_bytes: int
     receive_bytes: int = 0
+    shards: int = 1
 
     @property
     def total_bytes(self) -> int:
-        """Every copy, and what training adds."""
-        return self.copies * self.copy_bytes + self.training_bytes + self.receive_bytes
+        """Every copy, and this role's share of what training adds."""
+        return self.copies * self.copy_bytes + self.training_share + self.receive_bytes
+
+    @property
+    def training_share(self) -> int:
+        """The gradients and Adam moments this role holds: its shard's, sharded."""
+        return -(-self.training_bytes // self.shards)
 
     def describe(self) -> str:
         """One line: the total and its parts, in GiB."""
@@ -83,8 +93,11 @@ class MemoryEstimate:
         if self.trainable:
             text += (
                 f" + gradients and Adam moments of {self.trainable:,} trainable parameters "
-                f"({gib(self.training_bytes)})"
+                f"({gib(self.training_bytes)}"
             )
+            if self.shards > 1:
+                text += f", 1/{self.shards} of it here: {gib(self.training_share)}"
+            text += ")"
         if self.receive_bytes:
             text += f" + a float32 buffer versions arrive in ({gib(self.receive_bytes)})"
         return text + "; activations not counted"
@@ -102,6 +115,7 @@ def estimate_token_vla_memory(
     copies: int,
     trains: bool,
     receives: bool = False,
+    shards: int = 1,
 ) -> MemoryEstimate | None:
     """The estimate for a token VLA from its checkpoint (module docstring); None when the
     directory does not say (the load then reports what is wrong with it)."""
@@ -129,6 +143,7 @@ def estimate_token_vla_memory(
         copies=copies,
         trainable=trainable,
         training_bytes=_GRAD_AND_ADAM * trained_bytes,
+        shards=shards,
     )
 
 
@@ -142,7 +157,8 @@ def check_role_memory(
     receives: bool = False,
     free_bytes: FreeBytes | None = None,
 ) -> MemoryEstimate | None:
-    """Refuse a token VLA that cannot fit on ``device``, role ``role``'s device setting.
+    """Refuse a token VLA that cannot fit on ``device``, role ``role``'s device setting (a
+    learner whose ``settings.shard`` is on counts its share of the training state).
 
     Returns the estimate (None for another policy family, or a directory that does not say).
 
@@ -153,7 +169,12 @@ def check_role_memory(
     if cfg.policy.kind != "token_vla":
         return None
     estimate = estimate_token_vla_memory(
-        cfg.policy.token_vla, cfg.policy.lora, copies=copies, trains=trains, receives=receives
+        cfg.policy.token_vla,
+        cfg.policy.lora,
+        copies=copies,
+        trains=trains,
+        receives=receives,
+        shards=training_shards(cfg, role) if trains else 1,
     )
     if estimate is None:
         return None
@@ -166,6 +187,13 @@ def check_role_memory(
             "bfloat16, policy.lora, or another device"
         )
     return estimate
+
+
+def training_shards(cfg: Config, role: str) -> int:
+    """The ranks a learner role's training state is sharded over: its ``count`` with
+    ``settings.shard``, else 1 (every rank holds all of it)."""
+    sharded = getattr(cfg.role_settings(role), "shard", False)
+    return cfg.num_processes(role) if sharded else 1
 
 
 def device_free_bytes(device: torch.device) -> int | None:

@@ -110,6 +110,9 @@ class Role(abc.ABC, Generic[SettingsT]):
         self.settings = cast(SettingsT, cfg.placed_settings(self.name, index, device))
         self.log = logging.getLogger(f"{self.name}/{index}")
         self.stop_event = threading.Event()
+        # True once setup or the loop raised: ``shutdown`` then skips what needs live peers
+        # (a stop may have been asked too: the stop event says nothing of a failure)
+        self.failed = False
         if cfg.run.redis_url is None:
             raise ValueError("run.redis_url: not set; roles are started by the launcher")
         self.registry = Registry(cfg.run.redis_url, cfg.run.name, redis_password)
@@ -257,7 +260,7 @@ class Role(abc.ABC, Generic[SettingsT]):
             pass
         except Exception:
             self.log.exception("failed")
-            code = 1
+            self.failed, code = True, 1
         if self._outage.gone_for_good():
             code = 1
         code = self._finish(code)

@@ -9,7 +9,9 @@ Beyond the collectives, the leader *posts* messages to the others: a JSON header
 (a kind, plain fields, the names, dtypes and shapes of the tensors that follow) and then one
 broadcast per tensor. The followers poll the store for the next message, so their own loop keeps
 beating while the leader waits for chunks, and nothing is ever unpickled: the header is JSON,
-checked against ``_DTYPES`` and a size bound, and the tensors are raw collectives.
+checked against ``_DTYPES`` and a size bound, and the tensors are raw collectives. A follower may
+take a message's tensors one at a time as they arrive (``poll(lazy=True)``, ``receive``), so that
+it never holds them all at once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import datetime
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,10 @@ STOP = "stop"
 """The kind of the leader's last message: the run stops (a leader that fails says nothing, so its
 followers fail too and the whole group restarts)."""
 POLL_IDLE_S = 0.02
-"""A follower's pause between polls of the leader's store: small beside a step of many ms."""
+"""The longest pause between a follower's polls of the leader's store: small beside a step of
+many ms. The pauses start far shorter (``_FIRST_PAUSE_S``) and double, so a message posted soon
+after a follower began waiting is seen within about a millisecond."""
+_FIRST_PAUSE_S = 0.0005
 _STOP_READ = "stop_read"  # the store's count of the ranks that read ``stop``
 MAX_MESSAGE_BYTES = 8 * 2**30
 """The most a posted message's tensors may hold together (a bound on what a follower allocates)."""
@@ -57,6 +62,9 @@ class Message:
     """Plain JSON fields."""
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     """Named tensors, on the group's device."""
+    pending: tuple[tuple[str, torch.dtype, list[int]], ...] = ()
+    """A message polled ``lazy``: the name, dtype and shape of each tensor still to come, in
+    order (``TrainGroup.receive`` takes them; every one must be taken before the next message)."""
 
 
 class TrainGroup:
@@ -110,8 +118,13 @@ class TrainGroup:
         opts.reduceOp = dist.ReduceOp.SUM
         self.pg.allreduce([tensor], opts).wait()
         self._synchronize()
-        # An all-reduce needs every rank's part, so every rank has read the headers posted
-        # before it (a broadcast's root may finish before a receiver has even looked).
+        self.all_read()  # an all-reduce needs every rank's part
+
+    def all_read(self) -> None:
+        """The leader, once every rank has entered a collective that needs its part (an
+        all-reduce, FSDP's all-gathers): every rank has read the headers posted before it, so
+        the store lets go of them (a broadcast does not tell: its root may finish before a
+        receiver has even looked)."""
         for key in self._unread:
             self.store.delete_key(key)
         self._unread.clear()
@@ -145,20 +158,41 @@ class TrainGroup:
         self._unread.append(key)
         return sent
 
-    def poll(self) -> Message | None:
-        """A follower: the next message if the leader posted it, else None at once."""
+    def poll(self, wait_s: float = 0.0, *, lazy: bool = False) -> Message | None:
+        """A follower: the next message if the leader posts it within ``wait_s``, else None.
+        ``lazy``: its tensors are left to ``receive``, one at a time."""
         key = f"message/{self._seq + 1}"
-        if not self.store.check([key]):
+        if not self._posted(key, wait_s):
             return None
         self._seq += 1
         kind, info, specs = _parse_header(self.store.get(key))
-        tensors: dict[str, torch.Tensor] = {}
-        for name, dtype, shape in specs:
-            tensors[name] = torch.empty(shape, dtype=dtype, device=self.device)
-            self.broadcast_(tensors[name])
         if kind == STOP:  # the leader keeps its store up until every rank has read this
             self.store.add(_STOP_READ, 1)
-        return Message(kind, info, tensors)
+        message = Message(kind, info, pending=tuple(specs))
+        return message if lazy else Message(kind, info, dict(self.receive(message)))
+
+    def receive(self, message: Message) -> Iterator[tuple[str, torch.Tensor]]:
+        """A follower: ``message``'s tensors by name: those it holds, then each pending one as
+        it arrives (the caller keeps what it needs of one before taking the next)."""
+        yield from message.tensors.items()
+        for name, dtype, shape in message.pending:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+            self.broadcast_(tensor)
+            yield name, tensor
+
+    def _posted(self, key: str, wait_s: float) -> bool:
+        """Whether ``key`` is in the store, looking again until ``wait_s`` has passed. (The
+        store's own blocking ``wait`` logs two C++ warnings at every timeout, so a follower
+        polls instead, its pauses doubling from ``_FIRST_PAUSE_S`` to ``POLL_IDLE_S``.)"""
+        deadline = time.monotonic() + wait_s
+        pause = _FIRST_PAUSE_S
+        while not self.store.check([key]):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, POLL_IDLE_S)
+        return True
 
     def say_stop(self, timeout_s: float) -> bool:
         """The leader's last message: post ``stop`` and keep the store (which lives in this
@@ -172,10 +206,17 @@ class TrainGroup:
             time.sleep(POLL_IDLE_S)
         return True
 
-    def wait(self, should_stop: Callable[[], bool], idle: Callable[[], None]) -> Message | None:
-        """A follower: poll until a message comes (``idle`` between polls) or ``should_stop``."""
+    def wait(
+        self,
+        should_stop: Callable[[], bool] = lambda: False,
+        idle: Callable[[], None] = lambda: None,
+        *,
+        lazy: bool = False,
+    ) -> Message | None:
+        """A follower: poll until a message comes or ``should_stop`` (``idle`` between polls
+        of ``POLL_IDLE_S`` each); ``lazy`` as ``poll``."""
         while not should_stop():
-            message = self.poll()
+            message = self.poll(POLL_IDLE_S, lazy=lazy)
             if message is not None:
                 return message
             idle()
@@ -189,15 +230,13 @@ class TrainGroup:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                message = self.poll()
-            except RuntimeError:  # the leader's store is gone (DistNetworkError)
+                message = self.poll(POLL_IDLE_S)
+            except dist.DistNetworkError:  # the leader's store is gone
                 return False
             if message is not None and message.kind == STOP:
                 return True
             if message is not None:
                 follow(message)
-            else:
-                time.sleep(POLL_IDLE_S)
         return False
 
     def close(self) -> None:
