@@ -194,14 +194,20 @@ class QuestionBatch:
 def question_batch(
     tokenizer: Any, frames: Frames, idx: Tensor, orders: list[list[int]]
 ) -> QuestionBatch:
+    """Frame ``idx[r]``'s objects asked in ``orders[r]``: the image, then `` NAME?`` and its
+    answer per object."""
+    texts = [
+        text
+        for i, order in zip(idx.tolist(), orders, strict=True)
+        for obj in order
+        for text in (f" {NAMES[obj]}?", answer_text(frames.positions[i, obj]))
+    ]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])  # one batched call
     rows, answers = [], []
-    for i, order in zip(idx.tolist(), orders, strict=True):
+    for order in orders:
         ids, labels, spans = list(frames.prefix), [-100] * len(frames.prefix), {}
         for obj in order:
-            question = tokenizer(f" {NAMES[obj]}?", add_special_tokens=False)["input_ids"]
-            answer = tokenizer(answer_text(frames.positions[i, obj]), add_special_tokens=False)[
-                "input_ids"
-            ]
+            question, answer = next(encoded), next(encoded)
             ids += question
             labels += [-100] * len(question)
             spans[obj] = range(len(ids), len(ids) + len(answer))
