@@ -36,10 +36,18 @@ def changed(before: dict, after: dict, part: str) -> bool:
     return any(not torch.equal(before[k], after[k]) for k in before if part in k)
 
 
-def test_the_vision_stage_trains_the_tower_and_projector_only(tmp_path) -> None:
+def test_the_vision_stage_trains_the_tower_and_projector_only(tmp_path, monkeypatch) -> None:
     write_vlm(tmp_path, "llava", "test")
     before = weights(tmp_path)
-    report = grounding.ground_preset(str(tmp_path), small(vision_steps=3), ENV, ENV_KWARGS)
+    monkeypatch.setattr(grounding, "PROGRESS_EVERY", 1)
+    lines: list[str] = []
+    report = grounding.ground_preset(
+        str(tmp_path), small(vision_steps=3), ENV, ENV_KWARGS, lines.append
+    )
+    assert [line.split(",")[0] for line in lines] == [
+        "grounding: vision step 1/3",
+        "grounding: vision step 2/3",
+    ]
     after = weights(tmp_path)
     assert changed(before, after, "vision_tower") and changed(before, after, "projector")
     assert not changed(before, after, "language_model") and not changed(before, after, "lm_head")

@@ -126,7 +126,7 @@ def _write_model_preset(cfg: Config, echo: Callable[[str], None]) -> None:
     shutil.rmtree(side, ignore_errors=True)
     ensure_preset(str(side), token_vla.preset)
     echo(f"grounding the {token_vla.preset} preset on {grounding.frames} {cfg.env.id} frames")
-    report = ground_preset(str(side), grounding, cfg.env.id, cfg.env.kwargs)
+    report = ground_preset(str(side), grounding, cfg.env.id, cfg.env.kwargs, echo)
     directory.mkdir(parents=True, exist_ok=True)
     for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):  # config last
         os.replace(file, directory / file.name)

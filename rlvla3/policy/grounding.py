@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ HELD_OUT = 200
 """Frames kept out of training; the reported errors are measured on them."""
 RANDOM_STEPS = 6
 """A frame is an episode's start followed by up to this many random pusher moves."""
+PROGRESS_EVERY = 500
+"""Steps between two progress lines (each measures the held-out frames)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +67,23 @@ class Frames:
         return {k: v[idx] for k, v in self.images.items()}
 
 
-def ground_preset(directory: str, config: PresetGrounding, env_id: str, env_kwargs: dict) -> dict:
-    """Run both stages on the model in ``directory`` and save it there. Returns the report
-    also written to ``grounding.json``."""
+def ground_preset(
+    directory: str,
+    config: PresetGrounding,
+    env_id: str,
+    env_kwargs: dict,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict:
+    """Run both stages on the model in ``directory`` and save it there; ``progress`` gets a
+    line with the held-out error every ``PROGRESS_EVERY`` steps. Returns the report also
+    written to ``grounding.json``."""
     vlm = load_vlm(directory, torch.float32)
     model, processor = vlm.model, vlm.processor
     torch.manual_seed(config.seed)
     frames = render_frames(processor, vlm.image_token, config, env_id, env_kwargs)
     report: dict[str, Any] = {"config": asdict(config), "frames": config.frames}
-    report["vision"] = train_vision(model, frames, config)
-    report["text"] = train_text(model, processor.tokenizer, frames, config)
+    report["vision"] = train_vision(model, frames, config, progress)
+    report["text"] = train_text(model, processor.tokenizer, frames, config, progress)
     model.save_pretrained(directory)
     Path(directory, "grounding.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
@@ -142,7 +152,9 @@ def _vision_error(pred: Tensor, positions: Tensor) -> Tensor:
     return (xy - positions).norm(dim=-1)
 
 
-def train_vision(model: nn.Module, frames: Frames, config: PresetGrounding) -> dict[str, float]:
+def train_vision(
+    model: nn.Module, frames: Frames, config: PresetGrounding, progress: Callable[[str], None]
+) -> dict[str, float]:
     """Stage 1: per-token object presence and position; trains the tower and the projector."""
     started, (train, held) = time.perf_counter(), _split(frames)
     with torch.no_grad():
@@ -161,15 +173,18 @@ def train_vision(model: nn.Module, frames: Frames, config: PresetGrounding) -> d
             frames.positions[idx], grid
         )
 
-    for _ in range(config.vision_steps):
+    def held_out_error() -> Tensor:
+        with torch.no_grad():
+            return _vision_error(predict(held)[0], frames.positions[held])
+
+    for step in range(1, config.vision_steps + 1):
         pred, target = predict(torch.randint(0, train, (config.batch_size,)))
         inside = target[..., :1]
         loss = nn.functional.binary_cross_entropy_with_logits(pred[..., 0], target[..., 0])
         loss = loss + 4 * ((pred[..., 1:] - target[..., 1:]) ** 2 * inside).sum() / inside.sum()
         _step(optimizer, loss, params)
-    with torch.no_grad():
-        error = _vision_error(predict(held)[0], frames.positions[held])
-    return _summary(config.vision_steps, started, error)
+        _report(progress, "vision", step, config.vision_steps, held_out_error)
+    return _summary(config.vision_steps, started, held_out_error())
 
 
 def answer_text(xy: Tensor) -> str:
@@ -245,7 +260,11 @@ def _text_error(tokenizer: Any, logits: Tensor, batch: QuestionBatch, positions:
 
 
 def train_text(
-    model: nn.Module, tokenizer: Any, frames: Frames, config: PresetGrounding
+    model: nn.Module,
+    tokenizer: Any,
+    frames: Frames,
+    config: PresetGrounding,
+    progress: Callable[[str], None],
 ) -> dict[str, float]:
     """Stage 2: every object of a frame asked for in one sequence, in a random order."""
     started, (train, held) = time.perf_counter(), _split(frames)
@@ -263,14 +282,25 @@ def train_text(
         )
         return out.loss, batch, out.logits
 
-    for _ in range(config.text_steps):
+    def held_out_error() -> Tensor:
+        with torch.no_grad():
+            _, batch, logits = loss_of(held, [list(range(len(NAMES)))] * len(held))
+            return _text_error(tokenizer, logits, batch, frames.positions[held])
+
+    for step in range(1, config.text_steps + 1):
         idx = torch.randint(0, train, (config.batch_size,), generator=generator)
         orders = [torch.randperm(len(NAMES), generator=generator).tolist() for _ in idx]
         _step(optimizer, loss_of(idx, orders)[0], params)
-    with torch.no_grad():
-        _, batch, logits = loss_of(held, [list(range(len(NAMES)))] * len(held))
-        error = _text_error(tokenizer, logits, batch, frames.positions[held])
-    return _summary(config.text_steps, started, error)
+        _report(progress, "text", step, config.text_steps, held_out_error)
+    return _summary(config.text_steps, started, held_out_error())
+
+
+def _report(
+    progress: Callable[[str], None], stage: str, step: int, steps: int, error: Callable
+) -> None:
+    if step % PROGRESS_EVERY == 0 and step < steps:
+        median = float(error().median())
+        progress(f"grounding: {stage} step {step}/{steps}, held-out median error {median:.3f}")
 
 
 def _step(optimizer: torch.optim.Optimizer, loss: Tensor, params: list[Tensor]) -> None:
