@@ -45,7 +45,7 @@ class PresetGrounding:
     0 (the default): the preset stays random-init."""
 
     vision_steps: int = bounded(0, ge=0)
-    """Steps of the vision stage: a linear head on each image token learns which objects lie in its patch and where (trains the vision tower and projector)."""
+    """Steps of the vision stage: a linear head on each image token learns which objects lie in its patch and where (trains the vision tower)."""
     text_steps: int = bounded(0, ge=0)
     """Steps of the text stage: the whole model answers `` red block?`` with `` 0.3 -0.5`` for every block and target of a frame."""
     frames: int = bounded(4000, ge=8)

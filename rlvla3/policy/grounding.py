@@ -6,10 +6,9 @@ cloning on a few thousand frames does not teach it (docs/models.md, The learning
 stage stands in for that pretraining, on frames the table-top env renders, labelled with the
 env's privileged object positions:
 
-1. **vision** (``vision_steps``): a linear head on each image token the language model receives
-   (the projector's output) learns which objects' centres lie in that token's patch and where
-   (presence and table coordinates per object); it trains the vision tower and the projector.
-   The head is then dropped.
+1. **vision** (``vision_steps``): a linear head on the vision tower's feature of each patch (what
+   the projector receives) learns which objects' centres lie in that patch and where (presence
+   and table coordinates per object); it trains the vision tower only. The head is then dropped.
 2. **text** (``text_steps``): the whole model learns to answer `` red block?`` with
    `` 0.3 -0.5``. Each sequence asks for all six blocks and targets of one frame in a random
    order, the loss on the answers only: six answers per image make the question-conditioned
@@ -127,11 +126,31 @@ def _split(frames: Frames) -> tuple[int, Tensor]:
     return n - held, torch.arange(n - held, n)
 
 
-def _image_tokens(model: nn.Module, images: dict[str, Tensor]) -> Tensor:
-    """The image tokens the language model receives, float32[B, T, hidden]."""
-    out = model.get_image_features(**images)
-    out = getattr(out, "pooler_output", out)
-    return torch.stack(list(out)) if isinstance(out, (list, tuple)) else out
+def _projector(model: nn.Module) -> nn.Module:
+    """The module between the vision tower and the language model (LLaVA's
+    ``multi_modal_projector``, Idefics3's ``connector``): the inner model's one child whose
+    name speaks of neither vision nor text."""
+    inner = getattr(model, "model", model)
+    found = [
+        module
+        for name, module in inner.named_children()
+        if not any(word in name for word in ("vision", "language", "text"))
+    ]
+    if len(found) != 1:
+        raise ConfigError(f"{FIELD}: cannot tell this model's projector among {found}")
+    return found[0]
+
+
+def _tower_features(model: nn.Module, images: dict[str, Tensor]) -> Tensor:
+    """The vision tower's features as the projector receives them, float32[B, T, width]."""
+    seen: list[Tensor] = []
+    hook = _projector(model).register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    try:
+        model.get_image_features(**images)
+    finally:
+        hook.remove()
+    features = seen[0]
+    return features.reshape(-1, *features.shape[-2:])
 
 
 def _patch_targets(positions: Tensor, grid: int) -> Tensor:
@@ -155,20 +174,23 @@ def _vision_error(pred: Tensor, positions: Tensor) -> Tensor:
 def train_vision(
     model: nn.Module, frames: Frames, config: PresetGrounding, progress: Callable[[str], None]
 ) -> dict[str, float]:
-    """Stage 1: per-token object presence and position; trains the tower and the projector."""
+    """Stage 1: per-token object presence and position, read from the tower's features (the
+    projector keeps its initial weights: a head on the projector's output instead leaves the
+    text stage slower to learn, held-out median error 0.23 against 0.07 after 3,000 steps)."""
     started, (train, held) = time.perf_counter(), _split(frames)
     with torch.no_grad():
-        tokens = _image_tokens(model, frames.image_batch(held[:1])).shape[1]
+        features = _tower_features(model, frames.image_batch(held[:1]))
+    tokens = features.shape[1]
     grid = int(round(tokens**0.5))
     if grid * grid != tokens:
         raise ConfigError(f"{FIELD}: the model's {tokens} image tokens are not a square grid")
-    head = nn.Linear(model.config.get_text_config().hidden_size, len(NAMES) * 3)
-    # the language model's parameters get no gradient here, so AdamW leaves them as they are
+    head = nn.Linear(features.shape[-1], len(NAMES) * 3)
+    # only the tower's parameters get a gradient here; AdamW leaves the others as they are
     params = list(model.parameters()) + list(head.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.lr)
 
     def predict(idx: Tensor) -> tuple[Tensor, Tensor]:
-        pred = head(_image_tokens(model, frames.image_batch(idx)))
+        pred = head(_tower_features(model, frames.image_batch(idx)))
         return pred.view(len(idx), tokens, len(NAMES), 3), _patch_targets(
             frames.positions[idx], grid
         )
