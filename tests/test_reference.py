@@ -32,6 +32,13 @@ def test_every_config_field_has_its_own_doc(section: str, cls: type) -> None:
     assert not missing, f"{section}: fields without a doc line: {missing}"
 
 
+def test_every_nested_section_the_config_page_points_to_is_on_it() -> None:
+    page = (REPO / "docs" / "config.md").read_text()
+    pointed = set(re.findall(r"see `([a-z_.]+)`", page))
+    missing = {name for name in pointed if f"## `{name}`" not in page}
+    assert pointed and not missing
+
+
 def test_every_counter_and_gauge_in_the_code_is_listed() -> None:
     pattern = re.compile(r"\.(count|drop|gauge)\(\s*\"([a-z_]+)\"")
     used = {"count": set(), "drop": set(), "gauge": set()}
