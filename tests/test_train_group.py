@@ -39,15 +39,16 @@ def ranks():
 
 def test_a_waiting_poll_sees_a_header_posted_while_it_waits(ranks) -> None:
     leader, follower = ranks
-    posted = threading.Event()
+    posted, polling = threading.Event(), threading.Event()
 
-    def post_later() -> None:
-        time.sleep(0.1)  # (the follower is waiting by then)
+    def post_once_polling() -> None:
+        assert polling.wait(timeout=30)  # the follower is entering its wait
         leader.post("update", {"n": 1}, {})
         posted.set()
 
-    poster = threading.Thread(target=post_later)
+    poster = threading.Thread(target=post_once_polling)
     poster.start()
+    polling.set()
     message = follower.poll(wait_s=10.0)
     poster.join()
     assert posted.is_set() and message is not None and message.info == {"n": 1}
