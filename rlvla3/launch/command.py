@@ -4,8 +4,6 @@ move an earlier run's dir aside, and hand this host's part of the run to the ``L
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,29 +111,12 @@ def _write_model_preset(cfg: Config, echo: Callable[[str], None]) -> None:
     from rlvla3.policy.presets import ensure_preset  # torch and transformers: only here
 
     grounding = token_vla.preset_grounding
-    if not (grounding.vision_steps or grounding.text_steps):
-        if ensure_preset(token_vla.path, token_vla.preset):
-            echo(f"wrote the {token_vla.preset} preset's random-init model into {token_vla.path}")
-        return
-    directory = Path(token_vla.path).expanduser()
-    if (directory / "config.json").is_file():
-        return
-    from rlvla3.policy.grounding import ground_preset
+    if grounding.vision_steps or grounding.text_steps:
+        from rlvla3.policy.grounding import ensure_grounded_preset
 
-    side = directory.with_name(directory.name + ".grounding")
-    shutil.rmtree(side, ignore_errors=True)
-    ensure_preset(str(side), token_vla.preset)
-    echo(f"grounding the {token_vla.preset} preset on {grounding.frames} {cfg.env.id} frames")
-    report = ground_preset(str(side), grounding, cfg.env.id, cfg.env.kwargs, echo)
-    directory.mkdir(parents=True, exist_ok=True)
-    for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):  # config last
-        os.replace(file, directory / file.name)
-    side.rmdir()
-    echo(
-        f"wrote the grounded {token_vla.preset} preset into {token_vla.path}: held-out median "
-        f"position error {report['vision']['held_out_median_error']:.3f} after the vision "
-        f"stage, {report['text']['held_out_median_error']:.3f} after the text stage"
-    )
+        ensure_grounded_preset(token_vla, cfg.env.id, cfg.env.kwargs, echo)
+    elif ensure_preset(token_vla.path, token_vla.preset):
+        echo(f"wrote the {token_vla.preset} preset's random-init model into {token_vla.path}")
 
 
 def _check_multi_node(cfg: Config, seat: Seat) -> None:

@@ -21,6 +21,8 @@ steps, seconds and held-out median position error (table units; the table is [-1
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,9 +33,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlvla3.config.token_vla import PresetGrounding
+from rlvla3.config.token_vla import PresetGrounding, TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.hf_model import load_vlm
+from rlvla3.policy.presets import ensure_preset
 from sim.envs import make_env
 from sim.tabletop import COLOURS, TableTopEnv
 
@@ -64,6 +67,32 @@ class Frames:
 
     def image_batch(self, idx: Tensor) -> dict[str, Tensor]:
         return {k: v[idx] for k, v in self.images.items()}
+
+
+def ensure_grounded_preset(
+    token_vla: TokenVLAConfig, env_id: str, env_kwargs: dict, echo: Callable[[str], None]
+) -> None:
+    """Write ``token_vla.preset`` into ``token_vla.path`` and ground it, unless a model is
+    there. It is made in a side directory whose files move in only when it is done (the
+    config last), so an interrupted stage leaves no half-made model to load."""
+    directory = Path(token_vla.path).expanduser()
+    if (directory / "config.json").is_file():
+        return
+    config = token_vla.preset_grounding
+    side = directory.with_name(directory.name + ".grounding")
+    shutil.rmtree(side, ignore_errors=True)
+    ensure_preset(str(side), token_vla.preset)
+    echo(f"grounding the {token_vla.preset} preset on {config.frames} {env_id} frames")
+    report = ground_preset(str(side), config, env_id, env_kwargs, echo)
+    directory.mkdir(parents=True, exist_ok=True)
+    for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):
+        os.replace(file, directory / file.name)
+    side.rmdir()
+    echo(
+        f"wrote the grounded {token_vla.preset} preset into {token_vla.path}: held-out median "
+        f"position error {report['vision']['held_out_median_error']:.3f} after the vision "
+        f"stage, {report['text']['held_out_median_error']:.3f} after the text stage"
+    )
 
 
 def ground_preset(
