@@ -42,11 +42,13 @@ def monitor_json(run_dir: Path) -> dict:
 
 
 def pid_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts: its parent may not have reaped it yet)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):  # reaped, possibly between the two calls
         return True
-    return "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    return "Z" in stat.split()[2]
 
 
 def write_checkpoint_run(run_dir: Path, cfg: dict) -> Path:
