@@ -27,7 +27,7 @@ from roles.env.chunk_sink import ChunkSink, ChunkStream
 from roles.env.env_runner import EnvRunner
 from roles.env.env_slot import EnvSlot
 from roles.env.episode_queue import EpisodeQueue
-from roles.env.pacing import Pacing
+from roles.env.pacing import EpisodeBudget, Pacing
 from roles.env.peers import Peers
 from roles.env.policy_client import PolicyClient
 from roles.env.resend_buffer import AckFollower, ResendBuffer
@@ -68,6 +68,10 @@ class EnvWorker(Role[EnvWorkerSettings]):
         version = self.registry.weight_version()
         self.pacing = Pacing(self.stop_event, groups, lock_step=sync, version=version)
         self.episodes = EpisodeQueue(self.index, self)
+        self.budget = None
+        if not self.trains and self.serves_training and self.settings.episodes_per_version:
+            self.budget = EpisodeBudget(self.pacing, self.settings.episodes_per_version, version)
+            self.episodes.on_record = self.budget.episode_ended
         per = self.cfg.env.envs_per_request if self.serves_training else 1
         self.runners = [
             RunnerThread(self.runner(list(range(first, min(first + per, num_envs)))), self.log)
@@ -89,6 +93,9 @@ class EnvWorker(Role[EnvWorkerSettings]):
         if self.trains:
             self._watch_trainer_backlog(limit=not sync and self.settings.max_chunks_queued > 0)
             self.acks.poll()
+        elif self.budget is not None:
+            evaluating = self.registry.evaluation_version() is not None
+            self.budget.see(self.registry.weight_version(), evaluating)
         if time.monotonic() >= self.next_scan:  # peers restart on new ports: follow them
             peers = self.peers
             peers.servers = self.registry.endpoints(self.server_role, "requests") or peers.servers

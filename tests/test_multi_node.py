@@ -248,7 +248,12 @@ def test_the_progress_line_says_when_nothing_moves(registry) -> None:
     registry.set_weight_version(3)
     line = tracker.line(registry, 35.0, 0)
     assert "NO PROGRESS" not in line and "env_steps=500 (100/s)" in line
-    assert "NO PROGRESS for 20s: env steps and weight version" in tracker.line(registry, 55.0, 0)
+    assert "NO PROGRESS for 20s: env steps, SFT samples and weight version" in tracker.line(
+        registry, 55.0, 0
+    )
+    registry.incr("sft_samples", 64)  # an SFT run trains while its live evaluation waits
+    assert "NO PROGRESS" not in tracker.line(registry, 60.0, 0)
+    assert "NO PROGRESS for 20s" in tracker.line(registry, 80.0, 0)
 
 
 def test_a_redis_url_brackets_an_ipv6_host() -> None:

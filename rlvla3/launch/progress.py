@@ -21,6 +21,7 @@ class ProgressTracker:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self._last: tuple[float, int, int] | None = None  # (elapsed_s, env steps, version)
+        self._sft_samples = 0
         self._moved_at = 0.0
         self._updates = 0
         self._learned_at = 0.0  # when the trainers' update count last moved
@@ -34,8 +35,12 @@ class ProgressTracker:
         version = registry.weight_version()
         prev_s, prev_steps, prev_version = self._last or (0.0, 0, -1)
         rate = (steps - prev_steps) / max(elapsed_s - prev_s, 1e-9)
-        if self._last is None or (steps, version) != (prev_steps, prev_version):
+        # an SFT run whose live evaluation waits for the next version still moves: it trains
+        sft_samples = counters.get("sft_samples", 0)
+        moved = (steps, version, sft_samples) != (prev_steps, prev_version, self._sft_samples)
+        if self._last is None or moved:
             self._moved_at = elapsed_s
+        self._sft_samples = sft_samples
         updates = counters.get("updates", 0)
         if self._last is None or updates != self._updates:
             self._learned_at, self._updates = elapsed_s, updates
@@ -75,7 +80,7 @@ class ProgressTracker:
             what = (
                 "no weights have reached the rollout servers"
                 if version < 0
-                else "env steps and weight version have not moved"
+                else "env steps, SFT samples and weight version have not moved"
             )
             return f"NO PROGRESS for {still_s:.0f}s: {what}"
         if self._learns and elapsed_s - self._learned_at >= _NO_PROGRESS_S:

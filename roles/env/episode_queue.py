@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ class EpisodeQueue:
         self.counters = counters
         self._lock = threading.Lock()
         self._points: list[dict[str, Any]] = []
+        self.on_record: Callable[[], None] | None = None
+        """Called (in the runner thread) after each recorded episode."""
 
     def __len__(self) -> int:
         return len(self._points)
@@ -57,6 +60,8 @@ class EpisodeQueue:
         with self._lock:
             self._points.append(point)
         self.counters.count("episodes")
+        if self.on_record is not None:
+            self.on_record()
 
     def write(self, registry: Registry) -> None:
         """Append the queued episodes to the run's ``episodes`` series, stamped with the

@@ -104,3 +104,35 @@ class Pacing:
                 raise InterruptedError
             reply = ask()
         return reply
+
+
+class EpisodeBudget:
+    """Live evaluation's pacing in a run without an RL trainer (an SFT run): ``per_version``
+    episodes on each new weight version, then the runners pause until the next version; the
+    end-of-run evaluation plays unpaused. Runner threads count episodes as they end, so the
+    pause comes at the next step, not at the main loop's next pass."""
+
+    def __init__(self, pacing: Pacing, per_version: int, version: int) -> None:
+        self.pacing = pacing
+        self.per_version = per_version
+        self._lock = threading.Lock()
+        self._version = version
+        self._left = per_version
+        self._evaluating = False
+
+    def episode_ended(self) -> None:
+        """A runner thread finished an episode."""
+        with self._lock:
+            self._left -= 1
+            if self._left <= 0 and not self._evaluating:
+                self.pacing.pause()
+
+    def see(self, version: int, evaluating: bool) -> None:
+        """The main loop read the published ``version`` and whether the end-of-run evaluation
+        has begun."""
+        with self._lock:
+            self._evaluating = evaluating
+            if version != self._version:
+                self._version, self._left = version, self.per_version
+            if evaluating or self._left > 0:
+                self.pacing.resume()
