@@ -108,6 +108,21 @@ def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(model_dir
     assert torch.equal(policy.from_env_action(env_action), greedy.action)
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_detach_value_keeps_the_critics_loss_out_of_the_model(model_dir, detach) -> None:
+    policy = make_policy(model_dir, detach_value=detach)
+    obs = observations(3)
+    out = policy.evaluate(obs, policy.act(obs).action)
+    out.value.square().sum().backward()
+    model_grads = [p.grad for p in policy.model.parameters() if p.grad is not None]
+    assert all(p.grad is not None for p in policy.value_parameters())
+    assert (not model_grads) == detach
+    policy.zero_grad()
+    out = policy.evaluate(obs, policy.act(obs).action)
+    out.log_prob.sum().backward()  # the actor's loss still trains the model
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.model.parameters())
+
+
 def _chunk(policy: TokenVLAPolicy, n: int) -> TrajectoryChunk:
     obs = observations(n, seed=1)
     out = policy.act(obs)

@@ -29,7 +29,7 @@ class EnvWorkerSettings:
     resend_buffer_chunks: int = bounded(256, ge=0)
     """Chunks each env keeps after pushing them until a trainer has trained on them or dropped them, to push them again to a restarted trainer (at-least-once delivery, docs/reliability.md); beyond this the oldest are let go (``chunks_resend_overflow``). 0: none kept, a killed trainer's chunks are lost."""
     episodes_per_version: int = bounded(0, ge=0)
-    """Only in a run without an RL trainer (an SFT run's live evaluation): episodes the worker plays on each published weight version before it waits for the next one (the end-of-run evaluation plays until it is done), so that on a small machine live evaluation does not take the SFT trainer's cores. 0: play non-stop."""
+    """``env_worker`` only, in a run without an RL trainer (an SFT run's live evaluation): episodes the worker plays on each published weight version before it waits for the next one (the end-of-run evaluation plays until it is done), so that on a small machine live evaluation does not take the SFT trainer's cores. 0: play non-stop."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

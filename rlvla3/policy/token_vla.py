@@ -88,8 +88,13 @@ class TokenVLAPolicy(ActorCritic):
         count = self.bins.steps * self.bins.dims
         decoded = decoder.decode(inputs, lengths, count, deterministic)
         action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
-        value = self.value_head(decoded.last_hidden).squeeze(-1)
+        value = self._value(decoded.last_hidden)
         return ActOutput(action=action, log_prob=decoded.log_prob, value=value)
+
+    def _value(self, last_hidden: Tensor) -> Tensor:
+        """float32[B] from the last prompt token's hidden state (detached: ``detach_value``)."""
+        hidden = last_hidden.detach() if self.config.detach_value else last_hidden
+        return self.value_head(hidden).squeeze(-1)
 
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
         """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
@@ -101,7 +106,7 @@ class TokenVLAPolicy(ActorCritic):
         return EvalOutput(
             log_prob=dist.log_prob(tokens).sum(-1),
             entropy=dist.entropy().sum(-1),
-            value=self.value_head(last_hidden).squeeze(-1),
+            value=self._value(last_hidden),
         )
 
     def action_tokens(self, action: Tensor, lengths: Tensor) -> Tensor:
