@@ -12,7 +12,7 @@ import pytest
 
 from rlvla3.config.sections import RunConfig
 from rlvla3.launch.processes import dump_stacks
-from rlvla3.launch.supervisor import stall_verdict
+from rlvla3.launch.supervisor import RedisReach, stall_verdict
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.registry_records import RoleRecord
 from tests.conftest import wait_until
@@ -115,3 +115,20 @@ def test_a_frozen_role_is_stalled_after_the_heartbeat_ttl_not_the_stall_timeout(
     assert stall_verdict(late, run, silence_counts=True) == (
         "no step finished for 62s (PPO update) (run.stall_timeout_s)"
     )
+
+
+def test_a_read_that_hung_through_an_outage_breaks_the_launchers_reach() -> None:
+    reach = RedisReach(max_gap_s=2.5)  # a stall check each second, heartbeat_ttl_s 3
+    for t in range(10):
+        reach.reached(float(t))
+    assert reach.steady_for(9.0) == 9.0  # silence counts: the link held all along
+    # the next read blocked through a 5 s network cut and returned once the link was back:
+    # nothing raised, but the roles behind the link could not beat meanwhile either
+    reach.reached(15.0)
+    assert reach.steady_for(15.0) == 0.0
+    reach.reached(16.0)
+    assert reach.steady_for(16.0) == 1.0
+    reach.lost()  # a failed read
+    assert reach.steady_for(17.0) == 0.0
+    reach.reached(17.0)
+    assert reach.steady_for(18.0) == 1.0

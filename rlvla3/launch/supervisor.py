@@ -17,6 +17,7 @@ after an outage every heartbeat is old until the roles beat again. The launcher
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class RoleSupervisor:
         self.stop_requested = stop_requested
         self.procs: list[RoleProcess] = []
         self._next_stall_check = 0.0
-        self._redis_steady_since: float | None = None  # reached Redis without a break since
+        self._reach = RedisReach(max_gap_s=_STALL_CHECK_PERIOD_S + cfg.run.heartbeat_ttl_s / 2)
 
     def start(self, ctx: SpawnContext, nodes: Iterable[str]) -> None:
         """Start every role instance placed on one of ``nodes``."""
@@ -91,7 +92,7 @@ class RoleSupervisor:
             try:
                 self._kill_stalled(now)
             except REDIS_ERRORS:
-                self._redis_steady_since = None  # heartbeats are not news until Redis is back
+                self._reach.lost()  # heartbeats are not news until Redis is back
         for proc in self.procs:
             failure = self._check_process(proc, now)
             if failure:
@@ -146,9 +147,9 @@ class RoleSupervisor:
         """Kill this node's roles that are alive but stalled (``stall_verdict``), their stacks
         written to their logs first; ``_check_process`` then restarts them."""
         records = {(r.role, r.index): r for r in self.registry.roles()}
-        if self._redis_steady_since is None:
-            self._redis_steady_since = now
-        silence_counts = now - self._redis_steady_since > self.cfg.run.heartbeat_ttl_s
+        reached = time.monotonic()
+        self._reach.reached(reached)
+        silence_counts = self._reach.steady_for(reached) > self.cfg.run.heartbeat_ttl_s
         for proc in self.procs:
             rec = records.get((proc.role, proc.index))
             popen = proc.popen
@@ -162,6 +163,33 @@ class RoleSupervisor:
             self.registry.incr("role_stalls")
             popen.kill()
             popen.wait()
+
+
+class RedisReach:
+    """How long the launcher has reached Redis without a break: only then is a role's silent
+    heartbeat news about the role rather than the link. A read that failed is a break, and so
+    are two reads further apart than ``max_gap_s``: a call that hung through a network outage
+    and returned once the link was back raised nothing, yet the roles behind that link could
+    not beat meanwhile either."""
+
+    def __init__(self, max_gap_s: float) -> None:
+        self.max_gap_s = max_gap_s
+        self._since: float | None = None
+        self._last: float | None = None
+
+    def reached(self, at: float) -> None:
+        """A read succeeded at ``at`` (monotonic seconds)."""
+        if self._since is None or self._last is None or at - self._last > self.max_gap_s:
+            self._since = at
+        self._last = at
+
+    def lost(self) -> None:
+        """A read failed."""
+        self._since = None
+
+    def steady_for(self, at: float) -> float:
+        """Seconds of unbroken reach up to ``at``."""
+        return 0.0 if self._since is None else at - self._since
 
 
 def stall_verdict(rec: RoleRecord, run: RunConfig, *, silence_counts: bool) -> str | None:
