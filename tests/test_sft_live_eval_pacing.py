@@ -8,7 +8,7 @@ import json
 from collections import Counter
 
 from rlvla3.runtime.registry import Registry
-from tests.launching import launcher_output, start_launcher, write_yaml
+from tests.test_rl_loop import run_to_end
 
 _VERSIONS = 6  # v0, every 10 of the 50 steps (the last one is the final weights)
 
@@ -42,13 +42,7 @@ def test_live_evaluation_plays_a_few_episodes_per_version(tmp_path, redis_url) -
             "checkpoint_every": 50,
         },
     }
-    run_dir = tmp_path / "run"
-    launcher = start_launcher(write_yaml(tmp_path / "sft.yaml", cfg), run_dir)
-    try:
-        assert launcher.wait(timeout=400) == 0, launcher_output(run_dir)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    run_dir = run_to_end(tmp_path, cfg, timeout_s=400)
     registry = Registry(redis_url, "sft_paced")
     final = registry.weight_version()
     summary = json.loads((run_dir / "summary.json").read_text())

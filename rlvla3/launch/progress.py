@@ -20,8 +20,8 @@ class ProgressTracker:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self._last: tuple[float, int, int] | None = None  # (elapsed_s, env steps, version)
-        self._sft_samples = 0
+        # (elapsed_s, env steps, version, SFT samples) at the previous line
+        self._last: tuple[float, int, int, int] | None = None
         self._moved_at = 0.0
         self._updates = 0
         self._learned_at = 0.0  # when the trainers' update count last moved
@@ -33,18 +33,17 @@ class ProgressTracker:
         counters = registry.counters()
         steps = counters.get("env_steps", 0)
         version = registry.weight_version()
-        prev_s, prev_steps, prev_version = self._last or (0.0, 0, -1)
-        rate = (steps - prev_steps) / max(elapsed_s - prev_s, 1e-9)
         # an SFT run whose live evaluation waits for the next version still moves: it trains
         sft_samples = counters.get("sft_samples", 0)
-        moved = (steps, version, sft_samples) != (prev_steps, prev_version, self._sft_samples)
+        prev_s, prev_steps, prev_version, prev_sft = self._last or (0.0, 0, -1, 0)
+        rate = (steps - prev_steps) / max(elapsed_s - prev_s, 1e-9)
+        moved = (steps, version, sft_samples) != (prev_steps, prev_version, prev_sft)
         if self._last is None or moved:
             self._moved_at = elapsed_s
-        self._sft_samples = sft_samples
         updates = counters.get("updates", 0)
         if self._last is None or updates != self._updates:
             self._learned_at, self._updates = elapsed_s, updates
-        self._last = (elapsed_s, steps, version)
+        self._last = (elapsed_s, steps, version, sft_samples)
         mean = mean_recent(registry, "return", min(self.cfg.run.stop.return_window, 20))
         roles = registry.roles()
         expected = max(len(roles), self.cfg.total_processes())

@@ -90,7 +90,7 @@ class RoleSupervisor:
         if now >= self._next_stall_check:
             self._next_stall_check = now + _STALL_CHECK_PERIOD_S
             try:
-                self._kill_stalled(now)
+                self._kill_stalled()
             except REDIS_ERRORS:
                 self._reach.lost()  # heartbeats are not news until Redis is back
         for proc in self.procs:
@@ -143,7 +143,7 @@ class RoleSupervisor:
         self.echo(f"{proc.name} exited with code {code}; restart {proc.restarts} in {delay:.1f}s")
         return None
 
-    def _kill_stalled(self, now: float) -> None:
+    def _kill_stalled(self) -> None:
         """Kill this node's roles that are alive but stalled (``stall_verdict``), their stacks
         written to their logs first; ``_check_process`` then restarts them."""
         records = {(r.role, r.index): r for r in self.registry.roles()}
