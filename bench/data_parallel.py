@@ -161,6 +161,15 @@ def _rank(
                 "post_bytes": updates.posted_bytes - before[1],
             }
         )
+    if group is not None:
+        # leave together, as the roles do: the leader's store lives until every rank read
+        # ``stop``, and each rank drops its process group before the interpreter tears down
+        # (a rank that exits with gloo's threads still up can die in ``terminate``)
+        if group.leader:
+            group.say_stop(timeout_s=60)
+        else:
+            group.follow_to_stop(lambda message: None, timeout_s=60)
+        group.close()
     if rank == 0:
         params = sum(p.numel() for p in policy.parameters())
         state = _state_bytes(updates.policy, updates.optimizer)
@@ -184,7 +193,9 @@ def measure(name: str, hidden: tuple[int, ...], world: int, shard: bool, args: d
         for p in procs:
             p.join(timeout=600)
             if p.exitcode != 0:
-                raise RuntimeError(f"{name}: a rank of {world} failed")
+                raise RuntimeError(
+                    f"{name}: a rank of {world} failed (exit code {p.exitcode}; its stderr is above)"
+                )
         found = json.loads(Path(out).read_text())
     rows = found["updates"]
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
