@@ -14,6 +14,9 @@ Observations (``obs_mode``):
   proprio = pusher position (table units) and velocity (table units / s).
 - ``"state"``: ``{"state": float32[22]}`` = pusher position (2), velocity (2), block positions
   (3x2, red/green/blue), target positions (3x2), named-block one-hot (3), named-target one-hot (3).
+- ``"rgb+state"``: both: the ``"rgb"`` keys plus that ``"state"``, the simulator's privileged
+  state for an asymmetric critic (``policy.token_vla.observation.critic``) that the policy does
+  not read.
 
 Action: ``float32[2]`` in ``[-1, 1]``, the pusher velocity as a fraction of its maximum speed.
 Reward: potential shaping on the named block's distance to the named target (weight 3) and the
@@ -43,6 +46,7 @@ MAX_STEP = MAX_SPEED / CONTROL_HZ  # table units per step
 CONTACT = PUSHER_RADIUS + BLOCK_RADIUS
 W_BLOCK, W_PUSHER, STEP_COST, SUCCESS_BONUS = 3.0, 0.5, 0.01, 5.0
 STATE_DIM = 4 + 4 * NUM_OBJECTS + 2 * NUM_OBJECTS
+OBS_MODES = ("rgb", "state", "rgb+state")
 
 TABLE_RGB = np.array([168, 150, 120], np.uint8)
 OBJECT_RGB = np.array([[215, 40, 40], [40, 170, 60], [50, 70, 220]], np.uint8)
@@ -55,7 +59,8 @@ class TableTopConfig:
     """Options of :class:`TableTopEnv`.
 
     Attributes:
-        obs_mode: ``"rgb"`` (image + instruction tokens + proprio) or ``"state"``.
+        obs_mode: ``"rgb"`` (image + instruction tokens + proprio), ``"state"``, or
+            ``"rgb+state"`` (both: the state for a critic).
         image_size: side S of the square RGB image, pixels.
         instruction_max_len: token length L of the encoded instruction.
         max_episode_steps: episodes are truncated after this many steps.
@@ -70,8 +75,8 @@ class TableTopConfig:
     easy: bool = False
 
     def __post_init__(self) -> None:
-        if self.obs_mode not in ("rgb", "state"):
-            raise ValueError(f"obs_mode must be 'rgb' or 'state', got {self.obs_mode!r}")
+        if self.obs_mode not in OBS_MODES:
+            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {self.obs_mode!r}")
         if self.image_size < 16 or self.instruction_max_len < 1 or self.max_episode_steps < 1:
             raise ValueError(f"invalid TableTopConfig {self}")
 
@@ -181,14 +186,16 @@ class TableTopEnv(SimAdapter):
 
     def _make_obs_space(self) -> spaces.Dict:
         cfg = self.config
+        high = np.ones(STATE_DIM, np.float32)
+        low = -high
+        low[-2 * NUM_OBJECTS :] = 0.0
+        state = {"state": spaces.Box(low, high, dtype=np.float32)}
         if cfg.obs_mode == "state":
-            high = np.ones(STATE_DIM, np.float32)
-            low = -high
-            low[-2 * NUM_OBJECTS :] = 0.0
-            return spaces.Dict({"state": spaces.Box(low, high, dtype=np.float32)})
+            return spaces.Dict(state)
         s, n = cfg.image_size, cfg.instruction_max_len
         return spaces.Dict(
-            {
+            (state if cfg.obs_mode == "rgb+state" else {})
+            | {
                 "image": spaces.Box(0, 255, (s, s, 3), np.uint8),
                 "instruction": spaces.Box(0, 256, (n,), np.int32),
                 "proprio": spaces.Box(
@@ -306,11 +313,14 @@ class TableTopEnv(SimAdapter):
         if self.config.obs_mode == "state":
             return {"state": self._state_vector()}
         proprio = np.concatenate([self._pusher, self._vel])
-        return {
+        obs = {
             "image": self.render(),
             "instruction": self._tokens.copy(),
             "proprio": proprio.astype(np.float32),
         }
+        if self.config.obs_mode == "rgb+state":
+            obs["state"] = self._state_vector()
+        return obs
 
     def _state_vector(self) -> np.ndarray:
         out = np.zeros(STATE_DIM, np.float32)

@@ -151,7 +151,21 @@ def test_tabletop_state_mode_encodes_goal() -> None:
     assert env.render().shape == (64, 64, 3)
 
 
-@pytest.mark.parametrize("obs_mode", ["rgb", "state"])
+def test_tabletop_rgb_plus_state_mode_is_both_in_step() -> None:
+    """``rgb+state``: the camera keys plus the privileged state, which follows every step."""
+    rgb = make_env("rlvla3/TableTop-v0", seed=3, obs_mode="rgb")
+    both = make_env("rlvla3/TableTop-v0", seed=3, obs_mode="rgb+state")
+    state_only = make_env("rlvla3/TableTop-v0", seed=3, obs_mode="state")
+    assert set(both.observation_space.spaces) == set(rgb.observation_space.spaces) | {"state"}
+    obs = [env.reset(seed=3)[0] for env in (rgb, both, state_only)]
+    for _ in range(3):
+        _check_obs(both, obs[1])
+        assert all(np.array_equal(obs[0][k], obs[1][k]) for k in obs[0])
+        np.testing.assert_array_equal(obs[1]["state"], obs[2]["state"])
+        obs = [env.step(np.array([0.5, -0.3], np.float32))[0] for env in (rgb, both, state_only)]
+
+
+@pytest.mark.parametrize("obs_mode", ["rgb", "state", "rgb+state"])
 def test_tabletop_deterministic_under_seed(obs_mode: str) -> None:
     actions = list(np.random.default_rng(5).uniform(-1, 1, size=(30, 2)))
     a = make_env("rlvla3/TableTop-v0", seed=7, obs_mode=obs_mode)

@@ -21,7 +21,7 @@ from rlvla3.algo.batch import build_batch  # noqa: E402
 from rlvla3.algo.learners import Objective  # noqa: E402
 from rlvla3.algo.optim import build_optimizer  # noqa: E402
 from rlvla3.config.run_config import AlgoConfig, load_config  # noqa: E402
-from rlvla3.config.token_vla import TokenVLAConfig  # noqa: E402
+from rlvla3.config.token_vla import ObservationMapping, TokenVLAConfig  # noqa: E402
 from rlvla3.config.typed_load import ConfigError  # noqa: E402
 from rlvla3.policy.factory import EnvSpaces, build_policy  # noqa: E402
 from rlvla3.policy.token_vla import TokenVLAPolicy, build_token_vla  # noqa: E402
@@ -121,6 +121,24 @@ def test_detach_value_keeps_the_critics_loss_out_of_the_model(model_dir, detach)
     out = policy.evaluate(obs, policy.act(obs).action)
     out.log_prob.sum().backward()  # the actor's loss still trains the model
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.model.parameters())
+
+
+def test_a_mapped_critic_observation_moves_the_value_and_never_the_actions(model_dir) -> None:
+    """``observation.critic``: the value head reads the privileged vector beside the hidden
+    state; the action tokens' log-probs do not depend on it."""
+    env = tabletop_spaces()
+    with_state = spaces.Dict(
+        dict(env.observation.spaces) | {"state": spaces.Box(-1.0, 1.0, (5,), np.float32)}
+    )
+    mapping = ObservationMapping(critic="state")
+    policy = make_policy(model_dir, {"observation": with_state}, observation=mapping)
+    obs = observations(3) | {"state": torch.zeros(3, 5)}
+    action = policy.act(obs, deterministic=True).action
+    moved = obs | {"state": torch.ones(3, 5)}
+    first, second = policy.evaluate(obs, action), policy.evaluate(moved, action)
+    assert torch.equal(first.log_prob, second.log_prob)
+    assert not torch.allclose(first.value, second.value)
+    assert torch.allclose(policy.act(moved, deterministic=True).value, second.value, atol=1e-5)
 
 
 def _chunk(policy: TokenVLAPolicy, n: int) -> TrajectoryChunk:
@@ -276,6 +294,16 @@ def test_a_text_only_model_is_refused(tmp_path) -> None:
             {"observation": spaces.Dict({"image": spaces.Box(0, 255, (32, 32, 3), np.uint8)})},
             {},
             r"policy.token_vla.observation.instruction: the env has no observation 'instruction'",
+        ),
+        (
+            {},
+            {"observation": ObservationMapping(critic="state")},
+            r"policy.token_vla.observation.critic: the env has no observation 'state'",
+        ),
+        (
+            {},
+            {"observation": ObservationMapping(critic="instruction")},
+            r"policy.token_vla.observation.critic: 'instruction' is .*not a float vector",
         ),
     ],
 )

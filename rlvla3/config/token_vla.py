@@ -34,6 +34,8 @@ class ObservationMapping:
     """The instruction: byte tokens int[L] (UTF-8 bytes + 1, 0 = pad; sim/tokenizer.py), decoded back to text for the model's own tokenizer."""
     state: str | None = "proprio"
     """A float[P] state written into the prompt as text (``{state}``: `` State: 0.120 -0.500``, ``state_decimals`` decimals each); null: no state."""
+    critic: str | None = None
+    """A float[N] observation the value head reads beside the last prompt token's hidden state, and the policy never does: an asymmetric critic on the simulator's privileged state (the table-top's ``obs_mode: rgb+state`` key ``state``); null: the hidden state only."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,9 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
   never sees the padding: a row's log-probs do not depend on what it is batched with, and
   ``act``'s equal ``evaluate``'s (tested to 1e-4 in float32).
 - The value head (float32, an MLP) reads the last hidden state of the last prompt token, the
-  position from which the first action token is predicted.
+  position from which the first action token is predicted, and, with ``observation.critic``
+  mapped, that observation too (an asymmetric critic: privileged simulator state that only the
+  value sees, so the actions still come from the camera, instruction and state alone).
 - The model is a submodule (``self.model``), so ``state_dict``, checkpoints, the flat weight
   layout of the weight path and peft's ``target_modules`` (q_proj, v_proj...) see its tensors
   under their usual names.
@@ -51,7 +53,10 @@ marks its prompt prefix 0 (attended both ways) and what follows 1 (causal), as i
 class TokenVLAPolicy(ActorCritic):
     """Image + instruction (+ state) -> D action tokens of a pretrained VLM, and a value."""
 
-    def __init__(self, vlm: LoadedVLM, config: TokenVLAConfig, bins: ActionBins) -> None:
+    def __init__(
+        self, vlm: LoadedVLM, config: TokenVLAConfig, bins: ActionBins, critic_dim: int = 0
+    ) -> None:
+        """``critic_dim``: the size of the ``observation.critic`` vector (0: none mapped)."""
         super().__init__()
         self.config, self.bins = config, bins
         self.model = vlm.model
@@ -62,7 +67,7 @@ class TokenVLAPolicy(ActorCritic):
         self.register_buffer("action_ids", torch.tensor(ids, dtype=torch.int64), persistent=False)
         self.suffix_token_type = _SUFFIX_TOKEN_TYPE.get(self.model.config.model_type, 0)
         self.keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        hidden = int(self.model.config.get_text_config().hidden_size)
+        hidden = int(self.model.config.get_text_config().hidden_size) + critic_dim
         h = config.value_hidden
         self.value_head = (
             nn.Sequential(nn.Linear(hidden, h), nn.Tanh(), nn.Linear(h, 1))
@@ -88,12 +93,17 @@ class TokenVLAPolicy(ActorCritic):
         count = self.bins.steps * self.bins.dims
         decoded = decoder.decode(inputs, lengths, count, deterministic)
         action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
-        value = self._value(decoded.last_hidden)
+        value = self._value(decoded.last_hidden, obs)
         return ActOutput(action=action, log_prob=decoded.log_prob, value=value)
 
-    def _value(self, last_hidden: Tensor) -> Tensor:
-        """float32[B] from the last prompt token's hidden state (detached: ``detach_value``)."""
+    def _value(self, last_hidden: Tensor, obs: ObsBatch) -> Tensor:
+        """float32[B] from the last prompt token's hidden state (detached: ``detach_value``)
+        and the ``observation.critic`` vector when one is mapped."""
         hidden = last_hidden.detach() if self.config.detach_value else last_hidden
+        critic = self.config.observation.critic
+        if critic is not None:
+            extra = torch.as_tensor(_numpy(obs[critic]), dtype=torch.float32)
+            hidden = torch.cat([hidden, extra.to(hidden.device).reshape(len(hidden), -1)], -1)
         return self.value_head(hidden).squeeze(-1)
 
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
@@ -106,7 +116,7 @@ class TokenVLAPolicy(ActorCritic):
         return EvalOutput(
             log_prob=dist.log_prob(tokens).sum(-1),
             entropy=dist.entropy().sum(-1),
-            value=self._value(last_hidden),
+            value=self._value(last_hidden, obs),
         )
 
     def action_tokens(self, action: Tensor, lengths: Tensor) -> Tensor:
@@ -203,13 +213,15 @@ def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: sp
     check_observation_mapping(config, observation)
     bins = action_bins(action, config)
     vlm = load_vlm(config.path, resolve_dtype(config.dtype))
-    return TokenVLAPolicy(vlm, config, bins)
+    critic = config.observation.critic
+    critic_dim = 0 if critic is None else int(np.prod(observation[critic].shape))
+    return TokenVLAPolicy(vlm, config, bins, critic_dim)
 
 
 def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) -> None:
     """Every mapped key is in the env's observation space, the image uint8[H, W, 3]."""
     mapping, have = config.observation, observation.spaces
-    for name in ("image", "instruction", "state"):
+    for name in ("image", "instruction", "state", "critic"):
         key = getattr(mapping, name)
         if key is not None and key not in have:
             raise ConfigError(
@@ -221,4 +233,12 @@ def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) 
         raise ConfigError(
             f"policy.token_vla.observation.image: {mapping.image!r} is {image.dtype}"
             f"{list(image.shape)}, not uint8[H, W, 3] pixels"
+        )
+    critic = None if mapping.critic is None else have[mapping.critic]
+    if critic is not None and (
+        not isinstance(critic, spaces.Box) or not np.issubdtype(critic.dtype, np.floating)
+    ):
+        raise ConfigError(
+            f"policy.token_vla.observation.critic: {mapping.critic!r} is {critic}, not a float "
+            "vector"
         )
