@@ -75,6 +75,26 @@ def test_build_batch_shapes_and_on_policy_agreement(correction: str) -> None:
         torch.testing.assert_close(batch["returns"][:3], ret)
 
 
+@pytest.mark.parametrize("correction", ["none", "vtrace"])
+@pytest.mark.parametrize("bootstrap_truncated", [True, False])
+def test_a_truncated_episode_bootstraps_only_when_asked(correction, bootstrap_truncated) -> None:
+    """``algo.bootstrap_truncated``: a time-limit truncation is bootstrapped from the value of
+    its last observation, or, when false, ends the return like a termination."""
+    policy = MLPPolicy(4, gym.spaces.Discrete(2))
+    truncated = chunk([0, 0, 0], bootstrap=10.0)
+    truncated.truncated[-1] = True
+    algo = AlgoConfig(
+        correction=correction, gamma=1.0, lam=1.0, bootstrap_truncated=bootstrap_truncated
+    )
+    returns = build_batch([truncated], policy, algo, torch.device("cpu"))["returns"]
+    # rewards of 1 each; the behaviour values (0.25) count on-policy under "none"
+    tail = 10.0 if bootstrap_truncated else 0.0
+    if correction == "none":
+        torch.testing.assert_close(returns, torch.tensor([3.0, 2.0, 1.0]) + tail)
+    else:  # the V-trace targets differ in how they weigh the values, not in the bootstrap
+        assert (returns[-1] > 5.0) == bootstrap_truncated
+
+
 def test_flat_layout_round_trip() -> None:
     torch.manual_seed(0)
     a, b = MLPPolicy(4, gym.spaces.Discrete(2)), MLPPolicy(4, gym.spaces.Discrete(2))

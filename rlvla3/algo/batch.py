@@ -64,7 +64,8 @@ def build_batch(
         n = len(c.rewards)
         sl = slice(offset, offset + n)
         rewards = torch.tensor(c.rewards, device=device)  # (received arrays are read-only)
-        dones = torch.tensor(c.terminated, device=device)
+        ended = c.terminated if algo.bootstrap_truncated else c.terminated | c.truncated
+        dones = torch.tensor(ended, device=device)
         if algo.correction == "vtrace":
             vs, adv = vtrace(
                 behaviour_log_probs[sl],

@@ -240,6 +240,8 @@ class AlgoConfig:
     """Discount factor."""
     lam: float = bounded(0.95, ge=0, le=1)
     """GAE lambda."""
+    bootstrap_truncated: bool = True
+    """A truncated episode (its time limit, or a simulator fault that cut it) bootstraps from the value of its last observation, as an infinite-horizon task cut short for time. false: the time limit is part of the task and the return ends there (a task judged by success within its step limit, as the held-out evaluation is: with bootstrapping, the critic learns that the episode would go on, and running out of time costs nothing)."""
     clip_coef: float = bounded(0.2, gt=0)
     """PPO ratio clipping."""
     vf_coef: float = bounded(0.5, ge=0)
