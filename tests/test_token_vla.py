@@ -108,6 +108,20 @@ def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(model_dir
     assert torch.equal(policy.from_env_action(env_action), greedy.action)
 
 
+def test_temperature_narrows_sampling_and_keeps_log_probs_exact(model_dir) -> None:
+    """``temperature``: act's log-probs are evaluate's at the same temperature, the entropy
+    falls with it, and greedy actions stay those of temperature 1."""
+    plain, cold = make_policy(model_dir), make_policy(model_dir, temperature=0.5)
+    obs = observations(4)
+    torch.manual_seed(0)
+    sampled = cold.act(obs)
+    again = cold.evaluate(obs, sampled.action)
+    torch.testing.assert_close(again.log_prob, sampled.log_prob, atol=1e-4, rtol=0)
+    assert (again.entropy < plain.evaluate(obs, sampled.action).entropy).all()
+    greedy = cold.act(obs, deterministic=True).action
+    assert torch.equal(greedy, plain.act(obs, deterministic=True).action)
+
+
 @pytest.mark.parametrize("detach", [False, True])
 def test_detach_value_keeps_the_critics_loss_out_of_the_model(model_dir, detach) -> None:
     policy = make_policy(model_dir, detach_value=detach)

@@ -59,12 +59,16 @@ class ActionDecoder:
     Attributes:
         model: the ``transformers`` image-text-to-text model.
         action_ids: int64[bins], the vocabulary id of each bin.
-        score: the policy's uncached forward (the loop of every family without a cache).
+        score: the policy's uncached forward (the loop of every family without a cache); its
+            logits come divided by ``temperature`` already.
+        temperature: what the cached loop divides the model's action logits by (the policy's
+            ``temperature``), so both loops sample from the same distribution.
     """
 
     model: nn.Module
     action_ids: Tensor
     score: Score
+    temperature: float = 1.0
 
     @property
     def cached(self) -> bool:
@@ -115,6 +119,7 @@ class ActionDecoder:
             return None
         offset = width - out.logits.shape[1]
         logits = out.logits[rows, lengths - 1 - offset][:, self.action_ids].float()
+        logits = logits / self.temperature
         last_hidden = out.hidden_states[-1][rows, lengths - 1].float()
         mask = inputs["attention_mask"]
         tokens, log_prob = [], None
@@ -132,7 +137,7 @@ class ActionDecoder:
                 use_cache=True,
                 **{self._cache_kwarg: cache},
             )
-            logits = step.logits[:, -1, self.action_ids].float()
+            logits = step.logits[:, -1, self.action_ids].float() / self.temperature
         return Decoded(
             tokens=torch.stack(tokens, dim=1), log_prob=log_prob, last_hidden=last_hidden
         )

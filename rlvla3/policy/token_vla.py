@@ -10,6 +10,8 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 - With ``action_steps`` K above 1 a call is an action chunk: K x D action tokens, step-major
   (step 0's D dimensions, then step 1's...), the action int64[B, K, D] (int64[B, D] for K = 1)
   and the log-prob the sum over all K x D tokens.
+- ``temperature`` divides the action-token logits everywhere (sampling, log-probs, entropy), so
+  the policy PPO trains is the one that acted; greedy actions do not depend on it.
 - ``act`` decodes the tokens one at a time (greedy: argmax; ``rlvla3/policy/token_decode.py``:
   with the model's KV cache for LLaVA and Idefics3, a forward over the prompt and the tokens so
   far per token for other families). ``evaluate`` is one teacher-forced forward over the prompt
@@ -89,7 +91,7 @@ class TokenVLAPolicy(ActorCritic):
         ``deterministic``): action int64[B, D] (int64[B, K, D] for K > 1), log_prob float32[B]
         (summed over the tokens), value float32[B]."""
         inputs, lengths = self._prompt_inputs(obs)
-        decoder = ActionDecoder(self.model, self.action_ids, self._score)
+        decoder = ActionDecoder(self.model, self.action_ids, self._score, self.config.temperature)
         count = self.bins.steps * self.bins.dims
         decoded = decoder.decode(inputs, lengths, count, deterministic)
         action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
@@ -175,7 +177,7 @@ class TokenVLAPolicy(ActorCritic):
         """One forward over the prompts followed by ``actions`` int64[B, k] (as tokens).
 
         Returns the action-token logits float32[B, k + 1, bins] that predict action tokens
-        0..k, and the last hidden state of each prompt's last token float32[B, hidden].
+        0..k (divided by ``temperature``), and the last hidden state of each prompt's last token float32[B, hidden].
         """
         b, k = actions.shape
         width = inputs["input_ids"].shape[1] + k
@@ -198,7 +200,7 @@ class TokenVLAPolicy(ActorCritic):
         offset = width - out.logits.shape[1]
         rows = lengths[:, None] - 1 + torch.arange(k + 1, device=lengths.device) - offset
         picked = out.logits[torch.arange(b, device=rows.device)[:, None], rows]  # [B, k+1, V]
-        logits = picked[..., self.action_ids].float()
+        logits = picked[..., self.action_ids].float() / self.config.temperature
         last_hidden = out.hidden_states[-1][torch.arange(b, device=rows.device), lengths - 1]
         return logits, last_hidden.float()
 
