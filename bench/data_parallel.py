@@ -162,9 +162,9 @@ def _rank(
             }
         )
     if group is not None:
-        # leave together, as the roles do: the leader's store lives until every rank read
-        # ``stop``, and each rank drops its process group before the interpreter tears down
-        # (a rank that exits with gloo's threads still up can die in ``terminate``)
+        # leave together, as the roles do: no rank exits while another is still in the
+        # group's last collective, and each drops its process group before the interpreter
+        # tears down (a rank that exits with gloo's threads still up can die in ``terminate``)
         if group.leader:
             group.say_stop(timeout_s=60)
         else:

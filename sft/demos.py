@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-episodes", type=int, default=100)
     parser.add_argument("--root", required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--obs-mode", default="rgb", choices=("rgb", "state"))
+    parser.add_argument("--obs-mode", default="rgb", choices=("rgb", "state", "rgb+state"))
     parser.add_argument("--expert-noise", type=float, default=0.0)
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS)

@@ -7,18 +7,27 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 
 pytest.importorskip("transformers")
 
+from rlvla3.config.token_vla import ObservationMapping  # noqa: E402
+from rlvla3.config.typed_load import ConfigError  # noqa: E402
 from rlvla3.policy.hf_varlen import VARLEN_ATTENTION  # noqa: E402
 from rlvla3.policy.token_vla_packing import (  # noqa: E402
     PackedEvaluator,
     pack_frames,
     packing_unsupported,
 )
-from tests.test_token_vla import FAMILIES, make_policy, observations  # noqa: E402
+from tests.test_token_vla import (  # noqa: E402
+    FAMILIES,
+    make_policy,
+    observations,
+    tabletop_spaces,
+)
 from tests.tiny_vlms import write_tiny_vlm  # noqa: E402
 
 FRAMES = 6
@@ -68,6 +77,30 @@ def test_packed_evaluate_of_action_chunks_gives_the_padded_figures(model_dir) ->
     assert packed.last.real_tokens == int(lengths.sum()) + FRAMES * 3 * 2
     for name in ("log_prob", "entropy", "value"):
         torch.testing.assert_close(getattr(got, name), getattr(padded, name), atol=1e-4, rtol=0)
+
+
+def test_packed_evaluate_keeps_the_temperature_and_the_critic_observation(model_dir) -> None:
+    """A policy with ``temperature`` and a mapped ``observation.critic``: the packed figures
+    are still the padded ones (log-probs of the tempered distribution, the critic's value)."""
+    env = tabletop_spaces()
+    with_state = spaces.Dict(
+        dict(env.observation.spaces) | {"state": spaces.Box(-1.0, 1.0, (3,), np.float32)}
+    )
+    policy = make_policy(
+        model_dir,
+        {"observation": with_state},
+        temperature=0.5,
+        observation=ObservationMapping(critic="state"),
+    ).eval()
+    obs = observations(FRAMES) | {"state": torch.randn(FRAMES, 3)}
+    action = _actions(FRAMES)
+    with torch.no_grad():
+        padded = policy.evaluate(obs, action)
+        got = PackedEvaluator(policy, 300)(obs, action)
+    for name in ("log_prob", "entropy", "value"):
+        torch.testing.assert_close(getattr(got, name), getattr(padded, name), atol=1e-4, rtol=0)
+    with pytest.raises(ConfigError, match="policy.token_vla.observation.critic: .*no 'state'"):
+        policy.evaluate({k: v for k, v in obs.items() if k != "state"}, action)
 
 
 @pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])

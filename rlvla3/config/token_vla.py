@@ -89,10 +89,10 @@ class TokenVLAConfig:
     """Recompute the model's activations in the backward pass (less memory, more time)."""
     value_hidden: int = bounded(256, ge=0)
     """Hidden units of the MLP value head on the last prompt token's hidden state (0: a linear head)."""
-    temperature: float = bounded(1.0, gt=0)
-    """Divides the action tokens' logits: the sampled actions, their log-probs and entropy are those of ``softmax(logits / temperature)``, in rollouts and in training alike; greedy actions do not change. Below 1 it narrows the spread that behaviour cloning fit to noisy demos, as a Gaussian policy's ``algo.init_log_std`` does."""
     detach_value: bool = False
     """Train the value head on a detached copy of that hidden state: the critic's loss does not move the model, only the policy's does (a critic that cannot yet predict returns then adds no noise to the features the actions read)."""
+    temperature: float = bounded(1.0, gt=0)
+    """Divides the action tokens' logits: the sampled actions, their log-probs and entropy are those of ``softmax(logits / temperature)``, in rollouts and in training alike; greedy actions do not change. Below 1 it narrows the spread that behaviour cloning fit to noisy demos, as a Gaussian policy's ``algo.init_log_std`` does."""
     action_steps: int = bounded(1, ge=1)
     """Env steps per policy call (an action chunk, OpenVLA-OFT style): each call decodes ``action_steps`` x D action tokens, the env worker executes the steps in order (the rest dropped at an episode's end), and the call is one transition whose reward is the executed steps' sum (docs/models.md, Action chunks). 1: one step per call."""
 

@@ -104,8 +104,13 @@ class TokenVLAPolicy(ActorCritic):
         hidden = last_hidden.detach() if self.config.detach_value else last_hidden
         critic = self.config.observation.critic
         if critic is not None:
-            extra = torch.as_tensor(_numpy(obs[critic]), dtype=torch.float32)
-            hidden = torch.cat([hidden, extra.to(hidden.device).reshape(len(hidden), -1)], -1)
+            if critic not in obs:  # e.g. SFT demos written without it
+                raise ConfigError(
+                    f"policy.token_vla.observation.critic: the observations have no {critic!r} "
+                    f"(they have {sorted(obs)}; write demos with the env's obs_mode that has it)"
+                )
+            extra = torch.as_tensor(obs[critic], dtype=torch.float32, device=hidden.device)
+            hidden = torch.cat([hidden, extra.reshape(len(hidden), -1)], -1)
         return self.value_head(hidden).squeeze(-1)
 
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
@@ -177,7 +182,8 @@ class TokenVLAPolicy(ActorCritic):
         """One forward over the prompts followed by ``actions`` int64[B, k] (as tokens).
 
         Returns the action-token logits float32[B, k + 1, bins] that predict action tokens
-        0..k (divided by ``temperature``), and the last hidden state of each prompt's last token float32[B, hidden].
+        0..k (divided by ``temperature``), and the last hidden state of each prompt's last
+        token float32[B, hidden].
         """
         b, k = actions.shape
         width = inputs["input_ids"].shape[1] + k
@@ -221,7 +227,8 @@ def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: sp
 
 
 def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) -> None:
-    """Every mapped key is in the env's observation space, the image uint8[H, W, 3]."""
+    """Every mapped key is in the env's observation space, the image uint8[H, W, 3], the
+    critic's a float vector."""
     mapping, have = config.observation, observation.spaces
     for name in ("image", "instruction", "state", "critic"):
         key = getattr(mapping, name)

@@ -255,10 +255,11 @@ class PackedEvaluator:
             kwargs.update(rows.varlen_kwargs())
         out = policy.model(**rows.inputs, output_hidden_states=True, use_cache=False, **kwargs)
         logits = out.logits[rows.row[:, None], picked][..., policy.action_ids].float()
+        logits = logits / policy.config.temperature
         last_hidden = out.hidden_states[-1][rows.row, rows.last_prompt].float()
         dist = Categorical(logits=logits, validate_args=False)
         return EvalOutput(
             log_prob=dist.log_prob(action).sum(-1),
             entropy=dist.entropy().sum(-1),
-            value=policy.value_head(last_hidden).squeeze(-1),
+            value=policy._value(last_hidden, obs),
         )
