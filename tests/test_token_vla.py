@@ -23,6 +23,7 @@ from rlvla3.algo.optim import build_optimizer  # noqa: E402
 from rlvla3.config.run_config import AlgoConfig, load_config  # noqa: E402
 from rlvla3.config.token_vla import ObservationMapping, TokenVLAConfig  # noqa: E402
 from rlvla3.config.typed_load import ConfigError  # noqa: E402
+from rlvla3.policy import token_decode  # noqa: E402
 from rlvla3.policy.factory import EnvSpaces, build_policy  # noqa: E402
 from rlvla3.policy.token_vla import TokenVLAPolicy, build_token_vla  # noqa: E402
 from rlvla3.policy.vla_prompt import decode_instruction  # noqa: E402
@@ -108,9 +109,14 @@ def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(model_dir
     assert torch.equal(policy.from_env_action(env_action), greedy.action)
 
 
-def test_temperature_narrows_sampling_and_keeps_log_probs_exact(model_dir) -> None:
-    """``temperature``: act's log-probs are evaluate's at the same temperature, the entropy
-    falls with it, and greedy actions stay those of temperature 1."""
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+def test_temperature_narrows_sampling_and_keeps_log_probs_exact(
+    model_dir, cached, monkeypatch
+) -> None:
+    """``temperature``: act's log-probs (either decoding loop) are evaluate's at the same
+    temperature, the entropy falls with it, and greedy actions stay those of temperature 1."""
+    if not cached:
+        monkeypatch.setattr(token_decode, "CACHED_FAMILIES", frozenset())
     plain, cold = make_policy(model_dir), make_policy(model_dir, temperature=0.5)
     obs = observations(4)
     torch.manual_seed(0)
