@@ -29,7 +29,7 @@ from sft.lerobot import DEFAULT_FORMAT, FORMATS, Feature, LeRobotWriter, image_f
 from sim.adapter import SimAdapter
 from sim.envs import make_env
 from sim.experts import TableTopExpert, TableTopExpertConfig
-from sim.tabletop import CONTROL_HZ
+from sim.tabletop import CONTROL_HZ, OBS_MODES
 
 EXPERT_ENVS = ("rlvla3/TableTop-v0", "rlvla3/TableTopEasy-v0")
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-episodes", type=int, default=100)
     parser.add_argument("--root", required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--obs-mode", default="rgb", choices=("rgb", "state", "rgb+state"))
+    parser.add_argument("--obs-mode", default="rgb", choices=OBS_MODES)
     parser.add_argument("--expert-noise", type=float, default=0.0)
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS)
