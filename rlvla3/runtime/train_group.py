@@ -16,10 +16,12 @@ it never holds them all at once.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +107,7 @@ class TrainGroup:
             options._timeout = timeout
             options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
             self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+        _OPEN_GROUPS.add(self)
 
     @property
     def leader(self) -> bool:
@@ -242,6 +245,19 @@ class TrainGroup:
     def close(self) -> None:
         """Leave the group (the process group's sockets close with it)."""
         self.pg = None
+        _OPEN_GROUPS.discard(self)
+
+
+_OPEN_GROUPS: weakref.WeakSet[TrainGroup] = weakref.WeakSet()
+"""Groups not closed yet. A process that exits with one open tears gloo's threads down in the
+interpreter's last C++ destructors, which can abort it (``terminate called without an active
+exception``); closing them first, at exit, drops each process group while Python still runs."""
+
+
+@atexit.register
+def _close_open_groups() -> None:
+    for group in list(_OPEN_GROUPS):
+        group.close()
 
 
 def _parse_header(
