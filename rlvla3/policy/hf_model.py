@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from rlvla3.config.token_vla import ModelDType
 from rlvla3.config.typed_load import ConfigError
@@ -84,6 +84,13 @@ def load_vlm(path: str, dtype: torch.dtype) -> LoadedVLM:
     )
 
 
+def model_inputs(batch: Any) -> dict[str, Tensor]:
+    """The tensors of a processor's output that are the model's inputs: all but ``labels``,
+    which some processors return for training (PaliGemma's, from its ``token_type_ids``) and
+    which would make the forward compute a loss over the prompt."""
+    return {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "labels"}
+
+
 def _import_transformers() -> Any:
     try:
         import transformers
@@ -97,7 +104,9 @@ def _import_transformers() -> Any:
 def _load(auto_class: Any, directory: Path, what: str, **kwargs: Any) -> Any:
     try:
         return auto_class.from_pretrained(directory, local_files_only=True, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    # ImportError: a part the directory names needs a library that is not installed (a video
+    # processor without torchvision)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         message = f"{_FIELD}: cannot load {what} from {str(directory)!r}: {first_line}"
         raise ConfigError(message) from None
