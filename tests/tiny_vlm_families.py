@@ -11,7 +11,9 @@ family's whole policy check takes seconds on a CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,14 @@ def _tokenizer(*specials: str, **named: str):
     return tokenizer, {s: tokenizer.convert_tokens_to_ids(s) for s in specials}
 
 
+_TOWER = {"hidden_size": WIDTH, "intermediate_size": 2 * WIDTH, "num_attention_heads": 2}
+"""What the text and vision towers share."""
+
+
 def _text(**changes: Any) -> dict:
-    """A one-layer text model's config keys (Llama-like names every family reads)."""
+    """A two-layer text model's config keys (Llama-like names every family reads)."""
     return {
-        "hidden_size": WIDTH,
-        "intermediate_size": 2 * WIDTH,
-        "num_attention_heads": 2,
+        **_TOWER,
         "num_key_value_heads": 2,
         "num_hidden_layers": 2,
         "vocab_size": VOCAB_SIZE,
@@ -49,9 +53,7 @@ def _text(**changes: Any) -> dict:
 def _siglip(**changes: Any) -> dict:
     """A one-layer SigLIP / CLIP-like vision tower: (32 / 8)^2 = 16 patches per image."""
     return {
-        "hidden_size": WIDTH,
-        "intermediate_size": 2 * WIDTH,
-        "num_attention_heads": 2,
+        **_TOWER,
         "num_hidden_layers": 1,
         "image_size": IMAGE_SIZE,
         "patch_size": PATCH_SIZE,
@@ -180,21 +182,122 @@ def gemma3():
     return tf.Gemma3ForConditionalGeneration(config), processor
 
 
+def llava_next():
+    """LLaVA-NeXT (anyres): a CLIP tower over the whole image and its tiles, tiles unpadded
+    with a newline embedding per row; one 32 x 32 grid, so one tile."""
+    import transformers as tf
+
+    tokenizer, ids = _tokenizer("<image>")
+    grid = [[IMAGE_SIZE, IMAGE_SIZE]]
+    config = tf.LlavaNextConfig(
+        vision_config=tf.CLIPVisionConfig(**_siglip(), projection_dim=WIDTH),
+        text_config=tf.LlamaConfig(**_text()),
+        image_token_id=ids["<image>"],
+        image_grid_pinpoints=grid,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+    image_processor = tf.LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size=_SQUARE, image_grid_pinpoints=grid
+    )
+    processor = tf.LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    return tf.LlavaNextForConditionalGeneration(config), processor
+
+
+def idefics2():
+    """Idefics2: a SigLIP-like tower, a perceiver resampler to 4 latents, a Mistral text model;
+    the image between ``<fake_token_around_image>`` markers."""
+    import transformers as tf
+
+    markers = ("<fake_token_around_image>", "<image>", "<end_of_utterance>")
+    tokenizer, ids = _tokenizer(
+        *markers, image_token="<image>", image_boundary_token="<fake_token_around_image>"
+    )
+    config = tf.Idefics2Config(
+        vision_config=_siglip(),
+        perceiver_config={
+            "hidden_size": WIDTH,
+            "resampler_n_latents": 4,
+            "resampler_depth": 1,
+            "resampler_n_heads": 2,
+            "resampler_head_dim": 16,
+            "num_key_value_heads": 1,
+        },
+        text_config=_text(model_type="mistral"),
+        image_token_id=ids["<image>"],
+        tie_word_embeddings=False,
+    )
+    image_processor = tf.Idefics2ImageProcessorPil(
+        do_image_splitting=False, size={"longest_edge": IMAGE_SIZE, "shortest_edge": IMAGE_SIZE}
+    )
+    processor = tf.Idefics2Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4
+    )
+    return tf.Idefics2ForConditionalGeneration(config), processor
+
+
 FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "paligemma": paligemma,
     "qwen2_vl": qwen2_vl,
     "qwen2_5_vl": qwen2_5_vl,
     "gemma3": gemma3,
+    "llava_next": llava_next,
+    "idefics2": idefics2,
 }
 """Family -> a builder of its (random-weight model, processor)."""
 
 
+VIDEO_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+"""Families whose processor has a video processor: ``transformers`` constructs and loads one
+only with torchvision, whose CPU wheel is not on PyPI. Built here without it (images only),
+their directories load where torchvision is installed and are one clear error elsewhere."""
+
+
+@contextmanager
+def _video_processor_optional() -> Iterator[None]:
+    """Lets a processor be constructed without its video processor: ``transformers`` checks
+    every part's class, and without torchvision the video processor's class is a stand-in."""
+    from transformers.processing_utils import ProcessorMixin
+
+    check = ProcessorMixin.check_argument_for_proper_class
+
+    def lenient(self, name, argument):
+        return None if argument is None else check(self, name, argument)
+
+    ProcessorMixin.check_argument_for_proper_class = lenient
+    try:
+        yield
+    finally:
+        ProcessorMixin.check_argument_for_proper_class = check
+
+
+def build_family(family: str, seed: int = 0) -> tuple[Any, Any]:
+    """A random-weight ``family`` model (the same weights for the same seed) and its
+    processor, in memory."""
+    with torch.random.fork_rng(devices=[]), _video_processor_optional():
+        torch.manual_seed(seed)  # leaves the caller's generator as it was
+        return FAMILY_BUILDERS[family]()
+
+
 def write_family(directory: Path, family: str, seed: int = 0) -> Path:
-    """Save a random-weight ``family`` model and its processor into ``directory``."""
-    with torch.random.fork_rng(devices=[]):  # leave the caller's generator as it was
-        torch.manual_seed(seed)
-        model, processor = FAMILY_BUILDERS[family]()
+    """Save a random-weight ``family`` model and its processor into ``directory``; a processor
+    without its video processor as its parts (tokenizer, image processor, the processor's
+    class in processor_config.json), the files a download of it has for images."""
+    model, processor = build_family(family, seed)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
-    processor.save_pretrained(directory)
+    if getattr(processor, "video_processor", True) is None:
+        processor.tokenizer.save_pretrained(directory)
+        processor.image_processor.save_pretrained(directory)
+        kind = {"processor_class": type(processor).__name__}
+        (directory / "processor_config.json").write_text(json.dumps(kind))
+    else:
+        processor.save_pretrained(directory)
     return directory

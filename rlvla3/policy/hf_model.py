@@ -70,8 +70,15 @@ def load_vlm(path: str, dtype: torch.dtype) -> LoadedVLM:
             "preprocessor_config.json, and the tokenizer's files): an image processor, a "
             "tokenizer and an image token are needed"
         )
-    tokenizer.padding_side = "right"  # prompts end where their action tokens begin
     model = _load(transformers.AutoModelForImageTextToText, directory, "the weights", dtype=dtype)
+    return wrap_vlm(model, processor)
+
+
+def wrap_vlm(model: nn.Module, processor: Any) -> LoadedVLM:
+    """An image-text-to-text model and its processor, already in memory, as the policy uses
+    them: the tokenizer padding on the right, the output embeddings untied."""
+    tokenizer, image_token = processor.tokenizer, processor.image_token
+    tokenizer.padding_side = "right"  # prompts end where their action tokens begin
     _untie_output_embeddings(model)
     special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     special.add(tokenizer.convert_tokens_to_ids(image_token))
@@ -89,6 +96,15 @@ def model_inputs(batch: Any) -> dict[str, Tensor]:
     which some processors return for training (PaliGemma's, from its ``token_type_ids``) and
     which would make the forward compute a loss over the prompt."""
     return {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "labels"}
+
+
+def pil_images(images: Any) -> list[list[Any]]:
+    """uint8[B, H, W, 3] pixels -> one list of one PIL image per row: the image type every
+    processor takes (Idefics2's refuses arrays; the others convert PIL images to the arrays
+    they would have read)."""
+    from PIL import Image
+
+    return [[Image.fromarray(image)] for image in images]
 
 
 def _import_transformers() -> Any:

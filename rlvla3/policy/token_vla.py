@@ -42,7 +42,7 @@ from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
-from rlvla3.policy.hf_model import LoadedVLM, load_vlm, model_inputs, resolve_dtype
+from rlvla3.policy.hf_model import LoadedVLM, load_vlm, model_inputs, pil_images, resolve_dtype
 from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
 
@@ -166,7 +166,7 @@ class TokenVLAPolicy(ActorCritic):
         states = None if mapping.state is None else _numpy(obs[mapping.state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
         batch = self.processor(
-            images=[[image] for image in images], text=prompts, return_tensors="pt", padding=True
+            images=pil_images(images), text=prompts, return_tensors="pt", padding=True
         )
         device, dtype = self.action_ids.device, self.model.dtype
         inputs = {
