@@ -2,7 +2,7 @@
 (tests/tiny_vlm_families.py: PaliGemma, Gemma 3, LLaVA-NeXT, Idefics2, Qwen2-VL, Qwen2.5-VL),
 each a tiny random-weight checkpoint with its own processor: load, act (batched, greedy and
 sampled, prompts of different lengths), act's log-probs equal to evaluate's, one PPO update,
-and LoRA adapters."""
+LoRA adapters, and SFT's packed evaluation (or the reason a family cannot pack)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rlvla3.policy.action_tokens import action_bins  # noqa: E402
 from rlvla3.policy.hf_model import wrap_vlm  # noqa: E402
 from rlvla3.policy.lora import apply_lora  # noqa: E402
 from rlvla3.policy.token_vla import TokenVLAPolicy  # noqa: E402
+from rlvla3.policy.token_vla_packing import PackedEvaluator, packing_unsupported  # noqa: E402
 from tests.test_token_vla import (  # noqa: E402
     make_policy,
     observations,
@@ -107,3 +108,21 @@ def test_a_processor_that_needs_torchvision_is_one_clear_error(family, tmp_path)
     directory = write_family(tmp_path / family, family)
     with pytest.raises(ConfigError, match="policy.token_vla.path: .*processor.*Torchvision"):
         make_policy(directory)
+
+
+@pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])
+def test_packed_evaluate_gives_the_padded_figures_or_says_why_not(policy_of, varlen) -> None:
+    """SFT's packed evaluation: the padded figures per frame where the family packs, and the
+    reason it trains on padded batches where it does not."""
+    policy = policy_of().eval()
+    reason = packing_unsupported(policy.model)
+    if reason is not None:
+        assert "token_type_ids" in reason or "rotary positions are multimodal" in reason, reason
+        return
+    obs = observations(6)
+    action = torch.randint(0, 16, (6, 2), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        padded = policy.evaluate(obs, action)
+        packed = PackedEvaluator(policy, 400, varlen=varlen)(obs, action)
+    for name in ("log_prob", "entropy", "value"):
+        torch.testing.assert_close(getattr(packed, name), getattr(padded, name), atol=1e-4, rtol=0)
