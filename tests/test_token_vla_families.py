@@ -1,5 +1,6 @@
 """The token-VLA policy on image-text-to-text families that ``rlvla3`` names nowhere
-(tests/tiny_vlm_families.py: PaliGemma, Gemma 3, LLaVA-NeXT, Idefics2, Qwen2-VL, Qwen2.5-VL),
+(tests/tiny_vlm_families.py: PaliGemma, Gemma 3, LLaVA-NeXT, Idefics2, Aya Vision, Qwen2-VL,
+Qwen2.5-VL),
 each a tiny random-weight checkpoint with its own processor: load, act (batched, greedy and
 sampled, prompts of different lengths), act's log-probs equal to evaluate's, one PPO update,
 LoRA adapters, and SFT's packed evaluation (or the reason a family cannot pack)."""

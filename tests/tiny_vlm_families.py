@@ -61,6 +61,9 @@ def _siglip(**changes: Any) -> dict:
     }
 
 
+SLIDING = 512
+"""Aya Vision's sliding attention window: longer than any prompt here, as SFT's packing has no
+sliding window (a longer frame would get other figures packed than padded)."""
 _SQUARE = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
 
 
@@ -243,6 +246,31 @@ def idefics2():
     return tf.Idefics2ForConditionalGeneration(config), processor
 
 
+def aya_vision():
+    """Aya Vision: a SigLIP tower, pixel shuffle by 2 (4 tokens per image), a Cohere 2 text
+    model; the image as ``<|IMG_PATCH|>`` tokens between start and end markers."""
+    import transformers as tf
+
+    markers = ("<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
+    tokenizer, ids = _tokenizer(*markers)
+    config = tf.AyaVisionConfig(
+        vision_config=tf.SiglipVisionConfig(**_siglip()),
+        text_config=tf.Cohere2Config(**_text(sliding_window=SLIDING, layer_types=None)),
+        downsample_factor=2,
+        image_token_index=ids["<|IMG_PATCH|>"],
+        tie_word_embeddings=False,
+    )
+    image_processor = tf.GotOcr2ImageProcessorPil(crop_to_patches=False, size=_SQUARE)
+    processor = tf.AyaVisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        img_size=IMAGE_SIZE,
+        downsample_factor=2,
+    )
+    return tf.AyaVisionForConditionalGeneration(config), processor
+
+
 FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "paligemma": paligemma,
     "qwen2_vl": qwen2_vl,
@@ -250,6 +278,7 @@ FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "gemma3": gemma3,
     "llava_next": llava_next,
     "idefics2": idefics2,
+    "aya_vision": aya_vision,
 }
 """Family -> a builder of its (random-weight model, processor)."""
 

@@ -165,8 +165,14 @@ class TokenVLAPolicy(ActorCritic):
         images = _numpy(obs[mapping.image])
         states = None if mapping.state is None else _numpy(obs[mapping.state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
+        # padding_side here, not only on the tokenizer: some processors' call defaults pad left
+        # (Aya Vision's, InternVL's), which would put padding between a prompt and its actions
         batch = self.processor(
-            images=pil_images(images), text=prompts, return_tensors="pt", padding=True
+            images=pil_images(images),
+            text=prompts,
+            return_tensors="pt",
+            padding=True,
+            padding_side="right",
         )
         device, dtype = self.action_ids.device, self.model.dtype
         inputs = {
