@@ -180,8 +180,9 @@ def _chunk(policy: TokenVLAPolicy, n: int) -> TrajectoryChunk:
     )
 
 
-def test_one_ppo_update_changes_the_model_and_stays_finite(model_dir) -> None:
-    policy = make_policy(model_dir)
+def ppo_update(policy: TokenVLAPolicy) -> list[str]:
+    """One PPO update of ``policy`` on a chunk it acted; asserts its metrics and weights are
+    finite and returns the names of the tensors that changed."""
     algo = AlgoConfig(epochs=1, minibatch_size=4, lr=1e-3, correction="truncated_is")
     batch = build_batch([_chunk(policy, 8)], policy, algo, torch.device("cpu"))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -192,10 +193,14 @@ def test_one_ppo_update_changes_the_model_and_stays_finite(model_dir) -> None:
     )
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     after = policy.state_dict()
-    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+    return [k for k in before if not torch.equal(before[k], after[k])]
+
+
+def test_one_ppo_update_changes_the_model_and_stays_finite(model_dir) -> None:
+    changed = ppo_update(make_policy(model_dir))
     assert any(k.startswith("model.") and "q_proj" in k for k in changed), changed
     assert any(k.startswith("value_head.") for k in changed)
-    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
 
 
 def test_checkpoint_and_weight_path_round_trip_to_the_same_actions(model_dir) -> None:

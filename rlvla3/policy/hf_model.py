@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from rlvla3.config.token_vla import ModelDType
 from rlvla3.config.typed_load import ConfigError
@@ -70,8 +70,15 @@ def load_vlm(path: str, dtype: torch.dtype) -> LoadedVLM:
             "preprocessor_config.json, and the tokenizer's files): an image processor, a "
             "tokenizer and an image token are needed"
         )
-    tokenizer.padding_side = "right"  # prompts end where their action tokens begin
     model = _load(transformers.AutoModelForImageTextToText, directory, "the weights", dtype=dtype)
+    return wrap_vlm(model, processor)
+
+
+def wrap_vlm(model: nn.Module, processor: Any) -> LoadedVLM:
+    """An image-text-to-text model and its processor, already in memory, as the policy uses
+    them: the tokenizer padding on the right, the output embeddings untied."""
+    tokenizer, image_token = processor.tokenizer, processor.image_token
+    tokenizer.padding_side = "right"  # prompts end where their action tokens begin
     _untie_output_embeddings(model)
     special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     special.add(tokenizer.convert_tokens_to_ids(image_token))
@@ -82,6 +89,22 @@ def load_vlm(path: str, dtype: torch.dtype) -> LoadedVLM:
         special_ids=frozenset(special),
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
     )
+
+
+def model_inputs(batch: Any) -> dict[str, Tensor]:
+    """The tensors of a processor's output that are the model's inputs: all but ``labels``,
+    which some processors return for training (PaliGemma's, from its ``token_type_ids``) and
+    which would make the forward compute a loss over the prompt."""
+    return {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "labels"}
+
+
+def pil_images(images: Any) -> list[list[Any]]:
+    """uint8[B, H, W, 3] pixels -> one list of one PIL image per row: the image type every
+    processor takes (Idefics2's refuses arrays; the others convert PIL images to the arrays
+    they would have read)."""
+    from PIL import Image
+
+    return [[Image.fromarray(image)] for image in images]
 
 
 def _import_transformers() -> Any:
@@ -97,7 +120,9 @@ def _import_transformers() -> Any:
 def _load(auto_class: Any, directory: Path, what: str, **kwargs: Any) -> Any:
     try:
         return auto_class.from_pretrained(directory, local_files_only=True, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    # ImportError: a part the directory names needs a library that is not installed (a video
+    # processor without torchvision)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         message = f"{_FIELD}: cannot load {what} from {str(directory)!r}: {first_line}"
         raise ConfigError(message) from None

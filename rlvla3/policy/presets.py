@@ -84,31 +84,36 @@ def _merge_corpus() -> list[str]:
     return texts
 
 
-def byte_tokenizer():
+def byte_tokenizer(extra_specials: tuple[str, ...] = (), named: dict[str, str] | None = None):
     """A byte-level BPE tokenizer (any text encodes) with ``MERGES`` merges learned from
-    ``_merge_corpus``, its special tokens first, ``<image>`` its image token."""
+    ``_merge_corpus``, its special tokens first, ``<image>`` its image token.
+
+    ``extra_specials``: more special tokens after the presets' own (another family's image
+    and marker tokens); ``named``: more named special tokens (``{"boi_token": "<boi>"}``),
+    which override the defaults (``image_token``)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    specials = _SPECIALS + [s for s in extra_specials if s not in _SPECIALS]
     trainer = trainers.BpeTrainer(
-        vocab_size=len(_SPECIALS) + len(alphabet) + MERGES,
+        vocab_size=len(specials) + len(alphabet) + MERGES,
         initial_alphabet=alphabet,
-        special_tokens=_SPECIALS,
+        special_tokens=specials,
         show_progress=False,
     )
     tok.train_from_iterator(_merge_corpus(), trainer)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in _SPECIALS])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
-        extra_special_tokens={"image_token": "<image>"},
+        extra_special_tokens={"image_token": "<image>", **(named or {})},
     )
 
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.base import EvalOutput, ObsBatch
+from rlvla3.policy.hf_model import pil_images
 from rlvla3.policy.token_vla import TokenVLAPolicy
 from rlvla3.policy.token_vla_packing import PackedEvaluator, packing_unsupported
 from rlvla3.policy.vla import VLAPolicy
@@ -82,7 +83,7 @@ def _token_vla_counts(policy: TokenVLAPolicy):
     (families that tile large images into several count more for a large camera)."""
     config, processor, prompt = policy.config, policy.processor, policy.prompt
     image = np.zeros((_PROBE_IMAGE_SIDE, _PROBE_IMAGE_SIDE, 3), np.uint8)
-    probe = processor(images=[[image]], text=[prompt.image_token], return_tensors="pt")
+    probe = processor(images=pil_images([image]), text=[prompt.image_token], return_tensors="pt")
     fixed = int(probe["attention_mask"].sum()) + policy.bins.steps * policy.bins.dims
     tokenizer, mapping = processor.tokenizer, config.observation
 

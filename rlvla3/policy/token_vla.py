@@ -42,7 +42,7 @@ from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
-from rlvla3.policy.hf_model import LoadedVLM, load_vlm, resolve_dtype
+from rlvla3.policy.hf_model import LoadedVLM, load_vlm, model_inputs, pil_images, resolve_dtype
 from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
 
@@ -165,14 +165,19 @@ class TokenVLAPolicy(ActorCritic):
         images = _numpy(obs[mapping.image])
         states = None if mapping.state is None else _numpy(obs[mapping.state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
+        # padding_side here, not only on the tokenizer: some processors' call defaults pad left
+        # (Aya Vision's, InternVL's), which would put padding between a prompt and its actions
         batch = self.processor(
-            images=[[image] for image in images], text=prompts, return_tensors="pt", padding=True
+            images=pil_images(images),
+            text=prompts,
+            return_tensors="pt",
+            padding=True,
+            padding_side="right",
         )
         device, dtype = self.action_ids.device, self.model.dtype
         inputs = {
             key: value.to(device=device, dtype=dtype if value.is_floating_point() else None)
-            for key, value in batch.items()
-            if isinstance(value, Tensor)
+            for key, value in model_inputs(batch).items()
         }
         return inputs, inputs["attention_mask"].sum(1)
 
@@ -189,14 +194,20 @@ class TokenVLAPolicy(ActorCritic):
         width = inputs["input_ids"].shape[1] + k
         columns = lengths[:, None] + torch.arange(k, device=lengths.device)
         extended = {}
+        # per-token inputs (ids, mask, token types) get each row's action tokens right after
+        # its prompt, which for a shorter row is inside its padding: every column an action
+        # token takes gets the action token's value, not the padding's
+        action_values = {
+            "input_ids": self.action_ids[actions],
+            "attention_mask": 1,
+            "token_type_ids": self.suffix_token_type,
+        }
+        per_token = inputs["input_ids"].shape  # not per image (Qwen2-VL's image_grid_thw [B, 3])
         for key, value in inputs.items():
-            if value.dim() == 2 and value.shape[0] == b and not value.is_floating_point() and k:
-                fill = {"input_ids": self.pad_id, "token_type_ids": self.suffix_token_type}
-                value = torch.cat([value, value.new_full((b, k), fill.get(key, 0))], dim=1)
-                if key == "input_ids":
-                    value = value.scatter(1, columns, self.action_ids[actions])
-                elif key == "attention_mask":
-                    value = value.scatter(1, columns, 1)
+            if value.shape == per_token and not value.is_floating_point() and k:
+                pad = self.pad_id if key == "input_ids" else 0
+                value = torch.cat([value, value.new_full((b, k), pad)], dim=1)
+                value = value.scatter(1, columns, action_values.get(key, 0))
             extended[key] = value
         # logits only from the first position any row needs on: a full vocabulary's logits at
         # every position would be most of a large model's activation memory
