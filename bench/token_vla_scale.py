@@ -87,7 +87,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=60.0, help="window of each mode (f)")
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--chunk-len", type=int, default=32, help="env.chunk_len of f")
-    parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    # torch threads of this process and of the server and trainer roles: half the cores, at
+    # most 4 (on a busy 2-core host two spinning OpenMP threads made the bare loops 70x slower)
+    threads = max(1, min(4, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--threads", type=int, default=threads)
     args = parser.parse_args()
     if args.smoke:
         args.preset, args.device, args.batch, args.window_s = "llava-test", "cpu", 4, 1.0
