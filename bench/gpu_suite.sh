@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and GPU figure of docs/benchmarks.md ("GPU paths") in one command, for a CUDA
-# machine: the GPU tests, the NCCL weight sync, packed vs padded training (model sizes x every
+# machine: the GPU tests, the NCCL weight sync, the token VLA at 0.5B parameters
+# (bench/token_vla_scale.py), packed vs padded training (model sizes x every
 # FlashAttention varlen kernel that loads, bf16 and FP8), and the padded SDPA backends. Logs and
 # JSON land in OUTDIR; nothing else is written. Each step has a time limit (STEP_S, seconds) so
 # one stuck step cannot take the others' time; the most wanted figures come first.
@@ -8,6 +9,8 @@
 #   bench/gpu_suite.sh OUTDIR [STEP_S]
 #
 # GPU_SUITE_QUICK=1 runs the environment, the tests and the weight sync alone (about 2 minutes).
+# On a machine lent for minutes, the token VLA benchmark alone:
+#   python bench/token_vla_scale.py --json OUTDIR/token_vla_scale.json
 set -uo pipefail
 out=${1:?usage: bench/gpu_suite.sh OUTDIR [STEP_S]}
 step_s=${2:-240}
@@ -56,6 +59,13 @@ cp "$out/environment.log" "$out/environment.txt"
 
 step pytest_gpu python -m pytest -m gpu tests/test_gpu.py tests/test_precision.py \
     tests/test_attention.py -q -rs
+# the real-size token VLA (issue 32 item 8), the most wanted figure: about 6 minutes on an
+# H100, the 0.5B preset's writing and loading included; its own limit, STEP_S or 600 s,
+# whichever is longer (not in the quick run)
+if [ "${GPU_SUITE_QUICK:-0}" != 1 ]; then
+    step_s=$((step_s > 600 ? step_s : 600)) step token_vla_scale \
+        python bench/token_vla_scale.py --json "$out/token_vla_scale.json"
+fi
 step weight_sync_nccl python bench/weight_sync.py --device cuda --sizes 10e6 100e6 \
     --json "$out/weight_sync_nccl.json"
 step weight_sync_cuda_gloo python bench/weight_sync.py --device cuda-gloo --sizes 10e6 100e6 \

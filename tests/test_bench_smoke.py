@@ -47,6 +47,7 @@ BENCHMARKS = {
     "stale_drops.py": [],
     "throughput.py": [],
     "token_vla_packing.py": [],
+    "token_vla_scale.py": [],
     "token_vla_tabletop.py": [],
     "vla_step.py": [],
     "weight_sync.py": [],

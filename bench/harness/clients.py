@@ -5,11 +5,12 @@ socket (``batched_client``). Each returns requests (or observations) per second.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import zmq
 
 from transport import sockets
-from transport.messages import ActionReply
+from transport.messages import ActionReply, ObsRequest
 
 from .wire_messages import frames, obs_request
 
@@ -38,23 +39,29 @@ def _roundtrips(sock: sockets.MessageSocket, n: int) -> int:
 
 
 def batched_client(
-    address: str, inflight: int, duration_s: float, codec: bool
+    address: str,
+    inflight: int,
+    duration_s: float,
+    codec: bool,
+    requests: Sequence[ObsRequest] = (),
 ) -> tuple[float, float, float]:
     """(obs/s, window start, window end) with ``inflight`` requests always outstanding.
 
     ``codec``: encode every request and decode every reply, as one env worker would; else send
     pre-encoded request bytes and only count replies, so the client costs little beside the
     server (64 envs are normally spread over several env-worker processes).
+    ``requests``: the requests to send in turn (default: CartPole's ``obs_request``).
     """
     sock = sockets.dealer(hwm=10_000)
     sock.connect(address)
-    request = frames(obs_request(0))
+    messages = list(requests) or [obs_request(0)]
+    encoded = [frames(m) for m in messages]
 
     def send(i: int) -> None:
         if codec:
-            sock.send(obs_request(i))
+            sock.send(messages[i % len(messages)] if requests else obs_request(i))
         else:
-            sock.raw.send_multipart(request)
+            sock.raw.send_multipart(encoded[i % len(encoded)])
 
     def receive() -> None:
         reply = sock.recv(timeout_s=30) if codec else sock.poll(30) and sock.raw.recv_multipart()

@@ -93,8 +93,16 @@ def _server_main(raw_cfg: dict, index: int, run_dir: str, results: Any, skip_ini
     )
 
 
-def server_config(name: str, redis_url: str, count: int, hidden: tuple, settings: dict) -> dict:
-    """The run config the rollout servers load (CartPole spaces, an MLP of ``hidden`` sizes)."""
+def server_config(
+    name: str,
+    redis_url: str,
+    count: int,
+    hidden: tuple,
+    settings: dict,
+    sections: dict | None = None,
+) -> dict:
+    """The run config the rollout servers load: CartPole spaces and an MLP of ``hidden`` sizes,
+    or the run config ``sections`` (``env``, ``policy``...) in their place."""
     return {
         "run": {"name": name, "mode": "async", "redis_url": redis_url},
         # (this process plays the weight broadcaster: the servers link to it for their weights)
@@ -102,8 +110,13 @@ def server_config(name: str, redis_url: str, count: int, hidden: tuple, settings
             "rollout_server": {"count": count, "settings": settings},
             "weight_broadcaster": {"count": 1},
         },
-        "env": {"id": "CartPole-v1"},
-        "policy": {"kind": "mlp", "hidden_sizes": list(hidden)},
+        **(
+            sections
+            or {
+                "env": {"id": "CartPole-v1"},
+                "policy": {"kind": "mlp", "hidden_sizes": list(hidden)},
+            }
+        ),
     }
 
 
@@ -121,18 +134,27 @@ class ServerHarness:
     Use as a context manager. Inside: ``addresses`` (each server's request endpoint, by index),
     ``publish(version)`` (a timed sync of ``flat``), and after exit ``records`` (index -> name ->
     array, see ``_instrument``).
+
+    ``sections``: run config sections that replace the CartPole MLP of ``hidden`` (any policy
+    and env), then ``numel`` is the length of their flat weight buffer (``FlatLayout.of`` the
+    policy: a pretrained model cannot be sized on the meta device). The broadcaster's weights
+    live on the servers' ``device`` setting.
     """
 
     def __init__(
         self,
         name: str,
         count: int,
-        hidden: tuple,
+        hidden: tuple = (),
         settings: dict | None = None,
         skip_init: bool = False,
+        *,
+        sections: dict | None = None,
+        numel: int | None = None,
     ) -> None:
         self.name, self.count, self.hidden = name, count, hidden
         self.settings, self.skip_init = settings or {}, skip_init
+        self.sections, self.numel = sections, numel
         self.records: dict[int, dict[str, np.ndarray]] = {}
         self.procs: list[Any] = []
 
@@ -147,10 +169,13 @@ class ServerHarness:
         return self
 
     def _start(self) -> None:
-        raw_cfg = server_config(self.name, self._redis.url, self.count, self.hidden, self.settings)
+        raw_cfg = server_config(
+            self.name, self._redis.url, self.count, self.hidden, self.settings, self.sections
+        )
         self.registry = Registry(self._redis.url, self.name)
         self.store = start_store(HOST)
-        self.broadcaster = Broadcaster(self.store)
+        device = self.settings.get("device", "cpu")
+        self.broadcaster = Broadcaster(self.store, device)
         self.registry.register("weight_broadcaster", 0, node="local", host=HOST, pid=os.getpid())
         self.registry.heartbeat("weight_broadcaster", 0, 24 * 3600.0, {})
         self.registry.publish_endpoint(
@@ -162,7 +187,8 @@ class ServerHarness:
             proc = _CTX.Process(target=_server_main, args=args, daemon=True)
             proc.start()
             self.procs.append(proc)
-        self.flat = torch.empty(policy_numel(raw_cfg)).uniform_(-0.05, 0.05)
+        numel = policy_numel(raw_cfg) if self.numel is None else self.numel
+        self.flat = torch.empty(numel, device=device).uniform_(-0.05, 0.05)
         for link_id in self._wait_endpoints("weights_link"):
             self.broadcaster.add(link_id)
         self.publish(0)

@@ -10,8 +10,14 @@ encodes), its special tokens first; the
 text model's vocabulary is larger than the tokenizer's, so the highest ids, the action tokens,
 are rare tokens no text produces, as in OpenVLA's Llama.
 
-Sizes: ``test`` (d 32, what the tests load, a few hundred kB, about a second to build) and
-``tiny`` (d 64, a few MB: learns the table-top task on a 2-core CPU, launch/token_vla_tabletop.yaml).
+Sizes: ``test`` (d 32, what the tests load, a few hundred kB, about a second to build),
+``tiny`` (d 64, a few MB: learns the table-top task on a 2-core CPU, launch/token_vla_tabletop.yaml)
+and ``0.5b`` (the real-size benchmark's, bench/token_vla_scale.py: d 1024, 16 heads, MLPs of 4096,
+a 12-layer vision tower on 224-pixel images in 14-pixel patches (256 patches, SigLIP/CLIP-like)
+and a 24-layer Llama: 558,056,448 parameters as LLaVA, 560,148,480 as Idefics3 (its connector
+takes 2 x 2 pixel-shuffled patches, 64 image tokens); saved in bfloat16, 1.1 GB; about 20 s and
+2.6 GB of RAM to write on a 2-core CPU). Both towers of the test and tiny sizes see 32-pixel
+images in 8-pixel patches; the processors resize any other image size to the preset's.
 
     python -m rlvla3.policy.presets --family llava --size tiny --out models/llava_tiny
 """
@@ -34,6 +40,8 @@ PATCH_SIZE = 8
 VOCAB_SIZE = 600
 """The text model's vocabulary (the tokenizer has at most 263 + ``MERGES`` ids; the rest are
 rare tokens)."""
+_SHUFFLE = 2
+"""Idefics3's pixel-shuffle factor: 2 x 2 patches make one image token."""
 MERGES = 80
 """Most BPE merges the presets' tokenizer learns (``byte_tokenizer``)."""
 _SPECIALS = [
@@ -56,17 +64,47 @@ class ModelSize:
         heads: attention heads of both towers.
         vision_layers: transformer layers of the vision tower.
         text_layers: transformer layers of the Llama text model.
+        intermediate: width of both towers' MLPs (0: twice ``hidden``).
+        image_size: image side the vision tower and the processor take (the processor resizes
+            other sizes to it).
+        patch_size: vision patch side: (image_size / patch_size)^2 patches per image.
+        dtype: the dtype the weights are saved in (``float32`` or ``bfloat16``: half the
+            bytes on disk; the policy's ``policy.token_vla.dtype`` decides the run's dtype).
     """
 
     hidden: int
     heads: int
     vision_layers: int
     text_layers: int
+    intermediate: int = 0
+    image_size: int = IMAGE_SIZE
+    patch_size: int = PATCH_SIZE
+    dtype: str = "float32"
+
+    @property
+    def mlp_width(self) -> int:
+        """Both towers' MLP width: ``intermediate``, or twice ``hidden`` when it is 0."""
+        return self.intermediate or 2 * self.hidden
+
+    @property
+    def patches(self) -> int:
+        """Vision patches per image."""
+        return (self.image_size // self.patch_size) ** 2
 
 
 SIZES: dict[str, ModelSize] = {
     "test": ModelSize(hidden=32, heads=2, vision_layers=1, text_layers=2),
     "tiny": ModelSize(hidden=64, heads=4, vision_layers=2, text_layers=2),
+    "0.5b": ModelSize(
+        hidden=1024,
+        heads=16,
+        vision_layers=12,
+        text_layers=24,
+        intermediate=4096,
+        image_size=224,
+        patch_size=14,
+        dtype="bfloat16",
+    ),
 }
 """Size preset name -> tower sizes."""
 
@@ -123,12 +161,13 @@ def llama_config(vocab_size: int, size: ModelSize = SIZES["test"]):
 
     return LlamaConfig(
         hidden_size=size.hidden,
-        intermediate_size=2 * size.hidden,
+        intermediate_size=size.mlp_width,
         num_attention_heads=size.heads,
         num_key_value_heads=size.heads,
         vocab_size=vocab_size,
         num_hidden_layers=size.text_layers,
-        max_position_embeddings=256,
+        # room for the image's tokens and as many text tokens
+        max_position_embeddings=max(256, 2 * size.patches),
         tie_word_embeddings=False,
         pad_token_id=0,
         bos_token_id=1,
@@ -139,11 +178,11 @@ def llama_config(vocab_size: int, size: ModelSize = SIZES["test"]):
 def _vision(size: ModelSize) -> dict:
     return {
         "hidden_size": size.hidden,
-        "intermediate_size": 2 * size.hidden,
+        "intermediate_size": size.mlp_width,
         "num_attention_heads": size.heads,
         "num_hidden_layers": size.vision_layers,
-        "image_size": IMAGE_SIZE,
-        "patch_size": PATCH_SIZE,
+        "image_size": size.image_size,
+        "patch_size": size.patch_size,
     }
 
 
@@ -158,12 +197,13 @@ def _llava(vocab_size: int, size: ModelSize):
         vision_feature_layer=-1,
         tie_word_embeddings=False,
     )
-    crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
-    image_processor = tf.CLIPImageProcessorPil(size={"shortest_edge": IMAGE_SIZE}, crop_size=crop)
+    side = size.image_size
+    crop = {"height": side, "width": side}
+    image_processor = tf.CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size=crop)
     processor = tf.LlavaProcessor(
         image_processor=image_processor,
         tokenizer=byte_tokenizer(),
-        patch_size=PATCH_SIZE,
+        patch_size=size.patch_size,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
     )
@@ -177,16 +217,19 @@ def _idefics3(vocab_size: int, size: ModelSize):
         vision_config=tf.Idefics3VisionConfig(**_vision(size)),
         text_config=llama_config(vocab_size, size),
         image_token_id=4,
-        scale_factor=2,
+        scale_factor=_SHUFFLE,
         tie_word_embeddings=False,
     )
-    edge = {"longest_edge": IMAGE_SIZE}
+    edge = {"longest_edge": size.image_size}
     image_processor = tf.Idefics3ImageProcessorPil(
         do_image_splitting=False, size=edge, max_image_size=edge
     )
-    # (32 / 8)^2 patches, pixel-shuffled by scale_factor 2: 4 image tokens
+    # the patches, pixel-shuffled by scale_factor 2 (2 x 2 patches per token): the "test"
+    # size's (32 / 8)^2 = 16 patches are 4 image tokens
     processor = tf.Idefics3Processor(
-        image_processor=image_processor, tokenizer=byte_tokenizer(), image_seq_len=4
+        image_processor=image_processor,
+        tokenizer=byte_tokenizer(),
+        image_seq_len=size.patches // _SHUFFLE**2,
     )
     return tf.Idefics3ForConditionalGeneration(config), processor
 
@@ -209,9 +252,11 @@ def write_vlm(
         raise ValueError(
             f"no preset {family}/{size} (families {sorted(FAMILIES)}, sizes {sorted(SIZES)})"
         )
+    spec = SIZES[size]
     with torch.random.fork_rng(devices=[]):  # leave the caller's generator as it was
         torch.manual_seed(seed)
-        model, processor = FAMILIES[family](vocab_size, SIZES[size])
+        model, processor = FAMILIES[family](vocab_size, spec)
+    model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[spec.dtype])
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
