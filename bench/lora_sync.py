@@ -1,6 +1,7 @@
 """Bytes per weight version with and without LoRA, on our VLA (``launch/vla_tabletop.yaml``) and
-on a pretrained-model policy (``launch/token_vla_tabletop.yaml``: the llava-tiny size preset of
-``rlvla3/policy/presets.py``, written into a temporary directory).
+on a pretrained-model policy (``launch/token_vla_tabletop.yaml``: the llava-tiny and llava-0.5b
+size presets of ``rlvla3/policy/presets.py``, written into a temporary directory; 0.5b takes a
+few GB of memory and about a minute per rank on a CPU).
 
 For each model (the table-top VLA as the launch file sets it, wider/deeper ones, the token VLA) and
 each ``policy.lora.rank`` (0: no LoRA, the whole float state travels), the policy is built as
@@ -36,7 +37,8 @@ from transport.weights import FlatLayout
 
 LAUNCH = "launch/vla_tabletop.yaml"
 TOKEN_VLA_LAUNCH = "launch/token_vla_tabletop.yaml"
-TOKEN_VLA_PRESET = ("llava", "tiny")
+TOKEN_VLA_PRESETS = [("llava", "tiny"), ("llava", "0.5b")]
+"""Token-VLA size presets measured (the first alone with ``--smoke``)."""
 FROM_SCRATCH = ["policy.init_checkpoint=null", "policy.init_launch=null", "algo.ref_kl_coef=0"]
 SIZES = {
     "tabletop (d64 L2)": [],
@@ -111,9 +113,10 @@ def _models(tmp: Path, *, smoke: bool) -> dict[str, tuple[str, list[str]]]:
     models = {name: (LAUNCH, size) for name, size in SIZES.items()}
     if smoke:
         models = {k: v for k, v in models.items() if k.startswith("tabletop")}
-    family, size = TOKEN_VLA_PRESET
-    path = write_vlm(tmp / f"{family}_{size}", family, size)
-    models[f"token VLA {family}-{size}"] = (TOKEN_VLA_LAUNCH, [f"policy.token_vla.path={path}"])
+    for family, size in TOKEN_VLA_PRESETS[:1] if smoke else TOKEN_VLA_PRESETS:
+        path = write_vlm(tmp / f"{family}_{size}", family, size)
+        overrides = [f"policy.token_vla.path={path}", f"policy.token_vla.preset={family}-{size}"]
+        models[f"token VLA {family}-{size}"] = (TOKEN_VLA_LAUNCH, overrides)
     return models
 
 
