@@ -61,9 +61,10 @@ def _siglip(**changes: Any) -> dict:
     }
 
 
-SLIDING = 512
-"""Aya Vision's sliding attention window: longer than any prompt here, as SFT's packing has no
-sliding window (a longer frame would get other figures packed than padded)."""
+SLIDING = 32
+"""Aya Vision's sliding attention window: shorter than the prompts here, so the window shapes
+what act and evaluate compute (and SFT's packing refuses the family: packed attention has no
+sliding window)."""
 _SQUARE = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
 
 

@@ -68,7 +68,26 @@ def packing_unsupported(model: nn.Module) -> str | None:
             "it takes token_type_ids (a bidirectional prefix per sample), which transformers' "
             "packed mask reads at the wrong places"
         )
+    window = sliding_window(model)
+    if window is not None:
+        return (
+            f"its language model attends through a sliding window ({window} tokens), which "
+            "packed attention does not apply"
+        )
     return None
+
+
+def sliding_window(model: nn.Module) -> int | None:
+    """The language model's sliding attention window where some layer uses one (Gemma 3,
+    Mistral, Cohere 2...), else None (Qwen2 configs carry a window they do not use)."""
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    if not window or getattr(text, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
 
 
 def one_row_only(model: nn.Module) -> bool:
