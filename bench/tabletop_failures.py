@@ -11,8 +11,11 @@ to ``max_episode_steps``) by what the pusher did over its last ``--tail`` steps:
 - ``other``: neither (e.g. pushing the block the wrong way, or walking off).
 
 It also reports where failures end (the named block's distance to its target: success is
-within 0.2) and the success rate per instruction (named block, named target), which says
-whether the policy misreads instructions or fails at the motion.
+within 0.2), the success rate per instruction (named block, named target), and how many
+episodes **misread** the instruction: most of their steps' actions point within 30 degrees of
+the scripted expert's action for another (block, target) pair of the scene and more than 45
+degrees from the named pair's (``sim/experts.py``, its clean action). Those say whether the
+policy misreads which block and target are meant or fails at the motion.
 
     python bench/tabletop_failures.py runs/vla_tabletop_weak [--episodes 300] [--json out.json]
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +42,13 @@ from rlvla3.config.run_config import Config, load_config
 from rlvla3.policy.factory import build_policy
 from rlvla3.runtime.checkpoints import load_checkpoint
 from sim.envs import make_env
-from sim.tabletop import COLOURS
+from sim.experts import TableTopExpert
+from sim.tabletop import COLOURS, NUM_OBJECTS
 
 STALLED_SPEED = 0.05
 """Table units per second below which the pusher counts as not moving."""
+FITS_DEG, MISSES_DEG = 30.0, 45.0
+"""A step fits a pair's expert action within FITS_DEG degrees and misses it beyond MISSES_DEG."""
 BY_INSTRUCTION = Table.from_layout("instruction:<33 | episodes:>7 | success:>8.2f")
 
 
@@ -78,14 +86,15 @@ def load_policy(args: argparse.Namespace) -> tuple[Config, torch.nn.Module, str]
 
 @torch.no_grad()
 def play(cfg: Config, policy: torch.nn.Module, episodes: int, seed: int, max_steps: int | None):
-    """Greedy episodes stepped as one batch: per episode its start state, success, final
-    block-to-target distance, and the env actions and pusher speeds it produced."""
+    """Greedy episodes stepped as one batch: per episode its states (the one each action was
+    taken in), success, final block-to-target distance, and the env actions and pusher speeds
+    it produced."""
     kwargs = dict(cfg.env.kwargs)
     if max_steps is not None:
         kwargs["max_episode_steps"] = max_steps
     envs = [make_env(cfg.env.id, seed=seed + i, **kwargs) for i in range(episodes)]
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
-    starts = [env.privileged_state() for env in envs]
+    states: list[list[Any]] = [[] for _ in envs]
     actions: list[list[np.ndarray]] = [[] for _ in envs]
     speeds: list[list[float]] = [[] for _ in envs]
     success, final = np.zeros(episodes, bool), np.zeros(episodes)
@@ -95,6 +104,7 @@ def play(cfg: Config, policy: torch.nn.Module, episodes: int, seed: int, max_ste
         out = policy.to_env_action(policy.act(batch, deterministic=True).action).numpy()
         still = []
         for i, action in zip(live, out, strict=True):
+            states[i].append(envs[i].privileged_state())
             obs[i], _, terminated, truncated, info = envs[i].step(action)
             actions[i].append(np.asarray(action, np.float64))
             speeds[i].append(float(np.hypot(*envs[i].privileged_state().pusher_vel)))
@@ -103,7 +113,33 @@ def play(cfg: Config, policy: torch.nn.Module, episodes: int, seed: int, max_ste
             else:
                 still.append(i)
         live = still
-    return starts, success, final, actions, speeds
+    return states, success, final, actions, speeds
+
+
+def _angle(a: np.ndarray, b: np.ndarray) -> float:
+    """Degrees between two 2-D directions, in [0, 180]."""
+    turn = np.degrees(np.arctan2(a[1], a[0]) - np.arctan2(b[1], b[0]))
+    return abs((turn + 180.0) % 360.0 - 180.0)
+
+
+def misread(states: list[Any], actions: list[np.ndarray], expert: TableTopExpert) -> bool:
+    """Whether most of an episode's actions fit the expert's action for another (block,
+    target) pair of the scene and miss the named pair's (see the module docstring)."""
+    misread_steps = 0
+    for state, action in zip(states, actions, strict=True):
+        named = (state.block_index, state.target_index)
+        errors = {
+            pair: _angle(action, expert.act_with_label(_naming(state, pair))[1])
+            for pair in itertools.product(range(NUM_OBJECTS), repeat=2)
+        }
+        others = min(e for pair, e in errors.items() if pair != named)
+        misread_steps += errors[named] > MISSES_DEG and others <= FITS_DEG
+    return misread_steps > len(actions) / 2
+
+
+def _naming(state: Any, pair: tuple[int, int]) -> Any:
+    """``state`` with another (block, target) pair named."""
+    return dataclasses.replace(state, block_index=pair[0], target_index=pair[1])
 
 
 def failure_kind(actions: list[np.ndarray], speeds: list[float], tail: int) -> str:
@@ -121,10 +157,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     episodes, tail = (4, 3) if args.smoke else (args.episodes, args.tail)
     cfg, policy, loaded = load_policy(args)
-    starts, success, final, actions, speeds = play(
+    states, success, final, actions, speeds = play(
         cfg, policy, episodes, args.seed, 6 if args.smoke else args.max_episode_steps
     )
+    starts = [episode[0] for episode in states]
     failed = np.flatnonzero(~success)
+    expert = TableTopExpert()
+    misreads = [misread(states[i], actions[i], expert) for i in range(episodes)]
     kinds = collections.Counter(failure_kind(actions[i], speeds[i], tail) for i in failed)
     per_instruction: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for start, won in zip(starts, success, strict=True):
@@ -137,6 +176,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "success_rate": float(success.mean()),
         "failures": len(failed),
         "failure_kinds": {k: kinds.get(k, 0) for k in ("oscillating", "stalled", "other")},
+        "misread_instruction": {
+            "failures": int(sum(misreads[i] for i in failed)),
+            "successes": int(sum(misreads[i] for i in np.flatnonzero(success))),
+        },
         "failure_final_distance": {
             "median": float(np.median(final[failed])) if len(failed) else None,
             "share_within_0_3": float((final[failed] <= 0.3).mean()) if len(failed) else None,
@@ -156,6 +199,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'failures':<34}{len(failed):>6}")
     for kind, n in results["failure_kinds"].items():
         print(f"  {kind:<32}{n:>6}")
+    misread_counts = results["misread_instruction"]
+    print(
+        f"  {'misread the instruction':<32}{misread_counts['failures']:>6}"
+        f"   (successes that did: {misread_counts['successes']})"
+    )
     dist = results["failure_final_distance"]
     if len(failed):
         print(
