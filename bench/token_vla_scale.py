@@ -64,6 +64,9 @@ LAUNCH = "launch/token_vla_tabletop.yaml"
 """The table-top task's token-VLA run: its env, prompt, bins and PPO settings."""
 PHASES = ("a", "b", "c", "d", "e", "f")
 IN_PROCESS = ("a", "b", "d", "e")
+"""Phases run on a policy loaded in this process (phase c needs it too: the weights' length)."""
+AGAINST = {"b": "a", "c": "a", "e": "d"}
+"""Phase -> the bare loop its figure is measured against."""
 GOAL = 0.8
 """Fraction of the bare loop's rate the system should reach (c / a and e / d)."""
 TABLE = Table.from_layout("phase:<8 | what:<30 | rate:>12,.1f | unit:<19 | vs bare:>8")
@@ -128,10 +131,12 @@ class Recorder:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.results: dict[str, Any] = {"preset": args.preset, "device": args.device}
-        self.rows: list[tuple] = []
+        self.labels: dict[str, str] = {}
+        """Phase -> what it measured, in the order measured."""
 
     def phase(self, key: str, what: str, rate: float, unit: str, started: float, **extra) -> None:
         seconds = time.monotonic() - started
+        self.labels[key] = what
         self.results[key] = {"rate": rate, "unit": unit, "phase_s": seconds, **extra}
         print(f"phase {key}: {what}: {rate:,.1f} {unit} ({seconds:.1f} s)", flush=True)
         self.flush()
@@ -265,23 +270,12 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
     rec.note("f_speedup_async_vs_sync", rates["async"] / rates["sync"] if rates["sync"] else None)
 
 
-def print_summary(results: dict[str, Any]) -> None:
+def print_summary(rec: Recorder) -> None:
     """One line per figure, each against its bare loop where it has one."""
-    bare = {"b": "a", "c": "a", "e": "d"}
-    labels = {
-        "a": "bare inference",
-        "b": "policy.act",
-        "c": "rollout server",
-        "d": "bare training",
-        "e": "trainer update",
-        "f_sync": "sync env steps",
-        "f_async": "async env steps",
-    }
+    results = rec.results
     print(TABLE.header())
-    for key, label in labels.items():
-        if key not in results:
-            continue
-        r, base = results[key], results.get(bare.get(key, ""))
+    for key, label in rec.labels.items():
+        r, base = results[key], results.get(AGAINST.get(key, ""))
         ratio = f"{r['rate'] / base['rate']:.2f}" if base else "-"
         print(TABLE.row(key, label, r["rate"], r["unit"], ratio))
     if "c" in results:
@@ -308,7 +302,9 @@ def main() -> None:
         )
         sections = run_sections(args, model_dir)
         cfg = config_from_dict({"run": {"name": "token_vla_scale"}, **sections})
-        numel = in_process_phases(args, cfg, rec)
+        numel = 0
+        if set(args.phases) & {*IN_PROCESS, "c"}:
+            numel = in_process_phases(args, cfg, rec)
         gc.collect()  # this process's model goes before the servers load theirs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -317,11 +313,11 @@ def main() -> None:
         if "f" in args.phases:
             modes_phase(args, sections, rec)
     for key in ("c", "e"):
-        base = rec.results.get({"c": "a", "e": "d"}[key])
+        base = rec.results.get(AGAINST[key])
         if key in rec.results and base:
             rec.results[key]["vs_bare"] = rec.results[key]["rate"] / base["rate"]
     rec.flush()
-    print_summary(rec.results)
+    print_summary(rec)
 
 
 if __name__ == "__main__":
