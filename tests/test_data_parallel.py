@@ -92,7 +92,9 @@ def _spawn(target, tmp: Path) -> list[dict]:
         p.start()
     for p in procs:
         p.join(timeout=120)
-        assert p.exitcode == 0, "a rank failed (its traceback is above)"
+    codes = [p.exitcode for p in procs]
+    # (a negative code is a signal: -6, an abort at exit, has no traceback above)
+    assert codes == [0, 0], f"a rank failed, exit codes {codes} (its traceback is above)"
     return [torch.load(Path(o), weights_only=True) for o in outs]
 
 

@@ -56,6 +56,8 @@ def group_mesh(group: TrainGroup) -> DeviceMesh:
         rank=group.rank,
         world_size=group.world_size,
     )
+    # (closing the group destroys it first: at exit nothing may hold the group's threads)
+    group.on_close(dist.destroy_process_group)
     return DeviceMesh.from_group(dist.group.WORLD, group.device.type)
 
 

@@ -94,6 +94,7 @@ class TrainGroup:
         self.device = device
         self._seq = 0
         self._unread: list[str] = []  # headers posted that a rank may not have read yet
+        self._on_close: list[Callable[[], None]] = []
         prefixed = dist.PrefixStore("train_group", store)
         timeout = datetime.timedelta(seconds=timeout_s)
         if device.type == "cuda":
@@ -242,16 +243,30 @@ class TrainGroup:
                 follow(message)
         return False
 
+    def on_close(self, teardown: Callable[[], None]) -> None:
+        """Call ``teardown`` when the group closes, before its process group shuts down (what
+        was built on the group, e.g. the default process group ``algo.sharding`` makes of it;
+        the newest first)."""
+        self._on_close.append(teardown)
+
     def close(self) -> None:
-        """Leave the group (the process group's sockets close with it)."""
-        self.pg = None
+        """Leave the group: what was built on it goes first (``on_close``), then the process
+        group shuts down, its threads stopped and its sockets closed while Python still runs.
+        Dropping the reference alone is not enough where something else holds the process
+        group (the default group of a sharded trainer does)."""
+        pg, self.pg = self.pg, None
         _OPEN_GROUPS.discard(self)
+        while self._on_close:
+            self._on_close.pop()()
+        if pg is not None:
+            pg.shutdown()
 
 
 _OPEN_GROUPS: weakref.WeakSet[TrainGroup] = weakref.WeakSet()
 """Groups not closed yet. A process that exits with one open tears gloo's threads down in the
 interpreter's last C++ destructors, which can abort it (``terminate called without an active
-exception``); closing them first, at exit, drops each process group while Python still runs."""
+exception``); closing them first, at exit, shuts each process group down while Python still
+runs."""
 
 
 @atexit.register
