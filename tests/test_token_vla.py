@@ -242,6 +242,22 @@ def test_state_mapping_writes_the_state_into_the_prompt(model_dir) -> None:
     assert prompts[0].startswith(policy.processor.image_token)
 
 
+def test_the_image_goes_where_the_prompt_says(model_dir) -> None:
+    policy = make_policy(model_dir, prompt="Task: {instruction}.{image}{state}\n")
+    image = policy.processor.image_token
+    prompts = policy.prompt.prompts(np.stack([encode_instruction("go", 8)]), np.array([[0.5, -1]]))
+    assert prompts[0] == f"Task: go.{image} State: 0.500 -1.000\n"
+    # after the instruction, in a batch of rows of other lengths: act's log-probs are evaluate's
+    obs = observations(4)
+    out = policy.act(obs)
+    again = policy.evaluate(obs, out.action)
+    torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
+    # and the image's tokens read the instruction before them
+    first = policy.act(obs, deterministic=True)
+    changed = dict(obs, instruction=observations(4, seed=1)["instruction"].roll(1, 0))
+    assert not torch.allclose(policy.evaluate(changed, first.action).log_prob, first.log_prob)
+
+
 def test_the_factory_builds_it_from_yaml_keys(model_dir) -> None:
     cfg = load_config(
         None,
@@ -342,6 +358,15 @@ def test_a_wrong_action_or_observation_space_is_one_clear_error(
 def test_a_yaml_without_path_or_with_a_bad_prompt_is_refused() -> None:
     with pytest.raises(ConfigError, match="policy.token_vla.path"):
         load_config(None, ["policy.kind=token_vla"])
+    with pytest.raises(ConfigError, match=r"policy.token_vla: prompt: \{image\} may appear once"):
+        load_config(
+            None,
+            [
+                "policy.kind=token_vla",
+                "policy.token_vla.path=/x",
+                "policy.token_vla.prompt='Do {image}{instruction}{image}{state}'",
+            ],
+        )
     with pytest.raises(ConfigError, match=r"policy.token_vla: prompt: .*\{state\}"):
         load_config(
             None,

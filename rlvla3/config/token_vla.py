@@ -19,7 +19,7 @@ ModelDType = Literal["float32", "bfloat16"]
 DEFAULT_PROMPT = "In: What action should the robot take to {instruction}?{state}\nOut:"
 """OpenVLA's prompt, with the state (when one is mapped) after the question."""
 
-PROMPT_FIELDS = ("instruction", "state")
+PROMPT_FIELDS = ("instruction", "state", "image")
 """The placeholders a prompt template may use."""
 
 
@@ -78,7 +78,7 @@ class TokenVLAConfig:
     action_high: list[float] | None = None
     """Upper bin edge per action dimension (one value: every dimension); null: the env's action space's high."""
     prompt: str = DEFAULT_PROMPT
-    """Prompt template with ``{instruction}`` and optionally ``{state}``; the model's image token is put in front of it."""
+    """Prompt template with ``{instruction}`` and optionally ``{state}`` and ``{image}`` (where the model's image token goes; without it, in front of the prompt). After the instruction, the image's tokens attend to it: a causal language model then reads the image already knowing what it is asked."""
     state_decimals: int = bounded(3, ge=0, le=8)
     """Decimals of each state value in the prompt."""
     observation: ObservationMapping = field(default_factory=ObservationMapping)
@@ -103,7 +103,9 @@ class TokenVLAConfig:
             self.prompt.format(**dict.fromkeys(PROMPT_FIELDS, ""))
         except (KeyError, IndexError, ValueError) as err:
             raise ValueError(
-                f"prompt: only {{instruction}} and {{state}} may be used ({err!r})"
+                f"prompt: only {{instruction}}, {{state}} and {{image}} may be used ({err!r})"
             ) from None
+        if self.prompt.count("{image}") > 1:
+            raise ValueError(f"prompt: {{image}} may appear once, got {self.prompt!r}")
         if self.observation.state is not None and "{state}" not in self.prompt:
             raise ValueError("prompt: a mapped observation.state needs {state} in the prompt")

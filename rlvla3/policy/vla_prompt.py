@@ -1,9 +1,10 @@
 """The token VLA's prompts: the wire's observations (byte-token instruction, state vector) as the
 text a pretrained model reads.
 
-A prompt is the model's image token followed by ``policy.token_vla.prompt`` with
-``{instruction}`` (the decoded instruction) and ``{state}`` (`` State: 0.120 -0.500``, each value
-with ``state_decimals`` decimals; empty when no state is mapped). Fixed decimals keep the text,
+A prompt is ``policy.token_vla.prompt`` with ``{instruction}`` (the decoded instruction),
+``{state}`` (`` State: 0.120 -0.500``, each value with ``state_decimals`` decimals; empty when no
+state is mapped) and ``{image}`` (the model's image token, which its processor expands; in front
+of the prompt when the template has no ``{image}``). Fixed decimals keep the text,
 and so the tokens, of one state the same on every machine.
 """
 
@@ -36,7 +37,7 @@ class PromptBuilder:
     """Builds one prompt per observation row.
 
     Attributes:
-        template: the configured prompt with ``{instruction}`` and ``{state}``.
+        template: the configured prompt with ``{instruction}``, ``{state}`` and ``{image}``.
         image_token: what marks the image in the model's prompts (the processor expands it).
         state_decimals: decimals of each state value.
     """
@@ -47,12 +48,12 @@ class PromptBuilder:
 
     def prompts(self, instructions: np.ndarray, states: np.ndarray | None) -> list[str]:
         """Prompts for instructions int[B, L] and states float[B, P] (or None)."""
-        rows = range(len(instructions))
+        template = self.template if "{image}" in self.template else "{image}" + self.template
         return [
-            self.image_token
-            + self.template.format(
+            template.format(
                 instruction=decode_instruction(instructions[i]),
                 state=state_text(None if states is None else states[i], self.state_decimals),
+                image=self.image_token,
             )
-            for i in rows
+            for i in range(len(instructions))
         ]
