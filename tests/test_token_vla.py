@@ -252,7 +252,7 @@ def test_the_image_goes_where_the_prompt_says(model_dir) -> None:
     out = policy.act(obs)
     again = policy.evaluate(obs, out.action)
     torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
-    # and the image's tokens read the instruction before them
+    # and the instruction still steers the actions from before the image
     first = policy.act(obs, deterministic=True)
     changed = dict(obs, instruction=observations(4, seed=1)["instruction"].roll(1, 0))
     assert not torch.allclose(policy.evaluate(changed, first.action).log_prob, first.log_prob)

@@ -37,7 +37,8 @@ class PromptBuilder:
     """Builds one prompt per observation row.
 
     Attributes:
-        template: the configured prompt with ``{instruction}``, ``{state}`` and ``{image}``.
+        template: the configured prompt with ``{instruction}``, ``{state}`` and ``{image}``
+            (``{image}`` put in front, once, when it has none).
         image_token: what marks the image in the model's prompts (the processor expands it).
         state_decimals: decimals of each state value.
     """
@@ -46,11 +47,14 @@ class PromptBuilder:
     image_token: str
     state_decimals: int
 
+    def __post_init__(self) -> None:
+        if "{image}" not in self.template:
+            object.__setattr__(self, "template", "{image}" + self.template)
+
     def prompts(self, instructions: np.ndarray, states: np.ndarray | None) -> list[str]:
         """Prompts for instructions int[B, L] and states float[B, P] (or None)."""
-        template = self.template if "{image}" in self.template else "{image}" + self.template
         return [
-            template.format(
+            self.template.format(
                 instruction=decode_instruction(instructions[i]),
                 state=state_text(None if states is None else states[i], self.state_decimals),
                 image=self.image_token,
