@@ -21,7 +21,11 @@ from rlvla3.policy.action_tokens import action_bins  # noqa: E402
 from rlvla3.policy.hf_model import wrap_vlm  # noqa: E402
 from rlvla3.policy.lora import apply_lora  # noqa: E402
 from rlvla3.policy.token_vla import TokenVLAPolicy  # noqa: E402
-from rlvla3.policy.token_vla_packing import PackedEvaluator, packing_unsupported  # noqa: E402
+from rlvla3.policy.token_vla_packing import (  # noqa: E402
+    PackedEvaluator,
+    packing_unsupported,
+    sliding_window,
+)
 from tests.test_token_vla import (  # noqa: E402
     make_policy,
     observations,
@@ -114,17 +118,34 @@ def test_a_processor_that_needs_torchvision_is_one_clear_error(family, tmp_path)
 @pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])
 def test_packed_evaluate_gives_the_padded_figures_or_says_why_not(policy_of, varlen) -> None:
     """SFT's packed evaluation: the padded figures per frame where the family packs, and the
-    reason it trains on padded batches where it does not."""
+    reason it trains on padded batches where it does not. A sliding-window family packs
+    frames no longer than its window (4,096 tokens here), and evaluates a batch with a longer
+    frame (a window of 16) padded, where the window applies."""
     policy = policy_of().eval()
     reason = packing_unsupported(policy.model)
     if reason is not None:
-        known = ("token_type_ids", "rotary positions are multimodal", "sliding window")
+        known = ("token_type_ids", "rotary positions are multimodal")
         assert any(why in reason for why in known), reason
         return
     obs = observations(6)
     action = torch.randint(0, 16, (6, 2), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        padded = policy.evaluate(obs, action)
-        packed = PackedEvaluator(policy, 400, varlen=varlen)(obs, action)
-    for name in ("log_prob", "entropy", "value"):
-        torch.testing.assert_close(getattr(packed, name), getattr(padded, name), atol=1e-4, rtol=0)
+    text = policy.model.config.get_text_config()
+    windows = [None] if sliding_window(policy.model) is None else [16, 4096]
+    log_probs = []
+    for window in windows:
+        if window is not None:
+            text.sliding_window = window
+        with torch.no_grad():
+            padded = policy.evaluate(obs, action)
+            log_probs.append(padded.log_prob)
+            evaluator = PackedEvaluator(policy, 400, varlen=varlen)
+            packed = evaluator(obs, action)
+        longest = int(policy._prompt_inputs(obs)[1].max()) + 2
+        too_long = window is not None and longest > window
+        assert evaluator.padded_batches == int(too_long)
+        assert (evaluator.last is None) == too_long
+        for name in ("log_prob", "entropy", "value"):
+            got, want = getattr(packed, name), getattr(padded, name)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    if len(windows) > 1:  # a window shorter than the frames matters
+        assert not torch.allclose(log_probs[0], log_probs[1], atol=1e-3)

@@ -27,6 +27,11 @@ What cannot pack (``packing_unsupported``, decided once from the model):
 - ``token_type_ids`` (PaliGemma, Gemma 3: a bidirectional prefix per sample): transformers
   reads them at the packed positions, not at the tokens, once it remaps a packed mask.
 
+A sliding attention window (Mistral, Cohere 2...) does not stop packing: packed attention
+attends over the whole frame, which is what the window does for a frame no longer than it.
+A batch with a longer frame is evaluated padded instead (``PackedEvaluator.padded_batches``
+counts them), where the model applies its window itself.
+
 Per frame the figures are the padded ``TokenVLAPolicy.evaluate``'s (tested to 1e-4 in float32):
 log-prob and entropy summed over the D action tokens, the value head on the last prompt
 token's last hidden state.
@@ -67,12 +72,6 @@ def packing_unsupported(model: nn.Module) -> str | None:
         return (
             "it takes token_type_ids (a bidirectional prefix per sample), which transformers' "
             "packed mask reads at the wrong places"
-        )
-    window = sliding_window(model)
-    if window is not None:
-        return (
-            f"its language model attends through a sliding window ({window} tokens), which "
-            "packed attention does not apply"
         )
     return None
 
@@ -235,6 +234,10 @@ class PackedEvaluator:
             mask; varlen attention takes every frame in one row.
         varlen: switch the language model's sdpa or eager attention to ``rlvla3_varlen``
             (``rlvla3/policy/hf_varlen.py``); False leaves transformers' dense packed mask.
+
+    Attributes:
+        window: the language model's sliding attention window (None: it has none).
+        padded_batches: batches evaluated padded because a frame was longer than ``window``.
     """
 
     def __init__(self, policy: TokenVLAPolicy, row_tokens: int, *, varlen: bool = True) -> None:
@@ -246,6 +249,8 @@ class PackedEvaluator:
         self.policy = policy
         self.varlen = one_row_only(policy.model)
         self.row_tokens = None if self.varlen else row_tokens
+        self.window = sliding_window(policy.model)
+        self.padded_batches = 0
         self.last: PackedRows | None = None
 
     def __call__(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
@@ -253,8 +258,13 @@ class PackedEvaluator:
         value float32[B] of actions int64[B, D] (an action chunk's int64[B, K, D])."""
         policy = self.policy
         inputs, lengths = policy._prompt_inputs(obs)
-        action = policy.action_tokens(action, lengths)
-        dims = action.shape[1]
+        tokens = policy.action_tokens(action, lengths)
+        dims = tokens.shape[1]
+        if self.window is not None and int(lengths.max()) + dims > self.window:
+            # packed attention would see past the window: the padded batch applies it
+            self.padded_batches += 1
+            return policy.evaluate(obs, action)
+        action = tokens
         rows = pack_frames(
             inputs,
             lengths,
