@@ -63,8 +63,8 @@ def _siglip(**changes: Any) -> dict:
 
 SLIDING = 32
 """Aya Vision's sliding attention window: shorter than the prompts here, so the window shapes
-what act and evaluate compute (and SFT's packing refuses the family: packed attention has no
-sliding window)."""
+what act and evaluate compute (and SFT evaluates its batches padded: packed attention would
+see the whole frame)."""
 _SQUARE = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
 
 
