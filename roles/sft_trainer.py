@@ -81,6 +81,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         # the policy family's sequence per frame, and its packed or padded evaluation
         counting = frame_tokens(self.policy, packing=s.packing, row_tokens=s.token_budget)
         self.evaluate = counting.evaluate
+        self._said_padded = False
         tokens = {
             "fixed_tokens": counting.fixed_tokens,
             "variable_tokens": counting.variable_tokens,
@@ -217,6 +218,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
             self.group.post(SFT_STEP, {"step": self.steps}, {})
         with self.busy("SFT step"):
             metrics = self._train_step()
+        self._say_when_padded()
         self.steps += 1
         if self._publish_due():
             self._publish()
@@ -227,6 +229,18 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.gauge("loss", metrics["loss"])
         self.gauge("tokens_per_s", self.token_rate.rate())
         self.last_loss = metrics["loss"]
+
+    def _say_when_padded(self) -> None:
+        """Log once that packed batches fell back to padding: a frame longer than the model's
+        sliding attention window (``PackedEvaluator.padded_batches``)."""
+        padded = getattr(self.evaluate, "padded_batches", 0)
+        if padded and not self._said_padded:
+            self._said_padded = True
+            self.log.info(
+                "right-padded batches: a frame is longer than the language model's sliding "
+                "window (%d tokens); batches holding one are evaluated padded",
+                self.evaluate.window,
+            )
 
     def _follower_step(self) -> None:
         """A rank other than 0: the step rank 0 said it takes next, or a moment's wait."""
