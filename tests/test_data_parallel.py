@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import sys
+import traceback
 from pathlib import Path
 
 import gymnasium as gym
@@ -82,18 +85,36 @@ def _rank(rank: int, port: int, out: str) -> None:
     torch.save({"trace": torch.stack(trace), "reduced": shared.reduced_bytes}, out)
 
 
+def _as_a_role(target, rank: int, port: int, out: str) -> None:
+    """Run ``target(rank, port, out)``, then leave as a role process does
+    (``rlvla3/runtime/role.py``): without the interpreter's teardown, where a daemon thread
+    still blocked in a C++ call (a gloo receive, a TCPStore wait) can abort a process whose work
+    is done and saved ("terminate called without an active exception")."""
+    code = 0
+    try:
+        target(rank, port, out)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _spawn(target, tmp: Path) -> list[dict]:
     """Run ``target(rank, port, out)`` as ranks 0 and 1 of a group; what each saved."""
     store = start_store("127.0.0.1", timeout_s=30)
     ctx = multiprocessing.get_context("spawn")
     outs = [str(tmp / f"rank{r}.pt") for r in range(2)]
-    procs = [ctx.Process(target=target, args=(r, store.port, outs[r])) for r in range(2)]
+    procs = [
+        ctx.Process(target=_as_a_role, args=(target, r, store.port, outs[r])) for r in range(2)
+    ]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=120)
     codes = [p.exitcode for p in procs]
-    # (a negative code is a signal: -6, an abort at exit, has no traceback above)
+    # (a negative code is a signal, which leaves no traceback above)
     assert codes == [0, 0], f"a rank failed, exit codes {codes} (its traceback is above)"
     return [torch.load(Path(o), weights_only=True) for o in outs]
 
