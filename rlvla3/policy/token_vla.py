@@ -117,7 +117,13 @@ class TokenVLAPolicy(ActorCritic):
         """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
         over the K x D tokens) and value float32[B] of actions int64[B, D] (int64[B, K, D])."""
         inputs, lengths = self._prompt_inputs(obs)
-        tokens = self.action_tokens(action, lengths)
+        return self.evaluate_prompts(inputs, lengths, self.action_tokens(action, lengths), obs)
+
+    def evaluate_prompts(
+        self, inputs: dict[str, Tensor], lengths: Tensor, tokens: Tensor, obs: ObsBatch
+    ) -> EvalOutput:
+        """``evaluate`` on prompts already processed (``_prompt_inputs``) and action tokens
+        int64[B, K x D] (``action_tokens``)."""
         logits, last_hidden = self._score(inputs, lengths, tokens)
         dist = Categorical(logits=logits[:, : tokens.shape[1]], validate_args=False)
         return EvalOutput(

@@ -263,12 +263,11 @@ class PackedEvaluator:
         if self.window is not None and int(lengths.max()) + dims > self.window:
             # packed attention would see past the window: the padded batch applies it
             self.padded_batches += 1
-            return policy.evaluate(obs, action)
-        action = tokens
+            return policy.evaluate_prompts(inputs, lengths, tokens, obs)
         rows = pack_frames(
             inputs,
             lengths,
-            policy.action_ids[action],
+            policy.action_ids[tokens],
             row_tokens=self.row_tokens,
             pad_id=policy.pad_id,
         )
@@ -288,7 +287,7 @@ class PackedEvaluator:
         last_hidden = out.hidden_states[-1][rows.row, rows.last_prompt].float()
         dist = Categorical(logits=logits, validate_args=False)
         return EvalOutput(
-            log_prob=dist.log_prob(action).sum(-1),
+            log_prob=dist.log_prob(tokens).sum(-1),
             entropy=dist.entropy().sum(-1),
             value=policy._value(last_hidden, obs),
         )
