@@ -211,7 +211,7 @@ def train_step(
     if symmetry is not None:
         obs_np, actions_np = augment(obs_np, actions_np, symmetry, rng)
     obs = {k: torch.from_numpy(v) for k, v in obs_np.items()}
-    actions = policy.from_env_action(torch.from_numpy(actions_np))
+    actions = policy.demo_action(obs, torch.from_numpy(actions_np))
     loss = -policy.evaluate(obs, actions).log_prob.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()

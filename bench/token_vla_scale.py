@@ -173,7 +173,7 @@ def in_process_phases(args: argparse.Namespace, cfg, rec: Recorder) -> int:
     obs_t = {k: torch.from_numpy(v).to(device) for k, v in obs.items()}
     # the policy's own prompt and processor call: the bare loops get exactly its inputs
     inputs, _ = policy._prompt_inputs(obs_t)
-    count = policy.bins.steps * policy.bins.dims
+    count = policy.bins.tokens
     rec.note("prompt_tokens", int(inputs["input_ids"].shape[1]))
     window, b = args.window_s, args.batch
     if "a" in args.phases:

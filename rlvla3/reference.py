@@ -24,7 +24,12 @@ from rlvla3.config import run_config as c
 from rlvla3.config import sections
 from rlvla3.config.lora import LoraConfig
 from rlvla3.config.role_table import ROLES
-from rlvla3.config.token_vla import ObservationMapping, PresetGrounding, TokenVLAConfig
+from rlvla3.config.token_vla import (
+    ObservationMapping,
+    PlanConfig,
+    PresetGrounding,
+    TokenVLAConfig,
+)
 from rlvla3.config.vla import VLAConfig
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 
@@ -69,6 +74,7 @@ def _sections() -> list[tuple[str, type]]:
         ("policy.token_vla", TokenVLAConfig),
         ("policy.token_vla.observation", ObservationMapping),
         ("policy.token_vla.preset_grounding", PresetGrounding),
+        ("policy.token_vla.plan", PlanConfig),
         ("policy.lora", LoraConfig),
         ("algo", sections.AlgoConfig),
         ("sft", sections.SftConfig),

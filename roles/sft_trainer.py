@@ -330,7 +330,7 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         if self.symmetry is not None:
             frames, env_actions = augment(frames, env_actions, self.symmetry, self.rng)
         obs = {k: torch.from_numpy(v).to(self.device) for k, v in frames.items()}
-        actions = self.policy.from_env_action(torch.from_numpy(env_actions))
+        actions = self.policy.demo_action(obs, torch.from_numpy(env_actions).to(self.device))
         loss, grad_norm = sft_update(
             self.policy,
             self.optimizer,

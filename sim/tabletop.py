@@ -17,6 +17,9 @@ Observations (``obs_mode``):
 - ``"rgb+state"``: both: the ``"rgb"`` keys plus that ``"state"``, the simulator's privileged
   state for an asymmetric critic (``policy.token_vla.observation.critic``) that the policy does
   not read.
+- ``"rgb+goal"``: the ``"rgb"`` keys plus ``"goal"``: float32[4] = the named block's and the
+  named target's positions, the labels of a token VLA's plan (``policy.token_vla.plan``) in
+  the demos it clones; the policy does not read it.
 
 Action: ``float32[2]`` in ``[-1, 1]``, the pusher velocity as a fraction of its maximum speed.
 Reward: potential shaping on the named block's distance to the named target (weight 3) and the
@@ -46,7 +49,8 @@ MAX_STEP = MAX_SPEED / CONTROL_HZ  # table units per step
 CONTACT = PUSHER_RADIUS + BLOCK_RADIUS
 W_BLOCK, W_PUSHER, STEP_COST, SUCCESS_BONUS = 3.0, 0.5, 0.01, 5.0
 STATE_DIM = 4 + 4 * NUM_OBJECTS + 2 * NUM_OBJECTS
-OBS_MODES = ("rgb", "state", "rgb+state")
+OBS_MODES = ("rgb", "state", "rgb+state", "rgb+goal")
+GOAL_DIM = 4  # the named block's (x, y), then the named target's
 
 TABLE_RGB = np.array([168, 150, 120], np.uint8)
 OBJECT_RGB = np.array([[215, 40, 40], [40, 170, 60], [50, 70, 220]], np.uint8)
@@ -59,8 +63,9 @@ class TableTopConfig:
     """Options of :class:`TableTopEnv`.
 
     Attributes:
-        obs_mode: ``"rgb"`` (image + instruction tokens + proprio), ``"state"``, or
-            ``"rgb+state"`` (both: the state for a critic).
+        obs_mode: ``"rgb"`` (image + instruction tokens + proprio), ``"state"``,
+            ``"rgb+state"`` (both: the state for a critic) or ``"rgb+goal"`` (the named block's
+            and target's positions beside the ``"rgb"`` keys: a plan's labels).
         image_size: side S of the square RGB image, pixels.
         instruction_max_len: token length L of the encoded instruction.
         max_episode_steps: episodes are truncated after this many steps.
@@ -193,8 +198,10 @@ class TableTopEnv(SimAdapter):
         if cfg.obs_mode == "state":
             return spaces.Dict(state)
         s, n = cfg.image_size, cfg.instruction_max_len
+        goal = {"goal": spaces.Box(-1.0, 1.0, (GOAL_DIM,), np.float32)}
+        extra = {"rgb+state": state, "rgb+goal": goal}.get(cfg.obs_mode, {})
         return spaces.Dict(
-            (state if cfg.obs_mode == "rgb+state" else {})
+            extra
             | {
                 "image": spaces.Box(0, 255, (s, s, 3), np.uint8),
                 "instruction": spaces.Box(0, 256, (n,), np.int32),
@@ -320,6 +327,9 @@ class TableTopEnv(SimAdapter):
         }
         if self.config.obs_mode == "rgb+state":
             obs["state"] = self._state_vector()
+        elif self.config.obs_mode == "rgb+goal":
+            named = (self._blocks[self._block_idx], self._targets[self._target_idx])
+            obs["goal"] = np.concatenate(named).astype(np.float32)
         return obs
 
     def _state_vector(self) -> np.ndarray:

@@ -21,7 +21,7 @@ from rlvla3.algo.batch import build_batch  # noqa: E402
 from rlvla3.algo.learners import Objective  # noqa: E402
 from rlvla3.algo.optim import build_optimizer  # noqa: E402
 from rlvla3.config.run_config import AlgoConfig, load_config  # noqa: E402
-from rlvla3.config.token_vla import ObservationMapping, TokenVLAConfig  # noqa: E402
+from rlvla3.config.token_vla import ObservationMapping, PlanConfig, TokenVLAConfig  # noqa: E402
 from rlvla3.config.typed_load import ConfigError  # noqa: E402
 from rlvla3.policy import token_decode  # noqa: E402
 from rlvla3.policy.factory import EnvSpaces, build_policy  # noqa: E402
@@ -233,6 +233,36 @@ def test_a_discrete_action_space_is_one_token_of_n(model_dir) -> None:
     env_action = policy.to_env_action(out.action)
     assert env_action.shape == (3,) and ((env_action >= 0) & (env_action < 5)).all()
     assert torch.equal(policy.from_env_action(env_action), out.action)
+
+
+def test_plan_tokens_come_before_the_actions_and_the_env_never_sees_them(model_dir) -> None:
+    policy = make_policy(model_dir, plan=PlanConfig(key="goal", dims=4))
+    assert policy.action_spec().shape == (6,) and policy.action_spec().num_choices == 16
+    obs = observations(3)
+    out = policy.act(obs)
+    assert out.action.shape == (3, 6)
+    torch.testing.assert_close(
+        policy.evaluate(obs, out.action).log_prob, out.log_prob, atol=1e-4, rtol=0
+    )
+    # the env steps with the last two tokens' bins; the plan's four change nothing there
+    env_action = policy.to_env_action(out.action)
+    replanned = out.action.clone()
+    replanned[:, :4] = (replanned[:, :4] + 5) % 16
+    assert env_action.shape == (3, 2) and torch.equal(policy.to_env_action(replanned), env_action)
+    # demos: the plan's bins from the frames' goal (16 bins over [-1, 1]), then the action's
+    goal = torch.tensor([[-1.0, -0.99, 0.0, 0.99]] * 3)
+    demo = policy.demo_action({**obs, "goal": goal}, env_action)
+    assert demo[0, :4].tolist() == [0, 0, 8, 15] and torch.equal(demo[:, 4:], out.action[:, 4:])
+    # SFT on the plan needs demos that have it
+    with pytest.raises(ConfigError, match=r"plan.key: the demos have no 'goal'"):
+        policy.demo_action(obs, env_action)
+    with pytest.raises(ConfigError, match=r"plan.dims: 4, but the demos' 'goal' has 2"):
+        policy.demo_action({**obs, "goal": goal[:, :2]}, env_action)
+    # one plan per call: with action chunks, or a discrete action, the YAML is refused
+    with pytest.raises(ValueError, match="plan: plan tokens need action_steps 1"):
+        TokenVLAConfig(path="x", plan=PlanConfig(), action_steps=2)
+    with pytest.raises(ConfigError, match="plan: plan tokens need a continuous action space"):
+        make_policy(model_dir, {"action": spaces.Discrete(5)}, plan=PlanConfig())
 
 
 def test_state_mapping_writes_the_state_into_the_prompt(model_dir) -> None:

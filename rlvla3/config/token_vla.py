@@ -61,6 +61,30 @@ class PresetGrounding:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConfig:
+    """Plan tokens, an embodied chain of thought in action tokens: before its action tokens
+    each call decodes ``dims`` plan tokens, values binned as actions are (the action tokens'
+    ``bins``, uniform between ``low`` and ``high``), which the env never sees. SFT teaches them
+    the observation ``key`` of the demos (the table-top's ``obs_mode: rgb+goal`` key ``goal``:
+    the named block's and target's positions), so the action tokens that follow read what the
+    model said it saw; RL trains them with the actions (they are part of the action and of its
+    log-prob). docs/models.md, Plan tokens."""
+
+    key: str = "goal"
+    """The demos' observation of float[``dims``] values the plan tokens are taught to say (only SFT reads it)."""
+    dims: int = bounded(4, ge=1)
+    """Plan tokens per call, one per value of ``key``."""
+    low: float = -1.0
+    """Lower bin edge of every plan value."""
+    high: float = 1.0
+    """Upper bin edge of every plan value."""
+
+    def __post_init__(self) -> None:
+        if not self.low < self.high:
+            raise ValueError(f"low: must be below high, got {self.low} and {self.high}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TokenVLAConfig:
     """A pretrained vision-language model as a policy, the OpenVLA recipe: each action dimension
     is one token among the model's last ``bins`` non-special vocabulary ids (docs/models.md)."""
@@ -93,6 +117,8 @@ class TokenVLAConfig:
     """Train the value head on a detached copy of that hidden state: the critic's loss does not move the model, only the policy's does (a critic that cannot yet predict returns then adds no noise to the features the actions read)."""
     temperature: float = bounded(1.0, gt=0)
     """Divides the action tokens' logits: the sampled actions, their log-probs and entropy are those of ``softmax(logits / temperature)``, in rollouts and in training alike; greedy actions do not change. Below 1 it narrows the spread that behaviour cloning fit to noisy demos, as a Gaussian policy's ``algo.init_log_std`` does."""
+    plan: PlanConfig | None = None
+    """Plan tokens before the action tokens of each call (null: none); ``action_steps`` 1 only."""
     action_steps: int = bounded(1, ge=1)
     """Env steps per policy call (an action chunk, OpenVLA-OFT style): each call decodes ``action_steps`` x D action tokens, the env worker executes the steps in order (the rest dropped at an episode's end), and the call is one transition whose reward is the executed steps' sum (docs/models.md, Action chunks). 1: one step per call."""
 
@@ -109,3 +135,5 @@ class TokenVLAConfig:
             raise ValueError(f"prompt: {{image}} may appear once, got {self.prompt!r}")
         if self.observation.state is not None and "{state}" not in self.prompt:
             raise ValueError("prompt: a mapped observation.state needs {state} in the prompt")
+        if self.plan is not None and self.action_steps != 1:
+            raise ValueError("plan: plan tokens need action_steps 1 (one plan per env step)")

@@ -5,7 +5,8 @@ dimension (OpenVLA's discretisation); the policy's action is int64[B, D] bin ind
 steps with the bin centres. A discrete space ``Discrete(n)`` is one dimension of ``n`` choices:
 the policy's action is int64[B, 1], the env's the int64[B] index. An action chunk of K steps
 adds a step axis before the dimensions: int64[B, K, D] bins, float32[B, K, D] centres or
-int64[B, K] indices.
+int64[B, K] indices. With ``policy.token_vla.plan`` the action starts with P plan bins that the
+env never sees: int64[B, P + D], of which the env steps with the last D.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class ActionBins:
         bins: choices per dimension (action tokens).
         low, high: float64[D] bin edges of a continuous space; None for a discrete one.
         steps: env steps per action (``action_steps``): above 1, an action chunk.
+        plan: plan values P before the action dimensions (``policy.token_vla.plan``; steps 1).
+        plan_edges: ``(low, high)`` of every plan value's bins.
     """
 
     dims: int
@@ -41,11 +44,18 @@ class ActionBins:
     low: np.ndarray | None = None
     high: np.ndarray | None = None
     steps: int = 1
+    plan: int = 0
+    plan_edges: tuple[float, float] = (-1.0, 1.0)
 
     @property
     def action_shape(self) -> tuple[int, ...]:
-        """One action's shape: ``(D,)``, or ``(K, D)`` for an action chunk of K steps."""
-        return (self.dims,) if self.steps == 1 else (self.steps, self.dims)
+        """One action's shape: ``(P + D,)``, or ``(K, D)`` for an action chunk of K steps."""
+        return (self.plan + self.dims,) if self.steps == 1 else (self.steps, self.dims)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one call decodes: the plan's, then K x D action tokens."""
+        return self.plan + self.steps * self.dims
 
     @property
     def discrete(self) -> bool:
@@ -53,14 +63,22 @@ class ActionBins:
         return self.low is None
 
     def to_env(self, action: Tensor) -> Tensor:
-        """Bin indices int64[..., D] -> bin centres float32[..., D], or the index int64[...]."""
+        """Bin indices int64[..., D] -> bin centres float32[..., D], or the index int64[...]
+        (a plan's bins dropped first)."""
+        action = action[..., self.plan :]
         if self.discrete:
             return action[..., 0]
         low, high = self._edges(action.device)
         return bins_to_continuous(action, low=low, high=high, num_bins=self.bins)
 
+    def plan_bins(self, values: Tensor) -> Tensor:
+        """Plan values float[..., P] -> their bins int64[..., P]."""
+        low, high = self.plan_edges
+        return continuous_to_bins(values, low=low, high=high, num_bins=self.bins)
+
     def from_env(self, env_action: Tensor) -> Tensor:
-        """Env actions (float[..., D], or int[...] indices) -> bin indices int64[..., D]."""
+        """Env actions (float[..., D], or int[...] indices) -> bin indices int64[..., D] (without
+        a plan's: ``plan_bins``)."""
         if self.discrete:
             return env_action.long().reshape(-1, *self.action_shape)
         low, high = self._edges(env_action.device)
@@ -77,7 +95,11 @@ class ActionBins:
 def action_bins(space: spaces.Space, config: TokenVLAConfig) -> ActionBins:
     """The binning of ``space`` (edges from the space unless ``action_low``/``action_high`` set
     them). Raises one ``ConfigError`` naming the field when the space cannot be binned."""
+    plan = config.plan
+    planned = {"plan": plan.dims, "plan_edges": (plan.low, plan.high)} if plan else {}
     if isinstance(space, spaces.Discrete):
+        if plan is not None:
+            raise ConfigError(f"{_FIELD}.plan: plan tokens need a continuous action space")
         return ActionBins(dims=1, bins=int(space.n), steps=config.action_steps)
     if not isinstance(space, spaces.Box) or len(space.shape) != 1:
         raise ConfigError(
@@ -89,7 +111,9 @@ def action_bins(space: spaces.Space, config: TokenVLAConfig) -> ActionBins:
     high = _edge(config.action_high, space.high, dims, "action_high")
     if not (low < high).all():
         raise ConfigError(f"{_FIELD}.action_low: must be below action_high in every dimension")
-    return ActionBins(dims=dims, bins=config.bins, low=low, high=high, steps=config.action_steps)
+    return ActionBins(
+        dims=dims, bins=config.bins, low=low, high=high, steps=config.action_steps, **planned
+    )
 
 
 def _edge(configured: Sequence[float] | None, from_space: np.ndarray, dims: int, name: str):

@@ -135,3 +135,9 @@ class ActorCritic(nn.Module, abc.ABC):
         """The policy's own action for an env action, e.g. a demonstration's (inverse of
         ``to_env_action`` up to discretisation; identity unless overridden)."""
         return env_action
+
+    def demo_action(self, obs: ObsBatch, env_action: torch.Tensor) -> torch.Tensor:
+        """The policy's own action for demonstration frames: ``from_env_action`` of their env
+        actions, with whatever else a policy's action holds taken from the frames' observations
+        (a token VLA's plan)."""
+        return self.from_env_action(env_action)

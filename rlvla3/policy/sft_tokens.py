@@ -84,7 +84,7 @@ def _token_vla_counts(policy: TokenVLAPolicy):
     config, processor, prompt = policy.config, policy.processor, policy.prompt
     image = np.zeros((_PROBE_IMAGE_SIDE, _PROBE_IMAGE_SIDE, 3), np.uint8)
     probe = processor(images=pil_images([image]), text=[prompt.image_token], return_tensors="pt")
-    fixed = int(probe["attention_mask"].sum()) + policy.bins.steps * policy.bins.dims
+    fixed = int(probe["attention_mask"].sum()) + policy.bins.tokens
     tokenizer, mapping = processor.tokenizer, config.observation
 
     def prompt_tokens(obs: dict[str, np.ndarray]) -> np.ndarray:

@@ -10,6 +10,11 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 - With ``action_steps`` K above 1 a call is an action chunk: K x D action tokens, step-major
   (step 0's D dimensions, then step 1's...), the action int64[B, K, D] (int64[B, D] for K = 1)
   and the log-prob the sum over all K x D tokens.
+- With ``plan`` (an embodied chain of thought in action tokens) a call first decodes P plan
+  tokens, binned values such as the named block's and target's positions, then the action
+  tokens, which so read what the model said it saw: the action is int64[B, P + D], the env
+  steps with its last D (``to_env_action``), and the log-prob covers all P + D tokens. SFT
+  teaches the plan the demos' ``plan.key`` observation (``demo_action``).
 - ``temperature`` divides the action-token logits everywhere (sampling, log-probs, entropy), so
   the policy PPO trains is the one that acted; greedy actions do not depend on it.
 - ``act`` decodes the tokens one at a time (greedy: argmax; ``rlvla3/policy/token_decode.py``:
@@ -92,8 +97,7 @@ class TokenVLAPolicy(ActorCritic):
         (summed over the tokens), value float32[B]."""
         inputs, lengths = self._prompt_inputs(obs)
         decoder = ActionDecoder(self.model, self.action_ids, self._score, self.config.temperature)
-        count = self.bins.steps * self.bins.dims
-        decoded = decoder.decode(inputs, lengths, count, deterministic)
+        decoded = decoder.decode(inputs, lengths, self.bins.tokens, deterministic)
         action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
         value = self._value(decoded.last_hidden, obs)
         return ActOutput(action=action, log_prob=decoded.log_prob, value=value)
@@ -162,6 +166,29 @@ class TokenVLAPolicy(ActorCritic):
     def from_env_action(self, env_action: Tensor) -> Tensor:
         """Env actions -> bin indices int64[B, D] (an action chunk's int64[B, K, D])."""
         return self.bins.from_env(env_action)
+
+    def demo_action(self, obs: ObsBatch, env_action: Tensor) -> Tensor:
+        """``from_env_action``, after the plan's bins of the frames' ``plan.key`` values.
+
+        Raises:
+            ConfigError: the frames have no ``plan.key`` observation.
+        """
+        action = self.from_env_action(env_action)
+        plan = self.config.plan
+        if plan is None:
+            return action
+        if plan.key not in obs:
+            raise ConfigError(
+                f"policy.token_vla.plan.key: the demos have no {plan.key!r} observation (they "
+                f"have {sorted(obs)}; write them with the env's obs_mode that has it)"
+            )
+        values = torch.as_tensor(obs[plan.key], device=action.device).reshape(len(action), -1)
+        if values.shape[1] != plan.dims:
+            raise ConfigError(
+                f"policy.token_vla.plan.dims: {plan.dims}, but the demos' {plan.key!r} has "
+                f"{values.shape[1]} values"
+            )
+        return torch.cat([self.bins.plan_bins(values), action], dim=-1)
 
     # ----------------------------------------------------------------------------- the model
     def _prompt_inputs(self, obs: ObsBatch) -> tuple[dict[str, Tensor], Tensor]:
