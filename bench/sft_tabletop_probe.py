@@ -1,7 +1,7 @@
 """SFT probe: behaviour-clone the VLA on table-top expert demos in one process, eval as it trains.
 
 Same data path, loss and batching as ``roles/sft_trainer.py`` (``DemoSet.packed_batch``,
-``policy.from_env_action``, ``-policy.evaluate(obs, actions).log_prob.mean()``, AdamW, grad-norm
+``policy.demo_action``, ``-policy.demo_evaluate(obs, actions).log_prob.mean()``, AdamW, grad-norm
 clip 1.0, constant lr), without the launcher. Every ``--eval-every`` steps the greedy policy
 (``act(obs, deterministic=True)`` -> ``to_env_action``) runs ``--eval-episodes`` fresh seeded
 episodes (seeds ``--eval-seed + i``, disjoint from the demo seeds), batched across episodes.
@@ -212,7 +212,7 @@ def train_step(
         obs_np, actions_np = augment(obs_np, actions_np, symmetry, rng)
     obs = {k: torch.from_numpy(v) for k, v in obs_np.items()}
     actions = policy.demo_action(obs, torch.from_numpy(actions_np))
-    loss = -policy.evaluate(obs, actions).log_prob.mean()
+    loss = -policy.demo_evaluate(obs, actions).log_prob.mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)

@@ -239,11 +239,27 @@ def test_plan_tokens_come_before_the_actions_and_the_env_never_sees_them(model_d
     policy = make_policy(model_dir, plan=PlanConfig(key="goal", dims=4))
     assert policy.action_spec().shape == (6,) and policy.action_spec().num_choices == 16
     obs = observations(3)
+    torch.manual_seed(0)
     out = policy.act(obs)
+    greedy = policy.act(obs, deterministic=True)
     assert out.action.shape == (3, 6)
-    torch.testing.assert_close(
-        policy.evaluate(obs, out.action).log_prob, out.log_prob, atol=1e-4, rtol=0
-    )
+    # the plan is greedy even when the actions are sampled, and the log-prob is the actions'
+    assert torch.equal(out.action[:, :4], greedy.action[:, :4])
+    evaluated = policy.evaluate(obs, out.action)
+    torch.testing.assert_close(evaluated.log_prob, out.log_prob, atol=1e-4, rtol=0)
+    # behaviour cloning scores the plan's tokens too; both tokens' log-probs are below 0
+    assert (policy.demo_evaluate(obs, out.action).log_prob < evaluated.log_prob - 1e-3).all()
+    # a sampled plan is the policy's choice: sampled, and part of the log-prob
+    sampling = make_policy(model_dir, plan=PlanConfig(sampled=True))
+    sampling.load_state_dict(policy.state_dict())
+    draws = [sampling.act(obs) for _ in range(8)]
+    assert any(not torch.equal(d.action[:, :4], greedy.action[:, :4]) for d in draws)
+    for d in draws[:2]:
+        again = sampling.evaluate(obs, d.action).log_prob
+        torch.testing.assert_close(again, d.log_prob, atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            sampling.demo_evaluate(obs, d.action).log_prob, again, atol=1e-6, rtol=0
+        )
     # the env steps with the last two tokens' bins; the plan's four change nothing there
     env_action = policy.to_env_action(out.action)
     replanned = out.action.clone()

@@ -119,7 +119,7 @@ def test_sft_packs_a_token_vla_unless_told_not_to(tmp_path) -> None:
     assert isinstance(packed.evaluate, PackedEvaluator) and packed.evaluate.varlen  # one row
     padded = frame_tokens(policy, packing=False)
     assert not padded.packed and padded.padded_because == "sft.packing is false"
-    assert padded.evaluate == policy.evaluate
+    assert padded.evaluate == policy.demo_evaluate
 
 
 def test_the_presets_command_writes_a_model_and_a_wrong_preset_names_its_field(

@@ -67,8 +67,8 @@ class PlanConfig:
     ``bins``, uniform between ``low`` and ``high``), which the env never sees. SFT teaches them
     the observation ``key`` of the demos (the table-top's ``obs_mode: rgb+goal`` key ``goal``:
     the named block's and target's positions), so the action tokens that follow read what the
-    model said it saw; RL trains them with the actions (they are part of the action and of its
-    log-prob). docs/models.md, Plan tokens."""
+    model said it saw. They are decoded greedily, and the log-prob and entropy cover the action
+    tokens alone, unless ``sampled``. docs/models.md, Plan tokens."""
 
     key: str = "goal"
     """The demos' observation of float[``dims``] values the plan tokens are taught to say (only SFT reads it)."""
@@ -78,6 +78,8 @@ class PlanConfig:
     """Lower bin edge of every plan value."""
     high: float = 1.0
     """Upper bin edge of every plan value."""
+    sampled: bool = False
+    """Sample the plan tokens as the actions are, their log-probs part of the action's, so that RL trains them by the return too; false: argmax always, the actions conditioned on the model's best reading and RL training the action tokens alone."""
 
     def __post_init__(self) -> None:
         if not self.low < self.high:

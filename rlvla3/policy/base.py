@@ -141,3 +141,8 @@ class ActorCritic(nn.Module, abc.ABC):
         actions, with whatever else a policy's action holds taken from the frames' observations
         (a token VLA's plan)."""
         return self.from_env_action(env_action)
+
+    def demo_evaluate(self, obs: ObsBatch, action: torch.Tensor) -> EvalOutput:
+        """``evaluate`` as behaviour cloning scores ``demo_action``'s actions (the same unless a
+        policy leaves part of its action out of RL's log-prob, as a token VLA's greedy plan)."""
+        return self.evaluate(obs, action)

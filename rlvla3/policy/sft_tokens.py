@@ -69,7 +69,7 @@ def frame_tokens(policy: nn.Module, *, packing: bool = True, row_tokens: int = 2
         reason = packing_unsupported(policy.model) if packing else "sft.packing is false"
         if reason is None:
             return FrameTokens(fixed, variable, True, PackedEvaluator(policy, row_tokens))
-        return FrameTokens(fixed, variable, False, policy.evaluate, padded_because=reason)
+        return FrameTokens(fixed, variable, False, policy.demo_evaluate, padded_because=reason)
     raise ConfigError(
         f"policy.kind: SFT trains policy.kind vla or token_vla, not {type(policy).__name__}"
     )

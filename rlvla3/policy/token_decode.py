@@ -76,32 +76,37 @@ class ActionDecoder:
         return self.model.config.model_type in CACHED_FAMILIES
 
     def decode(
-        self, inputs: dict[str, Tensor], lengths: Tensor, count: int, deterministic: bool
+        self,
+        inputs: dict[str, Tensor],
+        lengths: Tensor,
+        count: int,
+        deterministic: bool,
+        greedy_first: int = 0,
     ) -> Decoded:
-        """``count`` tokens after each prompt (``inputs``, right-padded; ``lengths`` int64[B])."""
+        """``count`` tokens after each prompt (``inputs``, right-padded; ``lengths`` int64[B]).
+        The first ``greedy_first`` of them are argmax always and left out of the log-prob (a
+        greedy plan: what the tokens after it are conditioned on, not a choice of the policy)."""
+        picks = _Picks(deterministic, greedy_first, len(lengths), lengths.device)
         if self.cached:
-            decoded = self._decode_cached(inputs, lengths, count, deterministic)
+            decoded = self._decode_cached(inputs, lengths, count, picks)
             if decoded is not None:
                 return decoded
-        return self._decode_uncached(inputs, lengths, count, deterministic)
+        return self._decode_uncached(inputs, lengths, count, picks)
 
     def _decode_uncached(
-        self, inputs: dict[str, Tensor], lengths: Tensor, count: int, deterministic: bool
+        self, inputs: dict[str, Tensor], lengths: Tensor, count: int, picks: _Picks
     ) -> Decoded:
         tokens = torch.zeros(len(lengths), 0, dtype=torch.int64, device=lengths.device)
-        log_prob = last_hidden = None
+        last_hidden = None
         for j in range(count):
             logits, hidden = self.score(inputs, lengths, tokens)
-            token, step_log_prob = _pick(logits[:, j], deterministic)
-            if j == 0:
-                last_hidden, log_prob = hidden, step_log_prob
-            else:
-                log_prob = log_prob + step_log_prob
+            token = picks.pick(j, logits[:, j])
+            last_hidden = hidden if j == 0 else last_hidden
             tokens = torch.cat([tokens, token[:, None]], dim=1)
-        return Decoded(tokens=tokens, log_prob=log_prob, last_hidden=last_hidden)
+        return Decoded(tokens=tokens, log_prob=picks.log_prob, last_hidden=last_hidden)
 
     def _decode_cached(
-        self, inputs: dict[str, Tensor], lengths: Tensor, count: int, deterministic: bool
+        self, inputs: dict[str, Tensor], lengths: Tensor, count: int, picks: _Picks
     ) -> Decoded | None:
         """The cached loop; None when the model kept no cache (training with gradient
         checkpointing turns it off)."""
@@ -122,11 +127,10 @@ class ActionDecoder:
         logits = logits / self.temperature
         last_hidden = out.hidden_states[-1][rows, lengths - 1].float()
         mask = inputs["attention_mask"]
-        tokens, log_prob = [], None
+        tokens = []
         for j in range(count):
-            token, step_log_prob = _pick(logits, deterministic)
+            token = picks.pick(j, logits)
             tokens.append(token)
-            log_prob = step_log_prob if log_prob is None else log_prob + step_log_prob
             if j == count - 1:
                 break
             mask = torch.cat([mask, mask.new_ones(len(lengths), 1)], dim=1)
@@ -139,7 +143,7 @@ class ActionDecoder:
             )
             logits = step.logits[:, -1, self.action_ids].float() / self.temperature
         return Decoded(
-            tokens=torch.stack(tokens, dim=1), log_prob=log_prob, last_hidden=last_hidden
+            tokens=torch.stack(tokens, dim=1), log_prob=picks.log_prob, last_hidden=last_hidden
         )
 
     @property
@@ -155,9 +159,21 @@ class ActionDecoder:
         return {"logits_to_keep": keep} if "logits_to_keep" in params else {}
 
 
-def _pick(logits: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
-    """A token per row from action logits float32[B, bins] (argmax when ``deterministic``) and
-    its log-prob float32[B]."""
-    dist = Categorical(logits=logits, validate_args=False)
-    token = dist.probs.argmax(-1) if deterministic else dist.sample()
-    return token, dist.log_prob(token)
+class _Picks:
+    """Picks each decoded token (argmax when ``deterministic`` or among the ``greedy_first``,
+    else sampled) and sums the log-probs of those after the ``greedy_first``."""
+
+    def __init__(
+        self, deterministic: bool, greedy_first: int, rows: int, device: torch.device
+    ) -> None:
+        self.deterministic, self.greedy_first = deterministic, greedy_first
+        self.log_prob = torch.zeros(rows, device=device)
+
+    def pick(self, j: int, logits: Tensor) -> Tensor:
+        """Token ``j`` per row from action logits float32[B, bins]."""
+        dist = Categorical(logits=logits, validate_args=False)
+        greedy = self.deterministic or j < self.greedy_first
+        token = dist.probs.argmax(-1) if greedy else dist.sample()
+        if j >= self.greedy_first:
+            self.log_prob = self.log_prob + dist.log_prob(token)
+        return token

@@ -13,8 +13,9 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 - With ``plan`` (an embodied chain of thought in action tokens) a call first decodes P plan
   tokens, binned values such as the named block's and target's positions, then the action
   tokens, which so read what the model said it saw: the action is int64[B, P + D], the env
-  steps with its last D (``to_env_action``), and the log-prob covers all P + D tokens. SFT
-  teaches the plan the demos' ``plan.key`` observation (``demo_action``).
+  steps with its last D (``to_env_action``). The plan is decoded greedily and the log-prob and
+  entropy cover the D action tokens (``plan.sampled``: all P + D tokens, the plan sampled).
+  SFT teaches the plan the demos' ``plan.key`` observation (``demo_action``).
 - ``temperature`` divides the action-token logits everywhere (sampling, log-probs, entropy), so
   the policy PPO trains is the one that acted; greedy actions do not depend on it.
 - ``act`` decodes the tokens one at a time (greedy: argmax; ``rlvla3/policy/token_decode.py``:
@@ -81,6 +82,9 @@ class TokenVLAPolicy(ActorCritic):
             if h
             else nn.Linear(hidden, 1)
         )
+        plan = config.plan
+        self.greedy_plan = plan.dims if plan is not None and not plan.sampled else 0
+        """Leading tokens decoded by argmax and left out of log-probs and entropies."""
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
 
@@ -97,7 +101,9 @@ class TokenVLAPolicy(ActorCritic):
         (summed over the tokens), value float32[B]."""
         inputs, lengths = self._prompt_inputs(obs)
         decoder = ActionDecoder(self.model, self.action_ids, self._score, self.config.temperature)
-        decoded = decoder.decode(inputs, lengths, self.bins.tokens, deterministic)
+        decoded = decoder.decode(
+            inputs, lengths, self.bins.tokens, deterministic, greedy_first=self.greedy_plan
+        )
         action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
         value = self._value(decoded.last_hidden, obs)
         return ActOutput(action=action, log_prob=decoded.log_prob, value=value)
@@ -121,17 +127,31 @@ class TokenVLAPolicy(ActorCritic):
         """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
         over the K x D tokens) and value float32[B] of actions int64[B, D] (int64[B, K, D])."""
         inputs, lengths = self._prompt_inputs(obs)
+        tokens = self.action_tokens(action, lengths)
+        return self.evaluate_prompts(inputs, lengths, tokens, obs, first_scored=self.greedy_plan)
+
+    def demo_evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
+        """``evaluate`` for SFT: a greedy plan's tokens are scored too (they are what the demos
+        teach first)."""
+        inputs, lengths = self._prompt_inputs(obs)
         return self.evaluate_prompts(inputs, lengths, self.action_tokens(action, lengths), obs)
 
     def evaluate_prompts(
-        self, inputs: dict[str, Tensor], lengths: Tensor, tokens: Tensor, obs: ObsBatch
+        self,
+        inputs: dict[str, Tensor],
+        lengths: Tensor,
+        tokens: Tensor,
+        obs: ObsBatch,
+        first_scored: int = 0,
     ) -> EvalOutput:
         """``evaluate`` on prompts already processed (``_prompt_inputs``) and action tokens
-        int64[B, K x D] (``action_tokens``)."""
+        int64[B, K x D] (``action_tokens``), the log-prob and entropy summed over the tokens
+        from ``first_scored`` on."""
         logits, last_hidden = self._score(inputs, lengths, tokens)
-        dist = Categorical(logits=logits[:, : tokens.shape[1]], validate_args=False)
+        scored = slice(first_scored, tokens.shape[1])
+        dist = Categorical(logits=logits[:, scored], validate_args=False)
         return EvalOutput(
-            log_prob=dist.log_prob(tokens).sum(-1),
+            log_prob=dist.log_prob(tokens[:, scored]).sum(-1),
             entropy=dist.entropy().sum(-1),
             value=self._value(last_hidden, obs),
         )

@@ -254,7 +254,8 @@ class PackedEvaluator:
         self.last: PackedRows | None = None
 
     def __call__(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
-        """Log-prob float32[B] and entropy float32[B] (each summed over the K x D tokens) and
+        """Log-prob float32[B] and entropy float32[B] (each summed over the K x D tokens, a
+        plan's too: ``TokenVLAPolicy.demo_evaluate`` on packed frames) and
         value float32[B] of actions int64[B, D] (an action chunk's int64[B, K, D])."""
         policy = self.policy
         inputs, lengths = policy._prompt_inputs(obs)
