@@ -161,8 +161,8 @@ def test_a_mapped_critic_observation_moves_the_value_and_never_the_actions(model
     assert torch.allclose(policy.act(moved, deterministic=True).value, second.value, atol=1e-5)
 
 
-def _chunk(policy: TokenVLAPolicy, n: int) -> TrajectoryChunk:
-    obs = observations(n, seed=1)
+def _chunk(policy: TokenVLAPolicy, n: int, extra: dict | None = None) -> TrajectoryChunk:
+    obs = {**observations(n, seed=1), **(extra or {})}
     out = policy.act(obs)
     return TrajectoryChunk(
         worker_index=0,
@@ -183,8 +183,14 @@ def _chunk(policy: TokenVLAPolicy, n: int) -> TrajectoryChunk:
 def ppo_update(policy: TokenVLAPolicy) -> list[str]:
     """One PPO update of ``policy`` on a chunk it acted; asserts its metrics and weights are
     finite and returns the names of the tensors that changed."""
+    return ppo_update_metrics(policy)[0]
+
+
+def ppo_update_metrics(policy: TokenVLAPolicy, extra: dict | None = None):
+    """``ppo_update`` on a chunk whose observations also hold ``extra`` (torch[8, ...] each);
+    returns the changed names and the update's metrics."""
     algo = AlgoConfig(epochs=1, minibatch_size=4, lr=1e-3, correction="truncated_is")
-    batch = build_batch([_chunk(policy, 8)], policy, algo, torch.device("cpu"))
+    batch = build_batch([_chunk(policy, 8, extra)], policy, algo, torch.device("cpu"))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     optimizer = build_optimizer(policy, algo)
     policy.train()
@@ -194,7 +200,7 @@ def ppo_update(policy: TokenVLAPolicy) -> list[str]:
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     after = policy.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
-    return [k for k in before if not torch.equal(before[k], after[k])]
+    return [k for k in before if not torch.equal(before[k], after[k])], metrics
 
 
 def test_one_ppo_update_changes_the_model_and_stays_finite(model_dir) -> None:
@@ -274,6 +280,17 @@ def test_plan_tokens_come_before_the_actions_and_the_env_never_sees_them(model_d
         policy.demo_action(obs, env_action)
     with pytest.raises(ConfigError, match=r"plan.dims: 4, but the demos' 'goal' has 2"):
         policy.demo_action({**obs, "goal": goal[:, :2]}, env_action)
+    # plan.rl_coef: RL's loss holds the plan to privileged labels where the observations have
+    # them: the plan tokens' negative log-likelihood of the labels' bins, weighted
+    held = make_policy(model_dir, plan=PlanConfig(rl_coef=0.5))
+    held.load_state_dict(policy.state_dict())
+    labelled = policy.demo_action({**obs, "goal": goal}, env_action)
+    assert held.evaluate(obs, labelled).aux_loss is None
+    scored = held.evaluate({**obs, "goal": goal}, labelled)
+    demo = held.demo_evaluate(obs, labelled).log_prob
+    torch.testing.assert_close(scored.aux_loss, -0.5 * (demo - scored.log_prob), atol=1e-5, rtol=0)
+    changed, metrics = ppo_update_metrics(held, {"goal": goal[:1].expand(8, 4)})
+    assert metrics["aux_loss"] > 0 and any("q_proj" in k for k in changed)
     # one plan per call: with action chunks, or a discrete action, the YAML is refused
     with pytest.raises(ValueError, match="plan: plan tokens need action_steps 1"):
         TokenVLAConfig(path="x", plan=PlanConfig(), action_steps=2)

@@ -174,6 +174,11 @@ def _minibatch_loss(
         is_weights=mb.get("is_weights"),
         **loss_kwargs,
     )
+    if out.aux_loss is not None:
+        aux = out.aux_loss.mean()
+        loss = loss + aux
+        metrics["aux_loss"] = aux.item()
+        metrics["loss"] = loss.item()
     if reference is not None:
         with torch.no_grad():
             ref_log_probs = reference.evaluate(mb["obs"], mb["actions"]).log_prob

@@ -78,6 +78,8 @@ class PlanConfig:
     """Lower bin edge of every plan value."""
     high: float = 1.0
     """Upper bin edge of every plan value."""
+    rl_coef: float = bounded(0.0, ge=0)
+    """During RL, the weight of the plan tokens' loss against the observations' ``key`` when they have it (privileged labels for training only, as an asymmetric critic's state; the env's ``obs_mode: rgb+goal``): it holds the plan to what SFT taught while PPO moves the model. 0: RL leaves the plan to PPO."""
     sampled: bool = False
     """Sample the plan tokens as the actions are, their log-probs part of the action's, so that RL trains them by the return too; false: argmax always, the actions conditioned on the model's best reading and RL training the action tokens alone."""
 

@@ -43,11 +43,14 @@ class EvalOutput:
         log_prob: float32[B], log-probability of the given actions.
         entropy: float32[B], entropy of the action distribution.
         value: float32[B], the critic's estimate.
+        aux_loss: float32[B] or None, a per-sample loss the policy adds to RL's (weighted
+            already; a token VLA's plan supervised by privileged labels, ``plan.rl_coef``).
     """
 
     log_prob: torch.Tensor
     entropy: torch.Tensor
     value: torch.Tensor
+    aux_loss: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -128,6 +128,12 @@ class TokenVLAPolicy(ActorCritic):
         over the K x D tokens) and value float32[B] of actions int64[B, D] (int64[B, K, D])."""
         inputs, lengths = self._prompt_inputs(obs)
         tokens = self.action_tokens(action, lengths)
+        plan = self.config.plan
+        if plan is not None and plan.rl_coef and plan.key in obs:
+            labels = self.bins.plan_bins(torch.as_tensor(obs[plan.key], device=tokens.device))
+            return self.evaluate_prompts(
+                inputs, lengths, tokens, obs, first_scored=self.greedy_plan, plan_labels=labels
+            )
         return self.evaluate_prompts(inputs, lengths, tokens, obs, first_scored=self.greedy_plan)
 
     def demo_evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
@@ -143,17 +149,24 @@ class TokenVLAPolicy(ActorCritic):
         tokens: Tensor,
         obs: ObsBatch,
         first_scored: int = 0,
+        plan_labels: Tensor | None = None,
     ) -> EvalOutput:
         """``evaluate`` on prompts already processed (``_prompt_inputs``) and action tokens
         int64[B, K x D] (``action_tokens``), the log-prob and entropy summed over the tokens
-        from ``first_scored`` on."""
+        from ``first_scored`` on; with ``plan_labels`` int64[B, P] the plan tokens' loss against
+        them (``plan.rl_coef``) as ``aux_loss``."""
         logits, last_hidden = self._score(inputs, lengths, tokens)
         scored = slice(first_scored, tokens.shape[1])
         dist = Categorical(logits=logits[:, scored], validate_args=False)
+        aux_loss = None
+        if plan_labels is not None:
+            plan = Categorical(logits=logits[:, : plan_labels.shape[1]], validate_args=False)
+            aux_loss = -self.config.plan.rl_coef * plan.log_prob(plan_labels).sum(-1)
         return EvalOutput(
             log_prob=dist.log_prob(tokens[:, scored]).sum(-1),
             entropy=dist.entropy().sum(-1),
             value=self._value(last_hidden, obs),
+            aux_loss=aux_loss,
         )
 
     def action_tokens(self, action: Tensor, lengths: Tensor) -> Tensor:
