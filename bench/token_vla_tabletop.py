@@ -9,10 +9,13 @@ end at least 0.3 above the start within 40 minutes of the whole command (each la
 from its start, the preset, its grounding and the demos included) on a 2-core CPU. Prints each
 stage and the evaluation curve, writes JSON.
 
+``--plan``: the same with plan tokens (``launch/sft_token_vla_plan_tabletop.yaml``, then
+``launch/token_vla_plan_tabletop.yaml``).
+
 ``--smoke``: the ``test`` size preset, a few grounding steps, 2 demos, a few SFT steps and a
 few hundred RL env steps, in a temp dir (seconds, for CI: it runs, it does not learn).
 
-    python bench/token_vla_tabletop.py [--json PATH] [--smoke]
+    python bench/token_vla_tabletop.py [--json PATH] [--smoke] [--plan]
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from harness.launch_run import launch_and_read
 from harness.provenance import write_result
 from harness.report import Table, benchmark_parser
 
-SFT_CONFIG = "launch/sft_token_vla_tabletop.yaml"
-RL_CONFIG = "launch/token_vla_tabletop.yaml"
+CONFIGS = {
+    False: ("launch/sft_token_vla_tabletop.yaml", "launch/token_vla_tabletop.yaml"),
+    True: ("launch/sft_token_vla_plan_tabletop.yaml", "launch/token_vla_plan_tabletop.yaml"),
+}
+"""``--plan`` -> the (SFT, RL) launch files."""
 GOAL = 0.3
 """Greedy success the RL stage must add to the SFT start."""
 STAGES = Table.from_layout(
@@ -65,14 +71,16 @@ def smoke_overrides(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return sft, rl
 
 
-def run_stages(tmp: Path, smoke: bool) -> dict[str, Any]:
-    """Both stages into ``tmp``; the summaries' figures."""
+def run_stages(tmp: Path, smoke: bool, plan: bool = False) -> dict[str, Any]:
+    """Both stages into ``tmp`` (``plan``: the plan-token launch files); the summaries'
+    figures."""
+    sft_config, rl_config = CONFIGS[plan]
     sft_over, rl_over = smoke_overrides(tmp) if smoke else ({}, {})
     model = {"policy.token_vla.path": tmp / "model"}  # a fresh model: stage 0 runs, timed
     sft_dir = tmp / "sft"
-    sft = _timed(SFT_CONFIG, sft_dir, {**sft_over, **model}, timeout_s=1800)
+    sft = _timed(sft_config, sft_dir, {**sft_over, **model}, timeout_s=1800)
     rl_over = {**rl_over, **model, "policy.init_checkpoint": sft_dir, "policy.init_launch": "null"}
-    rl = _timed(RL_CONFIG, tmp / "rl", rl_over, timeout_s=2700)
+    rl = _timed(rl_config, tmp / "rl", rl_over, timeout_s=2700)
     start, end = sft["success_rate"], rl["success_rate"]
     return {
         "grounding": json.loads((tmp / "model" / "grounding.json").read_text()),
@@ -106,9 +114,10 @@ def _stage(summary: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = benchmark_parser(__doc__, smoke_help="the test-size model for seconds, for CI")
+    parser.add_argument("--plan", action="store_true", help="the plan-token launch files")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlvla3-bench-token-vla-") as tmp:
-        results = run_stages(Path(tmp), args.smoke)
+        results = run_stages(Path(tmp), args.smoke, args.plan)
     STAGES.print(
         (name, *(results[name][k] for k in ("command_s", "wall_s", "env_steps", "success_rate")))
         for name in ("sft", "rl")

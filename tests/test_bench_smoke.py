@@ -89,6 +89,25 @@ def test_the_gpu_only_benchmark_says_so_in_smoke_mode() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_the_learning_run_with_plan_tokens_runs_both_stages(tmp_path) -> None:
+    """``--plan``: the plan-token launch files, SFT on demos that carry the plan's labels (it
+    would stop at its first batch without them) and RL with them in the loss."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, "bench/token_vla_tabletop.py", "--plan", "--smoke", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads(out.read_text())
+    assert result["settings"]["plan"] is True
+    sft, rl = result["results"]["sft"], result["results"]["rl"]
+    assert "sft finished" in sft["stop_reason"] and rl["env_steps"] >= 300
+
+
 def test_the_sft_probe_takes_any_policy_family_from_a_launch_yaml(tmp_path) -> None:
     pytest.importorskip("transformers")
     from rlvla3.policy.presets import write_vlm
