@@ -278,7 +278,7 @@ def test_plan_tokens_come_before_the_actions_and_the_env_never_sees_them(model_d
     # SFT on the plan needs demos that have it
     with pytest.raises(ConfigError, match=r"plan.key: the demos have no 'goal'"):
         policy.demo_action(obs, env_action)
-    with pytest.raises(ConfigError, match=r"plan.dims: 4, but the demos' 'goal' has 2"):
+    with pytest.raises(ConfigError, match=r"plan.dims: 4, but the observations' 'goal' has 2"):
         policy.demo_action({**obs, "goal": goal[:, :2]}, env_action)
     # plan.rl_coef: RL's loss holds the plan to privileged labels where the observations have
     # them: the plan tokens' negative log-likelihood of the labels' bins, weighted

@@ -125,16 +125,21 @@ class TokenVLAPolicy(ActorCritic):
 
     def evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
         """One teacher-forced forward: log-prob float32[B] and entropy float32[B] (each summed
-        over the K x D tokens) and value float32[B] of actions int64[B, D] (int64[B, K, D])."""
+        over the K x D tokens, a sampled plan's too) and value float32[B] of actions int64[B, D]
+        (int64[B, K, D]); with ``plan.rl_coef`` and the observations holding ``plan.key``, the
+        plan's loss against it as ``aux_loss``."""
         inputs, lengths = self._prompt_inputs(obs)
         tokens = self.action_tokens(action, lengths)
         plan = self.config.plan
-        if plan is not None and plan.rl_coef and plan.key in obs:
-            labels = self.bins.plan_bins(torch.as_tensor(obs[plan.key], device=tokens.device))
-            return self.evaluate_prompts(
-                inputs, lengths, tokens, obs, first_scored=self.greedy_plan, plan_labels=labels
-            )
-        return self.evaluate_prompts(inputs, lengths, tokens, obs, first_scored=self.greedy_plan)
+        held = plan is not None and plan.rl_coef > 0 and plan.key in obs
+        return self.evaluate_prompts(
+            inputs,
+            lengths,
+            tokens,
+            obs,
+            first_scored=self.greedy_plan,
+            plan_labels=self._plan_labels(obs, len(tokens)) if held else None,
+        )
 
     def demo_evaluate(self, obs: ObsBatch, action: Tensor) -> EvalOutput:
         """``evaluate`` for SFT: a greedy plan's tokens are scored too (they are what the demos
@@ -160,6 +165,8 @@ class TokenVLAPolicy(ActorCritic):
         dist = Categorical(logits=logits[:, scored], validate_args=False)
         aux_loss = None
         if plan_labels is not None:
+            # the plan positions' logits with the acted plan before them (teacher-forced as it
+            # was decoded), which is what the action tokens read
             plan = Categorical(logits=logits[:, : plan_labels.shape[1]], validate_args=False)
             aux_loss = -self.config.plan.rl_coef * plan.log_prob(plan_labels).sum(-1)
         return EvalOutput(
@@ -201,27 +208,32 @@ class TokenVLAPolicy(ActorCritic):
         return self.bins.from_env(env_action)
 
     def demo_action(self, obs: ObsBatch, env_action: Tensor) -> Tensor:
-        """``from_env_action``, after the plan's bins of the frames' ``plan.key`` values.
+        """``from_env_action``, after the plan's bins of the frames' ``plan.key`` values."""
+        action = self.from_env_action(env_action)
+        if self.config.plan is None:
+            return action
+        return torch.cat([self._plan_labels(obs, len(action)), action], dim=-1)
+
+    def _plan_labels(self, obs: ObsBatch, rows: int) -> Tensor:
+        """The bins int64[B, P] of the observations' ``plan.key`` values, on the model's device.
 
         Raises:
-            ConfigError: the frames have no ``plan.key`` observation.
+            ConfigError: the observations have no ``plan.key``, or not ``plan.dims`` values.
         """
-        action = self.from_env_action(env_action)
         plan = self.config.plan
-        if plan is None:
-            return action
         if plan.key not in obs:
             raise ConfigError(
                 f"policy.token_vla.plan.key: the demos have no {plan.key!r} observation (they "
                 f"have {sorted(obs)}; write them with the env's obs_mode that has it)"
             )
-        values = torch.as_tensor(obs[plan.key], device=action.device).reshape(len(action), -1)
+        values = torch.as_tensor(obs[plan.key], device=self.action_ids.device)
+        values = values.reshape(rows, -1)
         if values.shape[1] != plan.dims:
             raise ConfigError(
-                f"policy.token_vla.plan.dims: {plan.dims}, but the demos' {plan.key!r} has "
-                f"{values.shape[1]} values"
+                f"policy.token_vla.plan.dims: {plan.dims}, but the observations' {plan.key!r} "
+                f"has {values.shape[1]} values"
             )
-        return torch.cat([self.bins.plan_bins(values), action], dim=-1)
+        return self.bins.plan_bins(values)
 
     # ----------------------------------------------------------------------------- the model
     def _prompt_inputs(self, obs: ObsBatch) -> tuple[dict[str, Tensor], Tensor]:
