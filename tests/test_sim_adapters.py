@@ -165,7 +165,30 @@ def test_tabletop_rgb_plus_state_mode_is_both_in_step() -> None:
         obs = [env.step(np.array([0.5, -0.3], np.float32))[0] for env in (rgb, both, state_only)]
 
 
-@pytest.mark.parametrize("obs_mode", ["rgb", "state", "rgb+state"])
+def test_tabletop_rgb_plus_goal_mode_says_where_the_named_block_and_target_are() -> None:
+    """``rgb+goal``: the camera keys plus the named block's and target's positions (a plan's
+    labels), which follow the block as it is pushed."""
+    rgb = make_env("rlvla3/TableTopEasy-v0", seed=4, obs_mode="rgb")
+    goal = make_env("rlvla3/TableTopEasy-v0", seed=4, obs_mode="rgb+goal")
+    assert set(goal.observation_space.spaces) == set(rgb.observation_space.spaces) | {"goal"}
+    obs = [env.reset(seed=4)[0] for env in (rgb, goal)]
+    moved, done = False, False
+    while not done:
+        _check_obs(goal, obs[1])
+        assert all(np.array_equal(obs[0][k], obs[1][k]) for k in obs[0])
+        st = goal.privileged_state()
+        named = np.concatenate([st.block_pos[st.block_index], st.target_pos[st.target_index]])
+        np.testing.assert_allclose(obs[1]["goal"], named, atol=1e-6)
+        before = obs[1]["goal"][:2].copy()
+        toward = named[:2] - st.pusher_pos  # the easy task's pusher starts behind the block
+        action = (toward / np.abs(toward).max()).astype(np.float32)
+        steps = [env.step(action) for env in (rgb, goal)]
+        obs, done = [s[0] for s in steps], steps[1][2] or steps[1][3]
+        moved |= not np.allclose(obs[1]["goal"][:2], before)
+    assert moved
+
+
+@pytest.mark.parametrize("obs_mode", ["rgb", "state", "rgb+state", "rgb+goal"])
 def test_tabletop_deterministic_under_seed(obs_mode: str) -> None:
     actions = list(np.random.default_rng(5).uniform(-1, 1, size=(30, 2)))
     a = make_env("rlvla3/TableTop-v0", seed=7, obs_mode=obs_mode)
