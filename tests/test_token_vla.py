@@ -282,7 +282,10 @@ def test_plan_tokens_come_before_the_actions_and_the_env_never_sees_them(model_d
         policy.demo_action({**obs, "goal": goal[:, :2]}, env_action)
     # plan.rl_coef: RL's loss holds the plan to privileged labels where the observations have
     # them: the plan tokens' negative log-likelihood of the labels' bins, weighted
-    held = make_policy(model_dir, plan=PlanConfig(rl_coef=0.5))
+    with_goal = spaces.Dict(
+        {**tabletop_spaces().observation.spaces, "goal": spaces.Box(-1, 1, (4,), np.float32)}
+    )
+    held = make_policy(model_dir, {"observation": with_goal}, plan=PlanConfig(rl_coef=0.5))
     held.load_state_dict(policy.state_dict())
     labelled = policy.demo_action({**obs, "goal": goal}, env_action)
     assert held.evaluate(obs, labelled).aux_loss is None
@@ -291,6 +294,9 @@ def test_plan_tokens_come_before_the_actions_and_the_env_never_sees_them(model_d
     torch.testing.assert_close(scored.aux_loss, -0.5 * (demo - scored.log_prob), atol=1e-5, rtol=0)
     changed, metrics = ppo_update_metrics(held, {"goal": goal[:1].expand(8, 4)})
     assert metrics["aux_loss"] > 0 and any("q_proj" in k for k in changed)
+    # a plan held to labels the env does not give is refused at setup
+    with pytest.raises(ConfigError, match=r"plan.rl_coef: 0.5 holds the plan to .*'goal'"):
+        make_policy(model_dir, plan=PlanConfig(rl_coef=0.5))
     # one plan per call: with action chunks, or a discrete action, the YAML is refused
     with pytest.raises(ValueError, match="plan: plan tokens need action_steps 1"):
         TokenVLAConfig(path="x", plan=PlanConfig(), action_steps=2)

@@ -317,8 +317,16 @@ def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: sp
 
 def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) -> None:
     """Every mapped key is in the env's observation space, the image uint8[H, W, 3], the
-    critic's a float vector."""
+    critic's a float vector, and a plan held to its labels during RL (``plan.rl_coef``) finds
+    them."""
     mapping, have = config.observation, observation.spaces
+    plan = config.plan
+    if plan is not None and plan.rl_coef > 0 and plan.key not in have:
+        raise ConfigError(
+            f"policy.token_vla.plan.rl_coef: {plan.rl_coef} holds the plan to the observation "
+            f"{plan.key!r}, which the env does not have (it has {sorted(have)}; the table-top's "
+            "obs_mode rgb+goal has 'goal')"
+        )
     for name in ("image", "instruction", "state", "critic"):
         key = getattr(mapping, name)
         if key is not None and key not in have:
