@@ -59,18 +59,26 @@ def test_every_benchmark_script_is_covered() -> None:
     assert scripts - {"sdpa_backends.py"} == set(BENCHMARKS)
 
 
+def run_bench(script: str, *args: str, timeout: float = 600, env=None):
+    """``python bench/<script> <args>`` from the repository root; asserts it exits 0, showing
+    its output's tail if not, and returns the finished process."""
+    done = subprocess.run(
+        [sys.executable, f"bench/{script}", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done
+
+
 @pytest.mark.parametrize("script", sorted(BENCHMARKS))
 def test_benchmark_smoke_mode_runs_and_writes_its_json(tmp_path, script: str) -> None:
     out = tmp_path / "result.json"
     extra = [a.replace("{tmp}", str(tmp_path)) for a in BENCHMARKS[script]]
-    done = subprocess.run(
-        [sys.executable, f"bench/{script}", *extra, "--smoke", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run_bench(script, *extra, "--smoke", "--json", str(out))
     result = json.loads(out.read_text())
     assert result["benchmark"] == script.removesuffix(".py") and result["results"]
     stamp = result["provenance"]
@@ -79,14 +87,7 @@ def test_benchmark_smoke_mode_runs_and_writes_its_json(tmp_path, script: str) ->
 
 
 def test_the_gpu_only_benchmark_says_so_in_smoke_mode() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/sdpa_backends.py", "--smoke"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    run_bench("sdpa_backends.py", "--smoke", timeout=300)
 
 
 def test_the_learning_run_with_plan_tokens_runs_both_stages(tmp_path) -> None:
@@ -94,14 +95,7 @@ def test_the_learning_run_with_plan_tokens_runs_both_stages(tmp_path) -> None:
     would stop at its first batch without them) and RL with them in the loss."""
     pytest.importorskip("transformers")
     out = tmp_path / "result.json"
-    done = subprocess.run(
-        [sys.executable, "bench/token_vla_tabletop.py", "--plan", "--smoke", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run_bench("token_vla_tabletop.py", "--plan", "--smoke", "--json", str(out))
     result = json.loads(out.read_text())
     assert result["settings"]["plan"] is True
     sft, rl = result["results"]["sft"], result["results"]["rl"]
@@ -116,14 +110,7 @@ def test_the_sft_probe_takes_any_policy_family_from_a_launch_yaml(tmp_path) -> N
     out = tmp_path / "result.json"
     args = ["--config", "launch/sft_token_vla_tabletop.yaml", "--demo-dir", str(tmp_path)]
     args += ["--set", f"policy.token_vla.path={model}", "--set", "policy.token_vla.bins=3"]
-    done = subprocess.run(
-        [sys.executable, "bench/sft_tabletop_probe.py", *args, "--smoke", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    done = run_bench("sft_tabletop_probe.py", *args, "--smoke", "--json", str(out), timeout=300)
     result = json.loads(out.read_text())["results"]
     assert result["args"]["env_id"] == "rlvla3/TableTopEasy-v0"  # the YAML's task, not the flag's
     assert "token_vla" in done.stdout and result["curve"][-1]["step"] == 3
@@ -141,15 +128,7 @@ def test_the_simulator_benchmark_skips_absent_simulators_and_says_so(tmp_path) -
     )
     out = tmp_path / "result.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(REPO)])}
-    done = subprocess.run(
-        [sys.executable, "bench/async_vs_sync_sim.py", "--smoke", "--json", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    done = run_bench("async_vs_sync_sim.py", "--smoke", "--json", str(out), timeout=300, env=env)
     assert done.stdout.count("not installed") == 2
     for sim in ("libero", "maniskill"):
         assert f"{sim}: skipped: " in done.stdout
