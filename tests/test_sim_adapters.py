@@ -18,7 +18,14 @@ from sim.envs import make_env
 from sim.experts import TableTopExpert
 from sim.gym_adapter import GymAdapter
 from sim.straggler import StragglerAdapter, StragglerConfig, lognormal_mu
-from sim.tabletop import COLOURS, NUM_OBJECTS, STATE_DIM, TableTopConfig, TableTopEnv
+from sim.tabletop import (
+    COLOURS,
+    NUM_OBJECTS,
+    OBS_MODES,
+    STATE_DIM,
+    TableTopConfig,
+    TableTopEnv,
+)
 from tests.instructions import decode_instruction
 
 
@@ -186,6 +193,15 @@ def test_tabletop_rgb_plus_goal_mode_says_where_the_named_block_and_target_are()
         obs, done = [s[0] for s in steps], steps[1][2] or steps[1][3]
         moved |= not np.allclose(obs[1]["goal"][:2], before)
     assert moved
+
+
+def test_rlvla3_demos_offers_every_tabletop_obs_mode() -> None:
+    """The CLI keeps its own copy of the modes (it imports no simulator to build its parser)."""
+    from rlvla3.cli import build_parser
+
+    parser = build_parser()
+    for mode in OBS_MODES:
+        assert parser.parse_args(["demos", "--out", "d", "--obs-mode", mode]).obs_mode == mode
 
 
 @pytest.mark.parametrize("obs_mode", ["rgb", "state", "rgb+state", "rgb+goal"])
