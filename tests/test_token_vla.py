@@ -311,6 +311,60 @@ def test_state_mapping_writes_the_state_into_the_prompt(model_dir) -> None:
     assert prompts[0].startswith(policy.processor.image_token)
 
 
+def projected_policy(path: Path) -> TokenVLAPolicy:
+    """A policy with a state projector whose last layer is random (it starts at zero)."""
+    policy = make_policy(path, state_projector=8, prompt="{instruction}{state}\n")
+    torch.manual_seed(3)
+    torch.nn.init.normal_(policy.state_projector.net[-1].weight, std=1.0)
+    return policy
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+def test_a_state_projector_feeds_the_state_as_an_embedding_and_keeps_log_probs_exact(
+    model_dir, cached, monkeypatch
+) -> None:
+    """``state_projector``: the state leaves the prompt's text and enters through the
+    projector; act's log-probs are still evaluate's, a row's do not depend on its batch mates,
+    and the actor's loss trains the projector."""
+    if not cached:
+        monkeypatch.setattr(token_decode, "CACHED_FAMILIES", frozenset())
+    policy = projected_policy(model_dir)
+    prompts = policy.prompt.prompts(np.stack([encode_instruction("go", 8)]), None)
+    assert prompts[0] == f"{policy.processor.image_token}go\n"  # no state in the text
+    obs = observations(5)
+    torch.manual_seed(0)
+    for deterministic in (False, True):
+        out = policy.act(obs, deterministic=deterministic)
+        again = policy.evaluate(obs, out.action)
+        torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
+        torch.testing.assert_close(again.value, out.value, atol=1e-4, rtol=0)
+    greedy = policy.act(obs, deterministic=True)
+    alone = policy.act({k: v[2:3] for k, v in obs.items()}, deterministic=True)
+    torch.testing.assert_close(alone.log_prob[0], greedy.log_prob[2], atol=1e-4, rtol=0)
+    # the state moves the actions' log-probs, through the projector only
+    moved = obs | {"proprio": obs["proprio"] + 1.0}
+    assert not torch.allclose(policy.evaluate(moved, greedy.action).log_prob, greedy.log_prob)
+    policy.evaluate(obs, greedy.action).log_prob.sum().backward()
+    assert all(
+        p.grad is not None and p.grad.abs().sum() > 0 for p in policy.state_projector.parameters()
+    )
+    assert "state_projector" in policy.head_parameter_prefixes()
+
+
+def test_a_state_projector_starts_at_zero_and_needs_a_mapped_state(model_dir) -> None:
+    """Its last layer starts at zero: the model's log-probs are those of the same prompt
+    without the state, whatever the state; a projector with no state mapped is refused."""
+    policy = make_policy(model_dir, state_projector=8)
+    plain = make_policy(model_dir, observation=ObservationMapping(state=None))
+    obs = observations(3)
+    action = plain.act(obs, deterministic=True).action
+    for state in (obs["proprio"], obs["proprio"] * 3):
+        got = policy.evaluate(obs | {"proprio": state}, action).log_prob
+        torch.testing.assert_close(got, plain.evaluate(obs, action).log_prob, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="state_projector: it projects observation.state"):
+        TokenVLAConfig(path="x", state_projector=8, observation=ObservationMapping(state=None))
+
+
 def test_the_image_goes_where_the_prompt_says(model_dir) -> None:
     policy = make_policy(model_dir, prompt="Task: {instruction}.{image}{state}\n")
     image = policy.processor.image_token
@@ -490,6 +544,23 @@ def test_lora_on_a_token_vla_trains_adapters_and_value_head_only(model_dir) -> N
     again = policy.evaluate(obs, out.action)
     torch.testing.assert_close(again.log_prob, out.log_prob, atol=1e-4, rtol=0)
     assert set(FlatLayout.of(policy).names) == set(trained)
+
+
+def test_lora_trains_and_ships_the_state_projector_with_the_adapters(model_dir) -> None:
+    keys = [
+        "policy.kind=token_vla",
+        f"policy.token_vla.path={model_dir}",
+        "policy.token_vla.bins=8",
+        "policy.token_vla.value_hidden=16",
+        "policy.token_vla.state_projector=8",
+        "policy.lora.rank=4",
+        "policy.lora.target_modules=[q_proj, v_proj]",
+    ]
+    policy = build_policy(load_config(None, keys), tabletop_spaces())
+    trained = set(policy.trained_state_names())
+    projector = {n for n, _ in policy.named_parameters() if n.startswith("state_projector.")}
+    assert projector and projector <= trained
+    assert set(FlatLayout.of(policy).names) == trained
 
 
 def test_a_bfloat16_model_takes_float32_versions_exactly(model_dir) -> None:

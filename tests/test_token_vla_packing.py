@@ -26,6 +26,7 @@ from tests.test_token_vla import (  # noqa: E402
     FAMILIES,
     make_policy,
     observations,
+    projected_policy,
     tabletop_spaces,
 )
 from tests.tiny_vlms import write_tiny_vlm  # noqa: E402
@@ -101,6 +102,27 @@ def test_packed_evaluate_keeps_the_temperature_and_the_critic_observation(model_
         torch.testing.assert_close(getattr(got, name), getattr(padded, name), atol=1e-4, rtol=0)
     with pytest.raises(ConfigError, match="policy.token_vla.observation.critic: .*no 'state'"):
         policy.evaluate({k: v for k, v in obs.items() if k != "state"}, action)
+
+
+@pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])
+def test_packed_evaluate_adds_the_projected_state_where_the_padded_one_does(
+    model_dir, varlen
+) -> None:
+    """``state_projector``: each packed frame's state embedding lands on its own last prompt
+    token, so the packed figures and gradients are the padded ones."""
+    padded = projected_policy(model_dir).train()
+    packed = copy.deepcopy(padded)
+    obs, action = observations(FRAMES), _actions(FRAMES)
+    want = padded.evaluate(obs, action)
+    got = PackedEvaluator(packed, 300, varlen=varlen)(obs, action)
+    for name in ("log_prob", "entropy", "value"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-4, rtol=0)
+    want.log_prob.sum().backward()
+    got.log_prob.sum().backward()
+    for mine, theirs in zip(
+        packed.state_projector.parameters(), padded.state_projector.parameters(), strict=True
+    ):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "mask"])

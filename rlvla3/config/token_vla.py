@@ -109,6 +109,8 @@ class TokenVLAConfig:
     """Prompt template with ``{instruction}`` and optionally ``{state}`` and ``{image}`` (where the model's image token goes; without it, in front of the prompt). After the instruction, the image's tokens attend to it: a causal language model then reads the image already knowing what it is asked."""
     state_decimals: int = bounded(3, ge=0, le=8)
     """Decimals of each state value in the prompt."""
+    state_projector: int = bounded(0, ge=0)
+    """Hidden units of a state projector (OpenVLA-OFT's proprio projector): an MLP that maps ``observation.state`` to one embedding added to the prompt's last token, in place of the state as text (``{state}`` is then left empty and may be left out of the prompt). 0: the state is text."""
     observation: ObservationMapping = field(default_factory=ObservationMapping)
     """Which observation keys feed the image, the instruction and the state."""
     dtype: ModelDType = "float32"
@@ -126,6 +128,12 @@ class TokenVLAConfig:
     action_steps: int = bounded(1, ge=1)
     """Env steps per policy call (an action chunk, OpenVLA-OFT style): each call decodes ``action_steps`` x D action tokens, the env worker executes the steps in order (the rest dropped at an episode's end), and the call is one transition whose reward is the executed steps' sum (docs/models.md, Action chunks). 1: one step per call."""
 
+    @property
+    def text_state(self) -> str | None:
+        """The observation written into the prompt as text (``{state}``): the mapped state,
+        unless the state projector takes it."""
+        return None if self.state_projector else self.observation.state
+
     def __post_init__(self) -> None:
         if "{instruction}" not in self.prompt:
             raise ValueError(f"prompt: must contain {{instruction}}, got {self.prompt!r}")
@@ -137,7 +145,9 @@ class TokenVLAConfig:
             ) from None
         if self.prompt.count("{image}") > 1:
             raise ValueError(f"prompt: {{image}} may appear once, got {self.prompt!r}")
-        if self.observation.state is not None and "{state}" not in self.prompt:
+        if self.text_state is not None and "{state}" not in self.prompt:
             raise ValueError("prompt: a mapped observation.state needs {state} in the prompt")
+        if self.state_projector and self.observation.state is None:
+            raise ValueError("state_projector: it projects observation.state, which is null")
         if self.plan is not None and self.action_steps != 1:
             raise ValueError("plan: plan tokens need action_steps 1 (one plan per env step)")

@@ -88,7 +88,7 @@ def _token_vla_counts(policy: TokenVLAPolicy):
     tokenizer, mapping = processor.tokenizer, config.observation
 
     def prompt_tokens(obs: dict[str, np.ndarray]) -> np.ndarray:
-        states = None if mapping.state is None else obs[mapping.state]
+        states = None if config.text_state is None else obs[config.text_state]
         texts = [
             text[len(prompt.image_token) :]
             for text in prompt.prompts(obs[mapping.instruction], states)

@@ -37,6 +37,7 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 from __future__ import annotations
 
 import inspect
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
 from rlvla3.policy.hf_model import LoadedVLM, load_vlm, model_inputs, pil_images, resolve_dtype
+from rlvla3.policy.state_projector import StateProjector, added_to_input_embeddings
 from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
 
@@ -62,9 +64,15 @@ class TokenVLAPolicy(ActorCritic):
     """Image + instruction (+ state) -> D action tokens of a pretrained VLM, and a value."""
 
     def __init__(
-        self, vlm: LoadedVLM, config: TokenVLAConfig, bins: ActionBins, critic_dim: int = 0
+        self,
+        vlm: LoadedVLM,
+        config: TokenVLAConfig,
+        bins: ActionBins,
+        critic_dim: int = 0,
+        state_dim: int = 0,
     ) -> None:
-        """``critic_dim``: the size of the ``observation.critic`` vector (0: none mapped)."""
+        """``critic_dim``: the size of the ``observation.critic`` vector (0: none mapped);
+        ``state_dim``: the size of ``observation.state`` (the state projector's input)."""
         super().__init__()
         self.config, self.bins = config, bins
         self.model = vlm.model
@@ -75,7 +83,13 @@ class TokenVLAPolicy(ActorCritic):
         self.register_buffer("action_ids", torch.tensor(ids, dtype=torch.int64), persistent=False)
         self.suffix_token_type = _SUFFIX_TOKEN_TYPE.get(self.model.config.model_type, 0)
         self.keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        hidden = int(self.model.config.get_text_config().hidden_size) + critic_dim
+        width = int(self.model.config.get_text_config().hidden_size)
+        self.state_projector = (
+            StateProjector(state_dim, config.state_projector, width)
+            if config.state_projector
+            else None
+        )
+        hidden = width + critic_dim
         h = config.value_hidden
         self.value_head = (
             nn.Sequential(nn.Linear(hidden, h), nn.Tanh(), nn.Linear(h, 1))
@@ -101,9 +115,10 @@ class TokenVLAPolicy(ActorCritic):
         (summed over the tokens), value float32[B]."""
         inputs, lengths = self._prompt_inputs(obs)
         decoder = ActionDecoder(self.model, self.action_ids, self._score, self.config.temperature)
-        decoded = decoder.decode(
-            inputs, lengths, self.bins.tokens, deterministic, greedy_first=self.greedy_plan
-        )
+        with self.state_added(obs, torch.arange(len(lengths)), lengths - 1):
+            decoded = decoder.decode(
+                inputs, lengths, self.bins.tokens, deterministic, greedy_first=self.greedy_plan
+            )
         action = decoded.tokens.reshape(len(lengths), *self.bins.action_shape)
         value = self._value(decoded.last_hidden, obs)
         return ActOutput(action=action, log_prob=decoded.log_prob, value=value)
@@ -160,7 +175,8 @@ class TokenVLAPolicy(ActorCritic):
         int64[B, K x D] (``action_tokens``), the log-prob and entropy summed over the tokens
         from ``first_scored`` on; with ``plan_labels`` int64[B, P] the plan tokens' loss against
         them (``plan.rl_coef``) as ``aux_loss``."""
-        logits, last_hidden = self._score(inputs, lengths, tokens)
+        with self.state_added(obs, torch.arange(len(lengths)), lengths - 1):
+            logits, last_hidden = self._score(inputs, lengths, tokens)
         scored = slice(first_scored, tokens.shape[1])
         dist = Categorical(logits=logits[:, scored], validate_args=False)
         aux_loss = None
@@ -194,9 +210,10 @@ class TokenVLAPolicy(ActorCritic):
         return list(self.value_head.parameters())
 
     def head_parameter_prefixes(self) -> tuple[str, ...]:
-        """The value head. The action tokens are the language model's own output layer, which
-        LoRA leaves frozen (as OpenVLA's LoRA recipe does) and adapts through the layers below."""
-        return ("value_head",)
+        """The value head and the state projector. The action tokens are the language model's
+        own output layer, which LoRA leaves frozen (as OpenVLA's LoRA recipe does) and adapts
+        through the layers below."""
+        return ("value_head", "state_projector") if self.state_projector else ("value_head",)
 
     def to_env_action(self, action: Tensor) -> Tensor:
         """Bin indices -> bin centres float32[B, D] (or the discrete index int64[B]); an action
@@ -236,12 +253,24 @@ class TokenVLAPolicy(ActorCritic):
         return self.bins.plan_bins(values)
 
     # ----------------------------------------------------------------------------- the model
+    def state_added(self, obs: ObsBatch, rows: Tensor, columns: Tensor) -> AbstractContextManager:
+        """While inside, the model's input embedding of each prompt's last token, at row
+        ``rows[i]`` and column ``columns[i]`` of the token ids, gets the state projector's
+        embedding of observation ``i``'s state added (nothing without a projector)."""
+        if self.state_projector is None:
+            return nullcontext()
+        device = self.action_ids.device
+        state = torch.as_tensor(obs[self.config.observation.state], device=device)
+        vectors = self.state_projector(state)
+        return added_to_input_embeddings(self.model, rows.to(device), columns, vectors)
+
     def _prompt_inputs(self, obs: ObsBatch) -> tuple[dict[str, Tensor], Tensor]:
         """The processor's inputs for the batch's prompts, on the model's device, and each
         prompt's length in tokens int64[B]."""
         mapping = self.config.observation
         images = _numpy(obs[mapping.image])
-        states = None if mapping.state is None else _numpy(obs[mapping.state])
+        text_state = self.config.text_state
+        states = None if text_state is None else _numpy(obs[text_state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
         # padding_side here, not only on the tokenizer: some processors' call defaults pad left
         # (Aya Vision's, InternVL's), which would put padding between a prompt and its actions
@@ -312,7 +341,9 @@ def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: sp
     vlm = load_vlm(config.path, resolve_dtype(config.dtype))
     critic = config.observation.critic
     critic_dim = 0 if critic is None else int(np.prod(observation[critic].shape))
-    return TokenVLAPolicy(vlm, config, bins, critic_dim)
+    state = config.observation.state
+    state_dim = 0 if state is None else int(np.prod(observation[state].shape))
+    return TokenVLAPolicy(vlm, config, bins, critic_dim, state_dim)
 
 
 def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) -> None:

@@ -282,7 +282,8 @@ class PackedEvaluator:
             picked = torch.searchsorted(keep, columns)
         if self.varlen:
             kwargs.update(rows.varlen_kwargs())
-        out = policy.model(**rows.inputs, output_hidden_states=True, use_cache=False, **kwargs)
+        with policy.state_added(obs, rows.row, rows.last_prompt):
+            out = policy.model(**rows.inputs, output_hidden_states=True, use_cache=False, **kwargs)
         logits = out.logits[rows.row[:, None], picked][..., policy.action_ids].float()
         logits = logits / policy.config.temperature
         last_hidden = out.hidden_states[-1][rows.row, rows.last_prompt].float()
