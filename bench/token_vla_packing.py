@@ -1,9 +1,9 @@
 """Packed vs right-padded SFT of a token VLA: real tokens per second and the padding fraction.
 
-The workload is ``launch/sft_token_vla_tabletop.yaml``'s: its policy section (the ``llava-tiny``
-size preset, written into a temp dir, nothing fetched; its prompt, bins and state decimals) and
-DART demos of its task, so the prompts have the table-top's real mix of lengths (instructions
-name different colours; state values write different digits). Each step takes one batch of
+The workload is ``launch/sft_token_vla_tabletop.yaml``'s with the state as text
+(``TEXT_STATE``): its policy section (the ``llava-tiny`` size preset, written into a temp dir,
+nothing fetched; its bins) and DART demos of its task, so the prompts have the table-top's real
+mix of lengths (instructions name different colours; state values write different digits). Each step takes one batch of
 ``sft.token_budget`` tokens the way the SFT trainer does (``DemoSet.packed_batch``, frames
 counted by ``rlvla3/policy/sft_tokens.py``) and trains on it in three layouts, from the same
 weights, alternating which goes first:
@@ -47,6 +47,13 @@ from sft.demos import generate_demos
 
 CONFIG = "launch/sft_token_vla_tabletop.yaml"
 MODES = ("padded", "packed", "packed_mask")
+TEXT_STATE = [
+    "policy.token_vla.state_projector=0",
+    'policy.token_vla.prompt="{instruction}{state}\\n"',
+    "policy.token_vla.state_decimals=2",
+]
+"""The state written into the prompt as text, as a model without a state projector reads it:
+the YAML's projector would leave every prompt of one instruction the same length."""
 TABLE = Table.from_layout("mode:<11 | real tok/s:>11.0f | ms/step:>9.1f | padding:>8.1%")
 
 
@@ -55,6 +62,7 @@ def _setup(workdir: Path, family: str, size: str, demos: int, budget: int | None
     overrides = [
         f"policy.token_vla.path={workdir / 'model'}",
         f"policy.token_vla.preset={family}-{size}",
+        *TEXT_STATE,
     ]
     if budget is not None:
         overrides.append(f"sft.token_budget={budget}")
