@@ -16,6 +16,9 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
   steps with its last D (``to_env_action``). The plan is decoded greedily and the log-prob and
   entropy cover the D action tokens (``plan.sampled``: all P + D tokens, the plan sampled).
   SFT teaches the plan the demos' ``plan.key`` observation (``demo_action``).
+- With ``state_projector`` the state is no text in the prompt: an MLP maps it to one vector
+  added to the input embedding of the prompt's last token (``state_added``;
+  ``rlvla3/policy/state_projector.py``), in every forward over the prompts.
 - ``temperature`` divides the action-token logits everywhere (sampling, log-probs, entropy), so
   the policy PPO trains is the one that acted; greedy actions do not depend on it.
 - ``act`` decodes the tokens one at a time (greedy: argmax; ``rlvla3/policy/token_decode.py``:
