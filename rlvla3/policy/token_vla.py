@@ -118,7 +118,7 @@ class TokenVLAPolicy(ActorCritic):
         (summed over the tokens), value float32[B]."""
         inputs, lengths = self._prompt_inputs(obs)
         decoder = ActionDecoder(self.model, self.action_ids, self._score, self.config.temperature)
-        with self.state_added(obs, torch.arange(len(lengths)), lengths - 1):
+        with self.state_added(obs, lengths - 1):
             decoded = decoder.decode(
                 inputs, lengths, self.bins.tokens, deterministic, greedy_first=self.greedy_plan
             )
@@ -178,7 +178,7 @@ class TokenVLAPolicy(ActorCritic):
         int64[B, K x D] (``action_tokens``), the log-prob and entropy summed over the tokens
         from ``first_scored`` on; with ``plan_labels`` int64[B, P] the plan tokens' loss against
         them (``plan.rl_coef``) as ``aux_loss``."""
-        with self.state_added(obs, torch.arange(len(lengths)), lengths - 1):
+        with self.state_added(obs, lengths - 1):
             logits, last_hidden = self._score(inputs, lengths, tokens)
         scored = slice(first_scored, tokens.shape[1])
         dist = Categorical(logits=logits[:, scored], validate_args=False)
@@ -256,13 +256,17 @@ class TokenVLAPolicy(ActorCritic):
         return self.bins.plan_bins(values)
 
     # ----------------------------------------------------------------------------- the model
-    def state_added(self, obs: ObsBatch, rows: Tensor, columns: Tensor) -> AbstractContextManager:
+    def state_added(
+        self, obs: ObsBatch, columns: Tensor, rows: Tensor | None = None
+    ) -> AbstractContextManager:
         """While inside, the model's input embedding of each prompt's last token, at row
-        ``rows[i]`` and column ``columns[i]`` of the token ids, gets the state projector's
-        embedding of observation ``i``'s state added (nothing without a projector)."""
+        ``rows[i]`` (default: row ``i``, the padded layout) and column ``columns[i]`` of the
+        token ids, gets the state projector's embedding of observation ``i``'s state added
+        (nothing without a projector)."""
         if self.state_projector is None:
             return nullcontext()
         device = self.action_ids.device
+        rows = torch.arange(len(columns)) if rows is None else rows
         state = torch.as_tensor(obs[self.config.observation.state], device=device)
         vectors = self.state_projector(state)
         return added_to_input_embeddings(self.model, rows.to(device), columns, vectors)

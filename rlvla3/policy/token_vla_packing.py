@@ -282,7 +282,7 @@ class PackedEvaluator:
             picked = torch.searchsorted(keep, columns)
         if self.varlen:
             kwargs.update(rows.varlen_kwargs())
-        with policy.state_added(obs, rows.row, rows.last_prompt):
+        with policy.state_added(obs, rows.last_prompt, rows.row):
             out = policy.model(**rows.inputs, output_hidden_states=True, use_cache=False, **kwargs)
         logits = out.logits[rows.row[:, None], picked][..., policy.action_ids].float()
         logits = logits / policy.config.temperature
