@@ -24,7 +24,9 @@ image size. Each figure is measured against the bare ``transformers`` model on t
 
 Phases a, b, d, e run in this process, then c and f in processes of their own (this process's
 model freed first). Each phase prints its figure when done and the JSON (``--json``) is rewritten
-after each, so a time-out leaves the figures measured so far.
+after each, so a time-out leaves the figures measured so far. A phase that fails is recorded
+under ``errors`` with its traceback printed, and the next phases still run (a lent GPU's minutes
+are too few to rerun them all); the exit status is then 1.
 
     python bench/token_vla_scale.py [--preset llava-0.5b] [--device cuda] [--phases a,b,c,d,e,f]
         [--batch 32] [--lora-rank 32] [--duration-s 60] [--json PATH]
@@ -36,10 +38,14 @@ figures say nothing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
+import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +96,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=60.0, help="window of each mode (f)")
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--chunk-len", type=int, default=32, help="env.chunk_len of f")
+    parser.add_argument(
+        "--run-dir", type=Path, help="where f's runs keep their YAML and logs (default: removed)"
+    )
     # torch threads of this process and of the server and trainer roles: half the cores, at
     # most 4 (on a busy 2-core host two spinning OpenMP threads made the bare loops 70x slower)
     threads = max(1, min(4, (os.cpu_count() or 2) // 2))
@@ -141,6 +150,17 @@ class Recorder:
         print(f"phase {key}: {what}: {rate:,.1f} {unit} ({seconds:.1f} s)", flush=True)
         self.flush()
 
+    @contextlib.contextmanager
+    def guard(self, key: str) -> Iterator[None]:
+        """Run one phase: an exception is recorded under ``errors`` and does not stop the next."""
+        try:
+            yield
+        except Exception as err:
+            traceback.print_exc()
+            print(f"phase {key}: failed: {type(err).__name__}: {err}", flush=True)
+            self.results.setdefault("errors", {})[key] = f"{type(err).__name__}: {err}"
+            self.flush()
+
     def note(self, key: str, value: Any) -> None:
         self.results[key] = value
         self.flush()
@@ -177,36 +197,40 @@ def in_process_phases(args: argparse.Namespace, cfg, rec: Recorder) -> int:
     rec.note("prompt_tokens", int(inputs["input_ids"].shape[1]))
     window, b = args.window_s, args.batch
     if "a" in args.phases:
-        t = time.monotonic()
-        bare = loops.bare_inference(policy.model, inputs, policy.action_ids, count)
-        rate, _ = loops.calls_per_s(bare, window, device)
-        rec.phase("a", "bare inference", rate * b, "actions/s", t)
+        with rec.guard("a"):
+            t = time.monotonic()
+            bare = loops.bare_inference(policy.model, inputs, policy.action_ids, count)
+            rate, _ = loops.calls_per_s(bare, window, device)
+            rec.phase("a", "bare inference", rate * b, "actions/s", t)
     if "b" in args.phases:
-        t = time.monotonic()
-        rate, _ = loops.calls_per_s(lambda: policy.act(obs_t), window, device)
-        rec.phase("b", "policy.act", rate * b, "actions/s", t)
+        with rec.guard("b"):
+            t = time.monotonic()
+            rate, _ = loops.calls_per_s(lambda: policy.act(obs_t), window, device)
+            rec.phase("b", "policy.act", rate * b, "actions/s", t)
     policy.train()
     if "d" in args.phases:
-        t = time.monotonic()
-        lr = cfg.algo.lr
-        step = loops.bare_training(policy.model, inputs, policy.action_ids, count, lr)
-        rate, _ = loops.calls_per_s(step, window, device)
-        rec.phase("d", "bare training", rate * b, "samples/s", t)
+        with rec.guard("d"):
+            t = time.monotonic()
+            lr = cfg.algo.lr
+            step = loops.bare_training(policy.model, inputs, policy.action_ids, count, lr)
+            rate, _ = loops.calls_per_s(step, window, device)
+            rec.phase("d", "bare training", rate * b, "samples/s", t)
     if "e" in args.phases:
-        t = time.monotonic()
-        chunks = loops.synthetic_chunks(policy, obs_t, args.train_samples, cfg.env.chunk_len)
-        update = loops.trainer_update(policy, cfg, chunks, device)
-        rate, metrics = loops.calls_per_s(update, window, device)
-        epochs = int(metrics["num_epochs"])
-        rec.phase(
-            "e",
-            "trainer update",
-            rate * args.train_samples * epochs,
-            "samples x epochs/s",
-            t,
-            epochs=epochs,
-            minibatches=int(metrics["num_minibatches"]),
-        )
+        with rec.guard("e"):
+            t = time.monotonic()
+            chunks = loops.synthetic_chunks(policy, obs_t, args.train_samples, cfg.env.chunk_len)
+            update = loops.trainer_update(policy, cfg, chunks, device)
+            rate, metrics = loops.calls_per_s(update, window, device)
+            epochs = int(metrics["num_epochs"])
+            rec.phase(
+                "e",
+                "trainer update",
+                rate * args.train_samples * epochs,
+                "samples x epochs/s",
+                t,
+                epochs=epochs,
+                minibatches=int(metrics["num_minibatches"]),
+            )
     return numel
 
 
@@ -241,31 +265,34 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
         roles[role].setdefault("settings", {})["device"] = args.device
     for role in ("rollout_server", "trainer"):
         roles[role]["settings"]["num_threads"] = args.threads
-    rates = {}
+    rates = {"sync": 0.0, "async": 0.0}
     with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-scale-") as tmp:
+        run_dir = args.run_dir or Path(tmp)
+        run_dir.mkdir(parents=True, exist_ok=True)
         for mode in ("sync", "async"):
-            started = time.monotonic()
-            run = {
-                "name": f"bench_token_vla_scale_{mode}_{time.monotonic_ns()}",
-                "mode": mode,
-                "redis_url": redis.url,
-                "progress_interval_s": 3600,
-                # loading a large model holds a role's GIL for seconds
-                "heartbeat_ttl_s": 120.0,
-                "stall_timeout_s": 300.0,
-                "stop": {"max_wall_s": args.warmup_s + args.duration_s + 600},
-            }
-            cfg = {"run": run, "roles": roles, **sections, "env": env}
-            got = measure_rates(cfg, args.num_envs, Path(tmp), args.warmup_s, args.duration_s)
-            rates[mode] = got["env_steps_per_s"]
-            rec.phase(
-                f"f_{mode}",
-                f"{mode} env steps",
-                rates[mode],
-                "env steps/s",
-                started,
-                **{k: v for k, v in got.items() if k != "env_steps_per_s"},
-            )
+            with rec.guard(f"f_{mode}"):
+                started = time.monotonic()
+                run = {
+                    "name": f"bench_token_vla_scale_{mode}_{time.monotonic_ns()}",
+                    "mode": mode,
+                    "redis_url": redis.url,
+                    "progress_interval_s": 3600,
+                    # loading a large model holds a role's GIL for seconds
+                    "heartbeat_ttl_s": 120.0,
+                    "stall_timeout_s": 300.0,
+                    "stop": {"max_wall_s": args.warmup_s + args.duration_s + 600},
+                }
+                cfg = {"run": run, "roles": roles, **sections, "env": env}
+                got = measure_rates(cfg, args.num_envs, run_dir, args.warmup_s, args.duration_s)
+                rates[mode] = got["env_steps_per_s"]
+                rec.phase(
+                    f"f_{mode}",
+                    f"{mode} env steps",
+                    rates[mode],
+                    "env steps/s",
+                    started,
+                    **{k: v for k, v in got.items() if k != "env_steps_per_s"},
+                )
     # (None where sync stepped nothing in its window: no ratio to give)
     rec.note("f_speedup_async_vs_sync", rates["async"] / rates["sync"] if rates["sync"] else None)
 
@@ -309,7 +336,8 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if "c" in args.phases:
-            serve_phase(args, sections, numel, rec)
+            with rec.guard("c"):
+                serve_phase(args, sections, numel, rec)
         if "f" in args.phases:
             modes_phase(args, sections, rec)
     for key in ("c", "e"):
@@ -318,6 +346,8 @@ def main() -> None:
             rec.results[key]["vs_bare"] = rec.results[key]["rate"] / base["rate"]
     rec.flush()
     print_summary(rec)
+    if failed := rec.results.get("errors"):
+        sys.exit(f"phases failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,11 @@ def sample_run(
         deadline = time.monotonic() + start_timeout_s
         while registry.counters().get("env_steps", 0) == 0:  # roles start, weights arrive
             if launcher.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: the run did not start; see {log_path}")
+                tail = log_path.read_text(errors="replace").splitlines()[-40:]
+                raise RuntimeError(
+                    f"{name}: the run did not start; its launcher log ({log_path}) ends:\n"
+                    + "\n".join(tail)
+                )
             tick.wait(0.2)
         tick.wait(warmup_s)
         started = time.monotonic()
