@@ -8,7 +8,11 @@ image size. Each figure is measured against the bare ``transformers`` model on t
   a. bare inference: the model alone on a pre-built processor batch of ``--batch`` table-top
      observations, prefill with the KV cache + one single-token forward per further action
      token -> actions/s.
-  b. policy.act: ``TokenVLAPolicy.act`` on the same observations, processor included.
+  b. policy.act: ``TokenVLAPolicy.act`` on the same observations, their inputs built as the
+     policy builds them (``DeviceInputs`` where its probe allows: the pixels normalised on the
+     device, prompts cached; ``device_inputs`` in the JSON says whether it did).
+  p. policy.act with the processor building every batch on the CPU (``DeviceInputs`` off), the
+     path of a processor its probe refuses. b / p is what the shortcut buys.
   c. rollout server: the real ``RolloutServer`` role (bench/harness/server_harness.py) serving
      this policy, a client keeping 2 x ``--batch`` requests in flight so that batches of
      ``--batch`` form -> actions/s, and the mean batch formed. c / a is the headline (goal 0.8).
@@ -68,10 +72,10 @@ from transport.weights import FlatLayout
 
 LAUNCH = "launch/token_vla_tabletop.yaml"
 """The table-top task's token-VLA run: its env, prompt, bins and PPO settings."""
-PHASES = ("a", "b", "c", "d", "e", "f")
-IN_PROCESS = ("a", "b", "d", "e")
+PHASES = ("a", "b", "p", "c", "d", "e", "f")
+IN_PROCESS = ("a", "b", "p", "d", "e")
 """Phases run on a policy loaded in this process (phase c needs it too: the weights' length)."""
-AGAINST = {"b": "a", "c": "a", "e": "d"}
+AGAINST = {"b": "a", "p": "a", "c": "a", "e": "d"}
 """Phase -> the bare loop its figure is measured against."""
 GOAL = 0.8
 """Fraction of the bare loop's rate the system should reach (c / a and e / d)."""
@@ -195,6 +199,7 @@ def in_process_phases(args: argparse.Namespace, cfg, rec: Recorder) -> int:
     inputs, _ = policy._prompt_inputs(obs_t)
     count = policy.bins.tokens
     rec.note("prompt_tokens", int(inputs["input_ids"].shape[1]))
+    rec.note("device_inputs", policy.device_inputs is not None)
     window, b = args.window_s, args.batch
     if "a" in args.phases:
         with rec.guard("a"):
@@ -207,6 +212,15 @@ def in_process_phases(args: argparse.Namespace, cfg, rec: Recorder) -> int:
             t = time.monotonic()
             rate, _ = loops.calls_per_s(lambda: policy.act(obs_t), window, device)
             rec.phase("b", "policy.act", rate * b, "actions/s", t)
+    if "p" in args.phases:
+        with rec.guard("p"):
+            t = time.monotonic()
+            shortcut, policy.device_inputs = policy.device_inputs, None
+            try:
+                rate, _ = loops.calls_per_s(lambda: policy.act(obs_t), window, device)
+            finally:
+                policy.device_inputs = shortcut
+            rec.phase("p", "policy.act, processor on CPU", rate * b, "actions/s", t)
     policy.train()
     if "d" in args.phases:
         with rec.guard("d"):

@@ -86,6 +86,27 @@ def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(policy_of
         torch.testing.assert_close(alone.log_prob[0], greedy.log_prob[row], atol=1e-4, rtol=0)
 
 
+NO_DEVICE_INPUTS = {"llava_next"} | set(VIDEO_FAMILIES)
+"""Families whose processors tile the image (LLaVA-NeXT) or flatten it into patches (Qwen2-VL,
+Qwen2.5-VL): ``DeviceInputs``' probe refuses them and the processor builds every batch."""
+
+
+def test_device_inputs_are_taken_where_the_probe_allows_and_change_nothing(
+    family, policy_of
+) -> None:
+    policy = policy_of()
+    if family in NO_DEVICE_INPUTS:
+        assert policy.device_inputs is None
+        return
+    assert policy.device_inputs is not None
+    obs = observations(5)
+    fast = policy.act(obs, deterministic=True)
+    policy.device_inputs = None
+    slow = policy.act(obs, deterministic=True)
+    assert torch.equal(fast.action, slow.action)
+    torch.testing.assert_close(fast.log_prob, slow.log_prob, atol=1e-5, rtol=0)
+
+
 def test_one_ppo_update_changes_the_model_and_stays_finite(policy_of) -> None:
     changed = ppo_update(policy_of())
     # the language model's attention moved, not only the vision tower's

@@ -32,6 +32,10 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
   position from which the first action token is predicted, and, with ``observation.critic``
   mapped, that observation too (an asymmetric critic: privileged simulator state that only the
   value sees, so the actions still come from the camera, instruction and state alone).
+- The processor's inputs are built by ``DeviceInputs`` (``rlvla3/policy/device_inputs.py``)
+  where a probe at load shows it computes what the processor does: the pixels normalised in
+  torch on the model's device, each prompt's tokens cached. Otherwise by the processor, on the
+  CPU. The log says which, and why.
 - The model is a submodule (``self.model``), so ``state_dict``, checkpoints, the flat weight
   layout of the weight path and peft's ``target_modules`` (q_proj, v_proj...) see its tensors
   under their usual names.
@@ -40,6 +44,7 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 from __future__ import annotations
 
 import inspect
+import logging
 from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
@@ -52,10 +57,13 @@ from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
+from rlvla3.policy.device_inputs import DeviceInputs
 from rlvla3.policy.hf_model import LoadedVLM, load_vlm, model_inputs, pil_images, resolve_dtype
 from rlvla3.policy.state_projector import StateProjector, added_to_input_embeddings
 from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
+
+_log = logging.getLogger(__name__)
 
 _SUFFIX_TOKEN_TYPE = {"paligemma": 1}
 """The ``token_type_ids`` value of generated tokens, by model type (0 otherwise): PaliGemma
@@ -73,13 +81,16 @@ class TokenVLAPolicy(ActorCritic):
         bins: ActionBins,
         critic_dim: int = 0,
         state_dim: int = 0,
+        device_inputs: DeviceInputs | None = None,
     ) -> None:
         """``critic_dim``: the size of the ``observation.critic`` vector (0: none mapped);
-        ``state_dim``: the size of ``observation.state`` (the state projector's input)."""
+        ``state_dim``: the size of ``observation.state`` (the state projector's input);
+        ``device_inputs``: the processor's shortcut (None: the processor builds every batch)."""
         super().__init__()
         self.config, self.bins = config, bins
         self.model = vlm.model
         self.processor = vlm.processor
+        self.device_inputs = device_inputs
         self.pad_id = int(vlm.processor.tokenizer.pad_token_id or 0)
         self.prompt = PromptBuilder(config.prompt, vlm.image_token, config.state_decimals)
         ids = action_token_ids(vlm.vocab_size, bins.bins, vlm.special_ids)
@@ -275,23 +286,31 @@ class TokenVLAPolicy(ActorCritic):
         """The processor's inputs for the batch's prompts, on the model's device, and each
         prompt's length in tokens int64[B]."""
         mapping = self.config.observation
-        images = _numpy(obs[mapping.image])
+        image = obs[mapping.image]
         text_state = self.config.text_state
         states = None if text_state is None else _numpy(obs[text_state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
-        # padding_side here, not only on the tokenizer: some processors' call defaults pad left
-        # (Aya Vision's, InternVL's), which would put padding between a prompt and its actions
-        batch = self.processor(
-            images=pil_images(images),
-            text=prompts,
-            return_tensors="pt",
-            padding=True,
-            padding_side="right",
-        )
         device, dtype = self.action_ids.device, self.model.dtype
+        if self.device_inputs is not None:
+            if not isinstance(image, Tensor):
+                image = torch.from_numpy(np.asarray(image))
+            batch = self.device_inputs(image.to(device), prompts)
+        else:
+            # padding_side here, not only on the tokenizer: some processors' call defaults pad
+            # left (Aya Vision's, InternVL's), which would put padding between a prompt and its
+            # actions
+            batch = model_inputs(
+                self.processor(
+                    images=pil_images(_numpy(image)),
+                    text=prompts,
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="right",
+                )
+            )
         inputs = {
             key: value.to(device=device, dtype=dtype if value.is_floating_point() else None)
-            for key, value in model_inputs(batch).items()
+            for key, value in batch.items()
         }
         return inputs, inputs["attention_mask"].sum(1)
 
@@ -350,7 +369,13 @@ def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: sp
     critic_dim = 0 if critic is None else int(np.prod(observation[critic].shape))
     state = config.observation.state
     state_dim = 0 if state is None else int(np.prod(observation[state].shape))
-    return TokenVLAPolicy(vlm, config, bins, critic_dim, state_dim)
+    image_shape = observation[config.observation.image].shape
+    device_inputs, why_not = DeviceInputs.probe(vlm.processor, vlm.image_token, image_shape)
+    if device_inputs is None:
+        _log.info("policy.token_vla: the processor builds each batch on the CPU (%s)", why_not)
+    else:
+        _log.info("policy.token_vla: pixels normalised on the model's device, prompts cached")
+    return TokenVLAPolicy(vlm, config, bins, critic_dim, state_dim, device_inputs)
 
 
 def check_observation_mapping(config: TokenVLAConfig, observation: spaces.Dict) -> None:
