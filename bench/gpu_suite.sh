@@ -9,8 +9,8 @@
 #   bench/gpu_suite.sh OUTDIR [STEP_S]
 #
 # GPU_SUITE_QUICK=1 runs the environment, the tests and the weight sync alone (about 2 minutes).
-# On a machine lent for minutes, the token VLA benchmark alone:
-#   python bench/token_vla_scale.py --json OUTDIR/token_vla_scale.json
+# On a machine lent for minutes, the token VLA's benchmark and GPU tests alone (about 6 minutes):
+#   bench/gpu_token_vla.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: bench/gpu_suite.sh OUTDIR [STEP_S]}
 step_s=${2:-240}
@@ -58,9 +58,9 @@ PY
 cp "$out/environment.log" "$out/environment.txt"
 
 step pytest_gpu python -m pytest -m gpu tests/test_gpu.py tests/test_precision.py \
-    tests/test_attention.py -q -rs
-# the real-size token VLA (issue 32 item 8), the most wanted figure: about 6 minutes on an
-# H100, the 0.5B preset's writing and loading included; its own limit, STEP_S or 600 s,
+    tests/test_attention.py tests/test_token_vla_gpu.py -q -rs
+# the real-size token VLA (issue 32 item 8), the most wanted figure: about 5 minutes on an
+# H200, the 0.5B preset's writing and loading included; its own limit, STEP_S or 600 s,
 # whichever is longer (not in the quick run)
 if [ "${GPU_SUITE_QUICK:-0}" != 1 ]; then
     step_s=$((step_s > 600 ? step_s : 600)) step token_vla_scale \

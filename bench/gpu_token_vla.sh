@@ -4,7 +4,7 @@
 # (bench/token_vla_scale.py, issue 32 item 8; the most wanted figure, so first), then the token
 # VLA's GPU tests (tests/test_token_vla_gpu.py: bfloat16 log-prob gaps, a PPO update, the
 # memory refusal). Logs and JSON land in OUTDIR: token_vla_scale.{json,log}, the f phase's run
-# logs as f_runs.tgz, pytest_token_vla_gpu.txt, environment.txt.
+# logs as f_logs.tgz, pytest_token_vla_gpu.txt, environment.txt.
 #
 #   bench/gpu_token_vla.sh OUTDIR [more bench/token_vla_scale.py options]
 #
@@ -26,13 +26,17 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-timeout --kill-after=10 420 python bench/token_vla_scale.py --json "$out/token_vla_scale.json" \
+timeout --kill-after=10 540 python bench/token_vla_scale.py --json "$out/token_vla_scale.json" \
     --run-dir /tmp/token_vla_scale_runs "$@" 2>&1 | grep --line-buffered -v 'it/s]' \
     | tee "$out/token_vla_scale.log"
 rc=$?
 echo "== token_vla_scale: rc=$rc"
 [ "$rc" -eq 0 ] || status=1
-tar czf "$out/f_runs.tgz" -C /tmp token_vla_scale_runs 2>/dev/null
+# the f phase's logs, each cut to its last 64 kB (whole, they outgrow what a lent machine
+# returns), without the runs' checkpoints
+(cd /tmp && find token_vla_scale_runs -name '*.log' -o -name '*.yaml' | while read -r f; do
+    mkdir -p "f_logs/$(dirname "$f")" && tail -c 65536 "$f" > "f_logs/$f"
+done && tar czf "$out/f_logs.tgz" f_logs) 2>/dev/null
 
 timeout --kill-after=10 120 python -m pytest -m gpu tests/test_token_vla_gpu.py -q -rs -s \
     > "$out/pytest_token_vla_gpu.txt" 2>&1

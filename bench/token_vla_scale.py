@@ -24,7 +24,8 @@ image size. Each figure is measured against the bare ``transformers`` model on t
      of minibatch ``--batch``) -> samples x epochs / s. e / d is the second headline (goal 0.8).
   f. async vs sync: env steps/s of the whole system through the real launcher
      (bench/harness/mode_rates.py), ``--num-envs`` table-top envs over ``--num-workers`` env
-     workers, rollout server, trainer and broadcaster on the device, ``--duration-s`` each.
+     workers, rollout server, trainer and broadcaster on the device, ``--duration-s`` each,
+     from ``--warmup-s`` after the first update trained.
 
 Phases a, b, d, e run in this process, then c and f in processes of their own (this process's
 model freed first). Each phase prints its figure when done and the JSON (``--json``) is rewritten
@@ -297,7 +298,17 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
                     "stop": {"max_wall_s": args.warmup_s + args.duration_s + 600},
                 }
                 cfg = {"run": run, "roles": roles, **sections, "env": env}
-                got = measure_rates(cfg, args.num_envs, run_dir, args.warmup_s, args.duration_s)
+                # from the first update on: a large model's first round (its first update,
+                # the weight link's set-up) is no steady state, and in sync mode the envs wait
+                # for all of it
+                got = measure_rates(
+                    cfg,
+                    args.num_envs,
+                    run_dir,
+                    args.warmup_s,
+                    args.duration_s,
+                    started_by="samples_consumed",
+                )
                 rates[mode] = got["env_steps_per_s"]
                 rec.phase(
                     f"f_{mode}",

@@ -30,11 +30,17 @@ def mode_roles(num_workers: int, num_envs: int) -> dict[str, Any]:
 
 
 def measure_rates(
-    cfg: dict[str, Any], num_envs: int, workdir: Path, warmup_s: float, duration_s: float
+    cfg: dict[str, Any],
+    num_envs: int,
+    workdir: Path,
+    warmup_s: float,
+    duration_s: float,
+    started_by: str = "env_steps",
 ) -> dict[str, Any]:
-    """Launch ``cfg`` (``num_envs`` envs in all), wait for steady state, measure over
-    ``duration_s``, stop it: env and trained steps/s, and per-step milliseconds."""
-    got = sample_run(cfg, workdir, COUNTERS, warmup_s, duration_s)
+    """Launch ``cfg`` (``num_envs`` envs in all), wait for steady state (``sample_run``'s
+    ``started_by``), measure over ``duration_s``, stop it: env and trained steps/s, and
+    per-step milliseconds."""
+    got = sample_run(cfg, workdir, COUNTERS, warmup_s, duration_s, started_by=started_by)
     d = {k: got.delta(k) for k in COUNTERS}
     rate = {k: got.rate(k) for k in COUNTERS}
     steps = max(d["env_steps"], 1)

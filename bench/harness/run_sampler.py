@@ -52,10 +52,13 @@ def sample_run(
     warmup_s: float,
     duration_s: float,
     start_timeout_s: float = 300.0,
+    started_by: str = "env_steps",
 ) -> CounterSamples:
     """Launch the run ``config`` (``rlvla3 launch``; ``run.name`` and ``run.redis_url`` set) in
-    ``workdir``, wait until it steps envs and then ``warmup_s`` more, read ``counters`` every
-    0.1 s for ``duration_s``, and stop it (SIGINT, as Ctrl-C would)."""
+    ``workdir``, wait until its counter ``started_by`` moves (``env_steps``: it steps envs;
+    ``samples_consumed``: a first update trained, so a sync run has been through one whole
+    round) and then ``warmup_s`` more, read ``counters`` every 0.1 s for ``duration_s``, and
+    stop it (SIGINT, as Ctrl-C would)."""
     name = config["run"]["name"]
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -70,7 +73,7 @@ def sample_run(
     reads: list[list[int]] = []
     try:
         deadline = time.monotonic() + start_timeout_s
-        while registry.counters().get("env_steps", 0) == 0:  # roles start, weights arrive
+        while registry.counters().get(started_by, 0) == 0:  # roles start, weights arrive
             if launcher.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace").splitlines()[-40:]
                 raise RuntimeError(
