@@ -117,3 +117,22 @@ def test_the_prompt_cache_keeps_the_most_recent_prompts(model_dir, monkeypatch) 
     assert list(shortcut.prompts) == [f"{token}three\n", f"{token}two\n"]
     theirs = processor_inputs(vlm.processor, images, prompts)
     assert torch.equal(ours["input_ids"], theirs["input_ids"])
+
+
+def test_images_of_another_size_than_probed_go_through_the_processor(model_dir) -> None:
+    """Demos recorded at another image size than the env's: the processor resizes them, as
+    it would without the shortcut, which refuses them itself."""
+    policy = make_policy(model_dir)
+    assert policy.device_inputs is not None
+    obs = observations(3)
+    obs["image"] = torch.randint(0, 256, (3, 2 * IMAGE_SIZE, 2 * IMAGE_SIZE, 3), dtype=torch.uint8)
+    assert not policy.device_inputs.fits(obs["image"])
+    fast = policy.act(obs, deterministic=True)
+    policy.device_inputs = None
+    slow = policy.act(obs, deterministic=True)
+    assert torch.equal(fast.action, slow.action)
+    torch.testing.assert_close(fast.log_prob, slow.log_prob, atol=0, rtol=0)
+    vlm = load_vlm(str(model_dir), torch.float32)
+    shortcut, _ = DeviceInputs.probe(vlm.processor, vlm.image_token, (IMAGE_SIZE, IMAGE_SIZE, 3))
+    with pytest.raises(ValueError, match="policy.token_vla.observation.image"):
+        shortcut(obs["image"], [f"{vlm.image_token}go\n"] * 3)

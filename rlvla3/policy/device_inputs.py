@@ -117,9 +117,19 @@ class DeviceInputs:
         )
         return model_inputs(batch)
 
+    def fits(self, images: Tensor | np.ndarray) -> bool:
+        """Whether uint8[B, H, W, 3] ``images`` are of the probed size: the probe and the
+        cached text hold for it alone (demos recorded at another size go to the processor)."""
+        return tuple(images.shape[1:]) == self.probe_image.shape
+
     def __call__(self, images: Tensor, prompts: list[str]) -> dict[str, Tensor]:
         """Model inputs for uint8[B, H, W, 3] ``images`` (on any device: ``pixel_values`` are
         computed there, float32) and B ``prompts`` (text tensors on the images' device)."""
+        if not self.fits(images):
+            raise ValueError(
+                f"policy.token_vla.observation.image: images of shape {tuple(images.shape[1:])}, "
+                f"where the probe took {self.probe_image.shape}"
+            )
         rows = [self._text(prompt) for prompt in prompts]
         lengths = [row["attention_mask"].shape[1] for row in rows]
         width = max(lengths)

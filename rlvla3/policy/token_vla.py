@@ -35,7 +35,8 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 - The processor's inputs are built by ``DeviceInputs`` (``rlvla3/policy/device_inputs.py``)
   where a probe at load shows it computes what the processor does: the pixels normalised in
   torch on the model's device, each prompt's tokens cached. Otherwise by the processor, on the
-  CPU. The log says which, and why.
+  CPU (the log says why), as are images of another size than the env's (demos recorded at
+  another size).
 - The model is a submodule (``self.model``), so ``state_dict``, checkpoints, the flat weight
   layout of the weight path and peft's ``target_modules`` (q_proj, v_proj...) see its tensors
   under their usual names.
@@ -291,9 +292,10 @@ class TokenVLAPolicy(ActorCritic):
         states = None if text_state is None else _numpy(obs[text_state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
         device, dtype = self.action_ids.device, self.model.dtype
-        if self.device_inputs is not None:
+        if self.device_inputs is not None and self.device_inputs.fits(image):
             if not isinstance(image, Tensor):
-                image = torch.from_numpy(np.asarray(image))
+                image = np.asarray(image)  # (a received array is read-only; torch wants writable)
+                image = torch.from_numpy(image if image.flags.writeable else image.copy())
             batch = self.device_inputs(image.to(device), prompts)
         else:
             # padding_side here, not only on the tokenizer: some processors' call defaults pad
