@@ -280,7 +280,7 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
         roles[role].setdefault("settings", {})["device"] = args.device
     for role in ("rollout_server", "trainer"):
         roles[role]["settings"]["num_threads"] = args.threads
-    rates = {"sync": 0.0, "async": 0.0}
+    rates: dict[str, float] = {}
     with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-scale-") as tmp:
         run_dir = args.run_dir or Path(tmp)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -318,8 +318,9 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
                     started,
                     **{k: v for k, v in got.items() if k != "env_steps_per_s"},
                 )
-    # (None where sync stepped nothing in its window: no ratio to give)
-    rec.note("f_speedup_async_vs_sync", rates["async"] / rates["sync"] if rates["sync"] else None)
+    # None where a mode failed or sync stepped nothing in its window: no ratio to give
+    sync, async_ = rates.get("sync"), rates.get("async")
+    rec.note("f_speedup_async_vs_sync", async_ / sync if sync and async_ is not None else None)
 
 
 def print_summary(rec: Recorder) -> None:

@@ -18,6 +18,7 @@ from rlvla3.config.lora import LoraConfig  # noqa: E402
 from rlvla3.config.token_vla import TokenVLAConfig  # noqa: E402
 from rlvla3.config.typed_load import ConfigError  # noqa: E402
 from rlvla3.policy.action_tokens import action_bins  # noqa: E402
+from rlvla3.policy.device_inputs import DeviceInputs  # noqa: E402
 from rlvla3.policy.hf_model import wrap_vlm  # noqa: E402
 from rlvla3.policy.lora import apply_lora  # noqa: E402
 from rlvla3.policy.token_vla import TokenVLAPolicy  # noqa: E402
@@ -96,6 +97,12 @@ def test_device_inputs_are_taken_where_the_probe_allows_and_change_nothing(
 ) -> None:
     policy = policy_of()
     if family in NO_DEVICE_INPUTS:
+        # (the probe itself: without torchvision these families are built in memory, unprobed)
+        image_shape = tabletop_spaces().observation["image"].shape
+        shortcut, why_not = DeviceInputs.probe(
+            policy.processor, policy.prompt.image_token, image_shape
+        )
+        assert shortcut is None and "pixel_values" in why_not, why_not
         assert policy.device_inputs is None
         return
     assert policy.device_inputs is not None

@@ -26,6 +26,7 @@ from rlvla3.config.lora import LoraConfig  # noqa: E402
 from rlvla3.config.run_config import AlgoConfig, config_from_dict  # noqa: E402
 from rlvla3.config.token_vla import TokenVLAConfig  # noqa: E402
 from rlvla3.config.typed_load import ConfigError  # noqa: E402
+from rlvla3.policy.device_inputs import PROBE_ATOL  # noqa: E402
 from rlvla3.policy.lora import apply_lora  # noqa: E402
 from rlvla3.policy.memory_check import check_role_memory  # noqa: E402
 from rlvla3.policy.token_vla import TokenVLAPolicy, build_token_vla  # noqa: E402
@@ -134,3 +135,25 @@ def test_a_model_that_cannot_fit_the_gpu_is_refused_with_its_size_and_the_free_m
         # as many copies as make it larger than the free memory
         check_role_memory(cfg, "rollout_server", CUDA, copies=free // 1000 + 1, trains=False)
     print(refused.value)
+
+
+def test_device_inputs_on_cuda_are_the_processors(model_dir) -> None:
+    """The shortcut's inputs, built on the GPU from the observations there, equal the
+    processor's (float32, to the probe's tolerance), and so do the actions and log-probs."""
+    policy = cuda_policy(model_dir, "float32")
+    assert policy.device_inputs is not None
+    obs = on_cuda(observations(16))
+    fast_inputs, fast_lengths = policy._prompt_inputs(obs)
+    fast = policy.act(obs, deterministic=True)
+    policy.device_inputs = None
+    slow_inputs, slow_lengths = policy._prompt_inputs(obs)
+    slow = policy.act(obs, deterministic=True)
+    assert torch.equal(fast_lengths, slow_lengths) and set(fast_inputs) == set(slow_inputs)
+    for key, value in slow_inputs.items():
+        assert fast_inputs[key].device.type == CUDA.type, key
+        if value.is_floating_point():
+            assert (fast_inputs[key] - value).abs().max() <= PROBE_ATOL, key
+        else:
+            assert torch.equal(fast_inputs[key], value), key
+    assert torch.equal(fast.action, slow.action)
+    torch.testing.assert_close(fast.log_prob, slow.log_prob, atol=1e-4, rtol=0)

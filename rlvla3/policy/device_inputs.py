@@ -40,7 +40,10 @@ same arithmetic in another order; the model then takes them in its own dtype).""
 
 class DeviceInputs:
     """The processor's model inputs for uint8[B, H, W, 3] images and B prompts, built without
-    it once each prompt was seen; ``probe`` says whether this processor allows it."""
+    it once each prompt was seen; ``probe`` says whether this processor allows it.
+
+    Not thread-safe (reading the prompt cache reorders it): each policy copy has its own, and
+    one thread acts with a copy (a rollout server's standby copy is another policy)."""
 
     def __init__(
         self, processor: Any, image_token: str, image_shape: tuple[int, ...], scale, mean, std
@@ -48,14 +51,21 @@ class DeviceInputs:
         self.processor = processor
         self.image_token = image_token
         self.probe_image = np.zeros(image_shape, np.uint8)
-        """The image a new prompt's text tensors are computed with (they do not depend on it)."""
+        """The image new prompts' tokens are computed with (they do not depend on it)."""
         self.scale = float(scale)
         self.mean = torch.tensor(mean, dtype=torch.float32).reshape(-1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).reshape(-1, 1, 1)
         self.pad_id = int(processor.tokenizer.pad_token_id or 0)
         self.pixel_shape: tuple[int, ...] = ()
         """One image's ``pixel_values`` shape, without the batch dimension."""
+        self.token_keys: tuple[str, ...] = ()
+        """Outputs with one value per token (input_ids, attention_mask...): cached per prompt."""
+        self.fixed: dict[str, Tensor] = {}
+        """Outputs the same for every image and prompt (Idefics3's ``pixel_attention_mask``):
+        one row each, expanded to the batch."""
         self.prompts: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
+        self.on_device: dict[torch.device, tuple[Tensor, Tensor, dict[str, Tensor]]] = {}
+        """Device -> (mean, std, fixed) there, moved once."""
 
     @classmethod
     def probe(
@@ -92,19 +102,32 @@ class DeviceInputs:
         self.pixel_shape = tuple(one[0][PIXELS].shape[1:])
         if int(np.prod(self.pixel_shape)) != int(np.prod(self.probe_image.shape)):
             return f"its pixel_values {tuple(one[0][PIXELS].shape)} are not the image's pixels"
+        alone = [self._processed(images[:1], [prompt]) for prompt in prompts]
+        lengths = [row["attention_mask"].shape[1] for row in alone]
+        others = [k for k in alone[0] if k != PIXELS]
+        self.token_keys = tuple(
+            k
+            for k in others
+            if all(
+                r[k].dim() == 2 and r[k].shape[1] == n for r, n in zip(alone, lengths, strict=True)
+            )
+        )
+        self.fixed = {k: alone[0][k] for k in others if k not in self.token_keys}
+        for key, value in self.fixed.items():
+            if not all(torch.equal(value, row[key]) for row in alone):
+                return f"its {key!r} changes with the prompt"
         theirs = self._processed(images, prompts)
         ours = self(torch.from_numpy(images), prompts)
         if set(ours) != set(theirs):
             return f"it returns {sorted(theirs)}"
         for key, value in theirs.items():
-            same = (
-                ours[key].shape == value.shape
-                and (ours[key] - value).abs().max().item() <= PROBE_ATOL
-                if key == PIXELS
-                else torch.equal(ours[key], value)
-            )
+            same = ours[key].shape == value.shape and ours[key].dtype == value.dtype
+            if key == PIXELS:
+                same = same and (ours[key] - value).abs().max().item() <= PROBE_ATOL
+            else:
+                same = same and torch.equal(ours[key], value)
             if not same:
-                return f"its {key!r} differs from normalised pixels (it resizes or crops)"
+                return f"its {key!r} differs from ours (it resizes, crops or pads otherwise)"
         return ""
 
     def _processed(self, images: np.ndarray, prompts: list[str]) -> dict[str, Tensor]:
@@ -118,44 +141,58 @@ class DeviceInputs:
         return model_inputs(batch)
 
     def fits(self, images: Tensor | np.ndarray) -> bool:
-        """Whether uint8[B, H, W, 3] ``images`` are of the probed size: the probe and the
-        cached text hold for it alone (demos recorded at another size go to the processor)."""
-        return tuple(images.shape[1:]) == self.probe_image.shape
+        """Whether ``images`` are uint8 pixels of the probed size: the probe and the cached
+        prompts hold for it alone (demos recorded at another size go to the processor)."""
+        uint8 = images.dtype == torch.uint8 or images.dtype == np.uint8
+        return uint8 and tuple(images.shape[1:]) == self.probe_image.shape
 
     def __call__(self, images: Tensor, prompts: list[str]) -> dict[str, Tensor]:
-        """Model inputs for uint8[B, H, W, 3] ``images`` (on any device: ``pixel_values`` are
-        computed there, float32) and B ``prompts`` (text tensors on the images' device)."""
-        if not self.fits(images):
+        """Model inputs for uint8[B, H, W, 3] ``images`` (on any device: everything is
+        returned there, ``pixel_values`` float32) and B ``prompts``."""
+        if not self.fits(images) or len(prompts) != len(images) or not prompts:
             raise ValueError(
-                f"policy.token_vla.observation.image: images of shape {tuple(images.shape[1:])}, "
-                f"where the probe took {self.probe_image.shape}"
+                f"policy.token_vla.observation.image: {len(prompts)} prompts and images of "
+                f"{images.dtype} {tuple(images.shape)}, where the probe took uint8 "
+                f"[B, {', '.join(map(str, self.probe_image.shape))}]"
             )
-        rows = [self._text(prompt) for prompt in prompts]
-        lengths = [row["attention_mask"].shape[1] for row in rows]
-        width = max(lengths)
+        device = images.device
+        mean, std, fixed = self._constants(device)
+        rows = self._token_rows(prompts)
+        width = max(row["attention_mask"].shape[1] for row in rows)
         inputs = {}
-        for key in rows[0]:
-            parts = [row[key] for row in rows]
-            # a token-aligned tensor (input_ids, attention_mask, token_type_ids) pads on the
-            # right as the processor pads: the tokenizer's pad id, else 0
-            if all(p.dim() == 2 and p.shape[1] == n for p, n in zip(parts, lengths, strict=True)):
-                pad = self.pad_id if key == "input_ids" else 0
-                parts = [F.pad(p, (0, width - p.shape[1]), value=pad) for p in parts]
-            inputs[key] = torch.cat(parts).to(images.device)
+        for key in self.token_keys:
+            # right-padded as the processor pads: the tokenizer's pad id, else 0
+            pad = self.pad_id if key == "input_ids" else 0
+            parts = [F.pad(row[key], (0, width - row[key].shape[1]), value=pad) for row in rows]
+            inputs[key] = torch.cat(parts).to(device)
+        for key, value in fixed.items():
+            inputs[key] = value.expand(len(prompts), *value.shape[1:])
         pixels = images.to(torch.float32).permute(0, 3, 1, 2) * self.scale
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
         inputs[PIXELS] = ((pixels - mean) / std).reshape(len(prompts), *self.pixel_shape)
         return inputs
 
-    def _text(self, prompt: str) -> dict[str, Tensor]:
-        """One prompt's text tensors (int64[1, L] each, or a fixed-shape per-image tensor)."""
-        cached = self.prompts.get(prompt)
-        if cached is not None:
+    def _constants(self, device: torch.device) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The mean, std and fixed outputs on ``device`` (moved there once)."""
+        if device not in self.on_device:
+            fixed = {k: v.to(device) for k, v in self.fixed.items()}
+            self.on_device[device] = (self.mean.to(device), self.std.to(device), fixed)
+        return self.on_device[device]
+
+    def _token_rows(self, prompts: list[str]) -> list[dict[str, Tensor]]:
+        """Each prompt's per-token tensors int64[1, L]; the prompts not cached yet are
+        processed in one call (with blank images: the tokens do not depend on the pixels) and
+        each row cut at its length (the batch is right-padded)."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self.prompts))
+        if missing:
+            blank = np.broadcast_to(self.probe_image, (len(missing), *self.probe_image.shape))
+            batch = self._processed(blank, missing)
+            lengths = batch["attention_mask"].sum(1).tolist()
+            for i, (prompt, n) in enumerate(zip(missing, lengths, strict=True)):
+                self.prompts[prompt] = {k: batch[k][i : i + 1, :n].clone() for k in self.token_keys}
+        rows = []
+        for prompt in prompts:
             self.prompts.move_to_end(prompt)
-            return cached
-        processed = self._processed(self.probe_image[None], [prompt])
-        processed.pop(PIXELS)
-        self.prompts[prompt] = processed
-        if len(self.prompts) > MAX_PROMPTS:
+            rows.append(self.prompts[prompt])
+        while len(self.prompts) > MAX_PROMPTS:
             self.prompts.popitem(last=False)
-        return processed
+        return rows
