@@ -15,7 +15,7 @@ from gymnasium import spaces  # noqa: E402
 
 from rlvla3.policy import device_inputs as shortcut_module  # noqa: E402
 from rlvla3.policy.device_inputs import PIXELS, PROBE_ATOL, DeviceInputs  # noqa: E402
-from rlvla3.policy.hf_model import load_vlm, model_inputs, pil_images  # noqa: E402
+from rlvla3.policy.hf_model import load_vlm, processor_inputs  # noqa: E402
 from tests.test_token_vla import make_policy, observations, tabletop_spaces  # noqa: E402
 from tests.tiny_vlms import FAMILIES, IMAGE_SIZE, write_tiny_vlm  # noqa: E402
 
@@ -23,17 +23,6 @@ from tests.tiny_vlms import FAMILIES, IMAGE_SIZE, write_tiny_vlm  # noqa: E402
 @pytest.fixture(scope="module", params=FAMILIES)
 def model_dir(request, tmp_path_factory) -> Path:
     return write_tiny_vlm(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def processor_inputs(processor, images: np.ndarray, prompts: list[str]) -> dict:
-    batch = processor(
-        images=pil_images(images),
-        text=prompts,
-        return_tensors="pt",
-        padding=True,
-        padding_side="right",
-    )
-    return model_inputs(batch)
 
 
 def test_its_inputs_are_the_processors_for_new_images_and_prompts(model_dir) -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlvla3.policy.hf_model import model_inputs, pil_images
+from rlvla3.policy.hf_model import processor_inputs
 
 PIXELS = "pixel_values"
 """The one processor output computed from the pixels."""
@@ -131,14 +131,7 @@ class DeviceInputs:
         return ""
 
     def _processed(self, images: np.ndarray, prompts: list[str]) -> dict[str, Tensor]:
-        batch = self.processor(
-            images=pil_images(images),
-            text=prompts,
-            return_tensors="pt",
-            padding=True,
-            padding_side="right",
-        )
-        return model_inputs(batch)
+        return processor_inputs(self.processor, images, prompts)
 
     def fits(self, images: Tensor | np.ndarray) -> bool:
         """Whether ``images`` are uint8 pixels of the probed size: the probe and the cached

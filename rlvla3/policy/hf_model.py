@@ -98,6 +98,21 @@ def model_inputs(batch: Any) -> dict[str, Tensor]:
     return {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "labels"}
 
 
+def processor_inputs(processor: Any, images: Any, prompts: list[str]) -> dict[str, Tensor]:
+    """The model inputs ``processor`` makes of uint8[B, H, W, 3] ``images`` and B
+    ``prompts``, right-padded. ``padding_side`` is passed here, not only set on the tokenizer:
+    some processors' call defaults pad left (Aya Vision's, InternVL's), which would put padding
+    between a prompt and its actions."""
+    batch = processor(
+        images=pil_images(images),
+        text=prompts,
+        return_tensors="pt",
+        padding=True,
+        padding_side="right",
+    )
+    return model_inputs(batch)
+
+
 def pil_images(images: Any) -> list[list[Any]]:
     """uint8[B, H, W, 3] pixels -> one list of one PIL image per row: the image type every
     processor takes (Idefics2's refuses arrays; the others convert PIL images to the arrays

@@ -59,7 +59,7 @@ from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
 from rlvla3.policy.device_inputs import DeviceInputs
-from rlvla3.policy.hf_model import LoadedVLM, load_vlm, model_inputs, pil_images, resolve_dtype
+from rlvla3.policy.hf_model import LoadedVLM, load_vlm, processor_inputs, resolve_dtype
 from rlvla3.policy.state_projector import StateProjector, added_to_input_embeddings
 from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
@@ -298,18 +298,7 @@ class TokenVLAPolicy(ActorCritic):
                 image = torch.from_numpy(image if image.flags.writeable else image.copy())
             batch = self.device_inputs(image.to(device), prompts)
         else:
-            # padding_side here, not only on the tokenizer: some processors' call defaults pad
-            # left (Aya Vision's, InternVL's), which would put padding between a prompt and its
-            # actions
-            batch = model_inputs(
-                self.processor(
-                    images=pil_images(_numpy(image)),
-                    text=prompts,
-                    return_tensors="pt",
-                    padding=True,
-                    padding_side="right",
-                )
-            )
+            batch = processor_inputs(self.processor, _numpy(image), prompts)
         inputs = {
             key: value.to(device=device, dtype=dtype if value.is_floating_point() else None)
             for key, value in batch.items()
