@@ -19,6 +19,7 @@ why.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -28,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlvla3.policy.hf_model import processor_inputs
+
+_log = logging.getLogger(__name__)
 
 PIXELS = "pixel_values"
 """The one processor output computed from the pixels."""
@@ -189,3 +192,32 @@ class DeviceInputs:
         while len(self.prompts) > MAX_PROMPTS:
             self.prompts.popitem(last=False)
         return rows
+
+
+def probed(processor: Any, image_token: str, image_shape: tuple[int, ...]) -> DeviceInputs | None:
+    """``DeviceInputs.probe``, logging which path the policy's inputs take and why."""
+    shortcut, why_not = DeviceInputs.probe(processor, image_token, image_shape)
+    if shortcut is None:
+        _log.info("policy.token_vla: the processor builds each batch on the CPU (%s)", why_not)
+    else:
+        _log.info("policy.token_vla: pixels normalised on the model's device, prompts cached")
+    return shortcut
+
+
+def batch_inputs(
+    processor: Any,
+    shortcut: DeviceInputs | None,
+    images: Tensor | np.ndarray,
+    prompts: list[str],
+    device: torch.device,
+) -> dict[str, Tensor]:
+    """A batch's model inputs: through ``shortcut`` on ``device`` where it takes these uint8
+    [B, H, W, 3] ``images``, else through the processor on the CPU."""
+    if shortcut is None or not shortcut.fits(images):
+        if isinstance(images, Tensor):
+            images = images.detach().cpu().numpy()
+        return processor_inputs(processor, np.asarray(images), prompts)
+    if not isinstance(images, Tensor):
+        images = np.asarray(images)  # (a received array is read-only; torch wants writable)
+        images = torch.from_numpy(images if images.flags.writeable else images.copy())
+    return shortcut(images.to(device), prompts)

@@ -45,7 +45,6 @@ and cheap, and the log-prob of an action is the sum over its D tokens.
 from __future__ import annotations
 
 import inspect
-import logging
 from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
@@ -58,13 +57,11 @@ from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
-from rlvla3.policy.device_inputs import DeviceInputs
-from rlvla3.policy.hf_model import LoadedVLM, load_vlm, processor_inputs, resolve_dtype
+from rlvla3.policy.device_inputs import DeviceInputs, batch_inputs, probed
+from rlvla3.policy.hf_model import LoadedVLM, load_vlm, resolve_dtype
 from rlvla3.policy.state_projector import StateProjector, added_to_input_embeddings
 from rlvla3.policy.token_decode import ActionDecoder
 from rlvla3.policy.vla_prompt import PromptBuilder
-
-_log = logging.getLogger(__name__)
 
 _SUFFIX_TOKEN_TYPE = {"paligemma": 1}
 """The ``token_type_ids`` value of generated tokens, by model type (0 otherwise): PaliGemma
@@ -287,18 +284,12 @@ class TokenVLAPolicy(ActorCritic):
         """The processor's inputs for the batch's prompts, on the model's device, and each
         prompt's length in tokens int64[B]."""
         mapping = self.config.observation
-        image = obs[mapping.image]
+        image = obs[mapping.image]  # (to the model's device only where DeviceInputs takes it)
         text_state = self.config.text_state
         states = None if text_state is None else _numpy(obs[text_state])
         prompts = self.prompt.prompts(_numpy(obs[mapping.instruction]), states)
         device, dtype = self.action_ids.device, self.model.dtype
-        if self.device_inputs is not None and self.device_inputs.fits(image):
-            if not isinstance(image, Tensor):
-                image = np.asarray(image)  # (a received array is read-only; torch wants writable)
-                image = torch.from_numpy(image if image.flags.writeable else image.copy())
-            batch = self.device_inputs(image.to(device), prompts)
-        else:
-            batch = processor_inputs(self.processor, _numpy(image), prompts)
+        batch = batch_inputs(self.processor, self.device_inputs, image, prompts, device)
         inputs = {
             key: value.to(device=device, dtype=dtype if value.is_floating_point() else None)
             for key, value in batch.items()
@@ -361,11 +352,7 @@ def build_token_vla(config: TokenVLAConfig, observation: spaces.Dict, action: sp
     state = config.observation.state
     state_dim = 0 if state is None else int(np.prod(observation[state].shape))
     image_shape = observation[config.observation.image].shape
-    device_inputs, why_not = DeviceInputs.probe(vlm.processor, vlm.image_token, image_shape)
-    if device_inputs is None:
-        _log.info("policy.token_vla: the processor builds each batch on the CPU (%s)", why_not)
-    else:
-        _log.info("policy.token_vla: pixels normalised on the model's device, prompts cached")
+    device_inputs = probed(vlm.processor, vlm.image_token, image_shape)
     return TokenVLAPolicy(vlm, config, bins, critic_dim, state_dim, device_inputs)
 
 
