@@ -280,6 +280,9 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
         roles[role].setdefault("settings", {})["device"] = args.device
     for role in ("rollout_server", "trainer"):
         roles[role]["settings"]["num_threads"] = args.threads
+    # one update per round in both modes: sync mode updates per round (--train-samples is
+    # phase e's batch), and async then trains batches of the same size
+    algo = {**sections["algo"], "batch_steps": 0}
     rates: dict[str, float] = {}
     with EmbeddedRedis() as redis, tempfile.TemporaryDirectory(prefix="rlvla3-scale-") as tmp:
         run_dir = args.run_dir or Path(tmp)
@@ -297,7 +300,7 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
                     "stall_timeout_s": 300.0,
                     "stop": {"max_wall_s": args.warmup_s + args.duration_s + 600},
                 }
-                cfg = {"run": run, "roles": roles, **sections, "env": env}
+                cfg = {"run": run, "roles": roles, **sections, "env": env, "algo": algo}
                 # from the first update on: a large model's first round (its first update,
                 # the weight link's set-up) is no steady state, and in sync mode the envs wait
                 # for all of it

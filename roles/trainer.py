@@ -107,7 +107,7 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.learner = build_learner(
             self.cfg.algo,
             on_policy_only=self.on_policy_only,
-            batch_steps=self.cfg.algo.batch_steps or self._round_steps(),
+            batch_steps=self.cfg.algo.batch_steps or self.cfg.round_steps(),
             device=self.device,
         )
         self.group_updates = self._group_updates(self.learner.objective)
@@ -126,10 +126,6 @@ class Trainer(TrainingRole[TrainerSettings]):
         if self.settings.shard:
             rebuild = lambda policy: build_optimizer(policy, self.cfg.algo)  # noqa: E731
         return GroupUpdates(self.group, objective, self.policy, self.optimizer, rebuild)
-
-    def _round_steps(self) -> int:
-        workers = self.cfg.num_processes("env_worker") or 1  # a round needs at least one worker
-        return workers * self.cfg.env.num_envs_per_worker * self.cfg.env.chunk_len
 
     # --- the loop --------------------------------------------------------------------------------
     def step(self) -> None:

@@ -264,3 +264,23 @@ def test_policy_vla_is_typed_and_the_env_decides_what_it_leaves_out() -> None:
     assert (built.image_size, built.channels, built.action_head) == (96, 1, "categorical")
     assert built.proprio_dim == 8  # the env has no such space: the value without an env
     assert config_from_dict(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_sync_mode_takes_one_round_per_update_or_says_what_a_round_is() -> None:
+    """In sync mode the envs pause after each round until the next version: a batch other
+    than one round would leave the trainer waiting for steps that never come."""
+    cfg = load_config("launch/cartpole.yaml", ["run.mode=sync"])
+    round_steps = cfg.round_steps()
+    env = cfg.env
+    assert round_steps == cfg.num_processes("env_worker") * env.num_envs_per_worker * env.chunk_len
+    for steps in (0, round_steps):
+        load_config("launch/cartpole.yaml", ["run.mode=sync", f"algo.batch_steps={steps}"])
+    for steps in (round_steps // 2, 2 * round_steps):
+        with pytest.raises(
+            ConfigError,
+            match=rf"algo.batch_steps: {steps} in run.mode sync, .* round of "
+            rf"{round_steps} env steps .*set 0 \(one round\) or {round_steps}",
+        ):
+            load_config("launch/cartpole.yaml", ["run.mode=sync", f"algo.batch_steps={steps}"])
+        for mode in ("async", "async_rollout"):  # their envs never wait for a version
+            load_config("launch/cartpole.yaml", [f"run.mode={mode}", f"algo.batch_steps={steps}"])

@@ -60,6 +60,12 @@ class Config:
         """How many processes of ``role`` the run has (0: the role is not in ``roles``)."""
         return self.roles[role].count if role in self.roles else 0
 
+    def round_steps(self) -> int:
+        """Env steps of one rollout round: every training env's ``chunk_len`` steps (a run
+        without env workers counts one worker)."""
+        workers = self.num_processes("env_worker") or 1
+        return workers * self.env.num_envs_per_worker * self.env.chunk_len
+
     def total_processes(self) -> int:
         """How many role processes the run has, every role on every node together."""
         return sum(rc.count for rc in self.roles.values())
@@ -239,6 +245,7 @@ def _validate(cfg: Config) -> None:
         _validate_grpo(cfg)
     _validate_eval(cfg)
     _validate_env_groups(cfg)
+    _validate_sync_round(cfg)
     _validate_weight_path(cfg)
     if cfg.policy.kind == "token_vla":
         _validate_token_vla(cfg)
@@ -296,6 +303,22 @@ def _validate_env_groups(cfg: Config) -> None:
         )
     if env.vectorized and env.straggler.distribution != "none":
         raise ConfigError("env.vectorized: the straggler wrapper steps single envs only")
+
+
+def _validate_sync_round(cfg: Config) -> None:
+    """In ``sync`` mode the envs pause after each round until the next version: a trainer
+    that waited for more than a round, or updated in the middle of one (whose chunks then mix
+    two versions and are dropped while the envs wait for a third), would never see another."""
+    steps, round_steps = cfg.algo.batch_steps, cfg.round_steps()
+    if cfg.run.mode != "sync" or not cfg.num_processes("trainer") or steps in (0, round_steps):
+        return
+    env = cfg.env
+    raise ConfigError(
+        f"algo.batch_steps: {steps} in run.mode sync, which updates once per round of "
+        f"{round_steps} env steps ({cfg.num_processes('env_worker')} env workers x "
+        f"env.num_envs_per_worker {env.num_envs_per_worker} x env.chunk_len {env.chunk_len}); "
+        f"set 0 (one round) or {round_steps}"
+    )
 
 
 def _validate_eval(cfg: Config) -> None:

@@ -257,7 +257,8 @@ class AlgoConfig:
     minibatch_size: int = bounded(256, ge=1)
     """Samples per gradient step."""
     batch_steps: int = bounded(0, ge=0)
-    """Env steps per update (0: one round, every env's ``chunk_len`` steps)."""
+    """Env steps per update (0: one round, every env's ``chunk_len`` steps). In ``sync`` mode
+    0 or one round: its envs pause after each round until the next version."""
     max_staleness: int = bounded(2, ge=0)
     """Samples more than this many versions behind the trainer are dropped and counted."""
     correction: Literal["none", "truncated_is", "vtrace"] = "truncated_is"
