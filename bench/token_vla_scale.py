@@ -321,9 +321,11 @@ def modes_phase(args: argparse.Namespace, sections: dict, rec: Recorder) -> None
                     started,
                     **{k: v for k, v in got.items() if k != "env_steps_per_s"},
                 )
-    # None where a mode failed or sync stepped nothing in its window: no ratio to give
+    # None where a mode failed or sync stepped less than one env step in its window (a
+    # least-squares slope of a flat counter is float noise, not a rate): no ratio to give
     sync, async_ = rates.get("sync"), rates.get("async")
-    rec.note("f_speedup_async_vs_sync", async_ / sync if sync and async_ is not None else None)
+    stepped = sync is not None and sync * args.duration_s >= 1.0
+    rec.note("f_speedup_async_vs_sync", async_ / sync if stepped and async_ is not None else None)
 
 
 def print_summary(rec: Recorder) -> None:
