@@ -310,7 +310,8 @@ def _validate_sync_round(cfg: Config) -> None:
     that waited for more than a round, or updated in the middle of one (whose chunks then mix
     two versions and are dropped while the envs wait for a third), would never see another."""
     steps, round_steps = cfg.algo.batch_steps, cfg.round_steps()
-    if cfg.run.mode != "sync" or not cfg.num_processes("trainer") or steps in (0, round_steps):
+    trains = cfg.num_processes("trainer") and cfg.num_processes("env_worker")
+    if cfg.run.mode != "sync" or not trains or steps in (0, round_steps):
         return
     env = cfg.env
     raise ConfigError(
