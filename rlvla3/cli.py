@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         help="launch YAML, e.g. launch/cartpole.yaml (without one: the defaults of "
-        "rlvla3/config/run_config.py plus --set; a run needs at least one role)",
+        "rlvla3/config/whole_config.py plus --set; a run needs at least one role)",
     )
     _add_set(p, "override a config value, e.g. --set run.mode=sync (repeatable)")
     p.add_argument("--node", default=None, help="start only this node's roles (multi-host runs)")

@@ -131,7 +131,7 @@ def config_markdown() -> str:
     """The text of ``docs/config.md``."""
     out = [
         _HEADER.format(
-            source="rlvla3/config/run_config.py, rlvla3/config/sections.py, rlvla3/config/role_settings.py, rlvla3/config/vla.py and rlvla3/config/lora.py"
+            source="rlvla3/config/whole_config.py, rlvla3/config/sections.py, rlvla3/config/role_settings.py, rlvla3/config/vla.py and rlvla3/config/lora.py"
         ),
         "# Configuration reference\n\n",
         "Every key of a launch YAML, its type, allowed range and default; a file names only what "
