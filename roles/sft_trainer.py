@@ -70,12 +70,15 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
 
     def setup(self) -> None:
         self.device = self.start_torch()
+        # before the demos are made: a model that cannot fit is refused at once
+        estimate = check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True)
+        if estimate is not None:
+            self.log.info("policy memory: %s", estimate.describe())
         dataset = self._dataset()  # (rank 0 generates it; the others wait for it)
         # sft_trainer.count > 1: one data-parallel group; each rank reads episodes of its own
         self.group = join_group(self, self.device)
         self.leader = self.group is None or self.group.leader
         shard = {"rank": self.index, "world_size": self.group.world_size} if self.group else {}
-        check_role_memory(self.cfg, self.name, self.device, copies=1, trains=True)
         self.policy = build_policy(self.cfg).to(self.device).train()
         s = self.cfg.sft
         # the policy family's sequence per frame, and its packed or padded evaluation

@@ -66,3 +66,20 @@ def test_init_launch_needs_init_checkpoint_and_may_not_name_itself(tmp_path):
     path = _second_stage(tmp_path, init_checkpoint=str(tmp_path / "x"), init_launch=itself)
     with pytest.raises(ConfigError, match="is this launch file itself"):
         launch_command._run_init_launch(load_config(path), str(path), echo=lambda _: None)
+
+
+def test_the_run_pins_the_init_checkpoint_file_it_starts_from(tmp_path, first_stage_calls):
+    """A run dir as ``init_checkpoint`` becomes its newest checkpoint file at launch: every
+    role, a restarted one too, then loads those weights even after the first stage's run
+    writes newer ones (a LoRA run's frozen base must be the same in all of them)."""
+    init_dir = tmp_path / "sft_run"
+    path = _second_stage(tmp_path, init_checkpoint=str(init_dir), init_launch="first.yaml")
+    cfg = load_config(path)
+    assert launch_command._pin_init_checkpoint(cfg) == cfg  # nothing there yet: as given
+    launch_command._run_init_launch(cfg, str(path), echo=lambda _: None)
+    pinned = launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint
+    assert pinned == str((init_dir / "checkpoints" / "ckpt_00000001.pt").resolve())
+    (init_dir / "checkpoints" / "ckpt_00000002.pt").write_bytes(b"")  # the first stage goes on
+    as_written = load_config(None, [f"policy.init_checkpoint={pinned}"])  # the run's config.yaml
+    assert launch_command._pin_init_checkpoint(as_written).policy.init_checkpoint == pinned
+    assert launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint.endswith("2.pt")

@@ -218,6 +218,17 @@ def test_export_merges_adapters_into_a_plain_checkpoint(tmp_path, spaces, obs, w
     torch.testing.assert_close(greedy(warm, obs), greedy(policy, obs), rtol=0, atol=1e-5)
 
 
+def test_a_lora_checkpoint_whose_base_is_gone_is_one_clear_error(tmp_path, spaces):
+    base = build_policy(vla_config(), spaces)
+    torch.save({"model": base.state_dict()}, tmp_path / "base.pt")
+    _, _, run_dir = _lora_run(tmp_path, spaces, f"policy.init_checkpoint={tmp_path / 'base.pt'}")
+    (tmp_path / "base.pt").unlink()
+    with pytest.raises(ConfigError, match="base is not there any more: .*base.pt"):
+        export_checkpoint(run_dir, tmp_path / "merged.pt")
+    with pytest.raises(ConfigError, match="policy.init_checkpoint: no checkpoint at"):
+        load_init_weights(build_policy(vla_config(), spaces), tmp_path / "nowhere.pt")
+
+
 def test_export_without_a_config_says_so(tmp_path, spaces):
     _, _, run_dir = _lora_run(tmp_path, spaces)
     (run_dir / "config.yaml").unlink()

@@ -5,6 +5,7 @@ move an earlier run's dir aside, and hand this host's part of the run to the ``L
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import redis
@@ -60,6 +61,7 @@ def launch(
             f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
             "(a run dir with checkpoints/, or a .pt file)"
         )
+    cfg = _pin_init_checkpoint(cfg)
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
     launcher = Launcher(cfg, run_dir, seat, echo=echo)  # checks the placement first
     if seat.multi_host:
@@ -83,6 +85,18 @@ def launch(
     except RedisServerError as err:
         hint = " (set run.redis_port to a free port)" if seat.multi_host else ""
         raise ConfigError(f"the run's redis-server: {err}{hint}") from None
+
+
+def _pin_init_checkpoint(cfg: Config) -> Config:
+    """``policy.init_checkpoint`` as the checkpoint file it names now (a run dir names its
+    newest), so that every role, a restarted one too, loads the same weights (a LoRA run's
+    frozen base must be alike in all of them) and the run's checkpoints record that file,
+    even if the run that wrote it writes newer ones meanwhile. Left as given while it names
+    no checkpoint yet (a --node launcher started before the head's first stage ended)."""
+    found = find_checkpoint(cfg.policy.init_checkpoint) if cfg.policy.init_checkpoint else None
+    if found is None:
+        return cfg
+    return replace(cfg, policy=replace(cfg.policy, init_checkpoint=str(found.resolve())))
 
 
 def _refuse_live_run(cfg: Config) -> None:

@@ -133,14 +133,17 @@ def _edge(configured: Sequence[float] | None, from_space: np.ndarray, dims: int,
 
 def action_token_ids(vocab_size: int, bins: int, special_ids: Iterable[int]) -> list[int]:
     """The ``bins`` highest vocabulary ids that are no special token (image, pad, eos...),
-    ascending: bin ``k`` is the ``k``-th of them. The last ids of a vocabulary are its rarest
-    tokens (OpenVLA's choice), but some families put their image tokens there; feeding one of
-    those back as an action would make the model look for an image."""
+    ascending: bin ``k`` is the ``k``-th of them. ``vocab_size`` counts the output embedding's
+    rows: a model with rows to spare beyond its tokenizer's tokens (padded to a round number)
+    gets those, which no text uses; otherwise the last ids are its rarest tokens (OpenVLA's
+    choice). Some families put their image tokens there; feeding one of those back as an
+    action would make the model look for an image."""
     special = set(special_ids)
     ids = [i for i in range(vocab_size - 1, -1, -1) if i not in special][:bins]
     if len(ids) < bins:
         raise ConfigError(
-            f"{_FIELD}.bins: the model's vocabulary has {vocab_size} ids, of which "
-            f"{vocab_size - len(special)} are not special tokens; {bins} action tokens do not fit"
+            f"{_FIELD}.bins: the model's vocabulary has {vocab_size} ids, of which {len(ids)} "
+            f"are not special tokens; {bins} action tokens (bins, or the n of a Discrete(n) "
+            "action space) do not fit"
         )
     return sorted(ids)

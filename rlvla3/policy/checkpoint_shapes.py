@@ -48,7 +48,8 @@ def saved_model_shapes(directory: Path) -> SavedModelShapes | None:
     text = config.get("text_config") or config
     try:
         shapes = _safetensors_shapes(directory) or _meta_model_shapes(directory)
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
+    # ImportError: no transformers to build it with (loading it then says which extra)
+    except (OSError, ValueError, KeyError, TypeError, struct.error, ImportError):
         return None
     if not shapes:
         return None

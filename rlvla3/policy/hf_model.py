@@ -64,12 +64,23 @@ def load_vlm(path: str, dtype: torch.dtype) -> LoadedVLM:
     processor = _load(transformers.AutoProcessor, directory, "its processor")
     tokenizer = getattr(processor, "tokenizer", None)
     image_token = getattr(processor, "image_token", None)
+    if getattr(processor, "image_processor", None) is not None and tokenizer and not image_token:
+        raise ConfigError(
+            f"{_FIELD}: {path!r} holds a {config.model_type!r} model whose processor "
+            f"({type(processor).__name__}) puts no image token in the text: the token VLA "
+            "needs a family that does (LLaVA, Idefics3/SmolVLM, PaliGemma, Qwen2-VL...)"
+        )
     if getattr(processor, "image_processor", None) is None or tokenizer is None or not image_token:
         raise ConfigError(
             f"{_FIELD}: {path!r} lacks the processor files (processor_config.json or "
             "preprocessor_config.json, and the tokenizer's files): an image processor, a "
             "tokenizer and an image token are needed"
         )
+    if torch.get_default_device().type == "meta":
+        # the launcher's LoRA check (rlvla3.policy.factory.check_lora_targets): the module
+        # structure alone, without reading the weights (from_pretrained refuses the meta device)
+        auto = transformers.AutoModelForImageTextToText
+        return wrap_vlm(auto.from_config(config, dtype=dtype), processor)
     model = _load(transformers.AutoModelForImageTextToText, directory, "the weights", dtype=dtype)
     return wrap_vlm(model, processor)
 

@@ -29,6 +29,7 @@ from rlvla3.runtime.checkpoints import load_checkpoint, load_model_state
 
 ADAPTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)
 """Module types that get adapters (peft's LoRA layers for torch's own modules)."""
+_ADAPTER_NAME = "default"  # one adapter per layer, under peft's default name
 _ADAPTER_MARK = "lora_"  # peft's adapter parameters: lora_A, lora_B, lora_embedding_A, ...
 _MAX_INIT_DEPTH = 8  # LoRA checkpoints whose base is a LoRA checkpoint, and so on
 
@@ -42,8 +43,14 @@ def apply_lora(policy: ActorCritic, lora: LoraConfig) -> None:
     """
     if not lora.enabled:
         return
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import inject_adapter_in_model
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import inject_adapter_in_model
+        from peft.tuners.tuners_utils import cast_adapter_dtype
+    except ImportError:
+        raise ConfigError(
+            "policy.lora: needs peft, which is not installed (pip install 'rlvla3[models]')"
+        ) from None
 
     heads = policy.head_parameter_prefixes()
     targets = adapted_module_names(policy, lora.target_modules, heads)
@@ -53,7 +60,11 @@ def apply_lora(policy: ActorCritic, lora: LoraConfig) -> None:
         lora_dropout=lora.dropout,
         target_modules=targets,  # full names: peft matches them exactly
     )
-    inject_adapter_in_model(peft_config, policy)
+    inject_adapter_in_model(peft_config, policy, adapter_name=_ADAPTER_NAME)
+    # peft gives the adapters their base layer's dtype; a bfloat16 model's would then train in
+    # bfloat16 (small updates rounded away) and could not receive in place: float32, as
+    # peft's own get_peft_model makes them (its layers cast their inputs to match)
+    cast_adapter_dtype(policy, _ADAPTER_NAME, autocast_adapter_dtype=True)
     trained = []
     for name, param in policy.named_parameters():
         param.requires_grad_(_ADAPTER_MARK in name or _under(name, heads))
@@ -131,7 +142,13 @@ def load_init_weights(policy: ActorCritic, path: str | Path, depth: int = 0) -> 
     Raises:
         ConfigError: the checkpoint does not fit the policy (names ``policy.init_checkpoint``).
     """
-    state = load_checkpoint(path, torch.device("cpu"))
+    try:
+        state = load_checkpoint(path, torch.device("cpu"))
+    except FileNotFoundError:
+        what = (
+            "no checkpoint at" if depth == 0 else "a LoRA checkpoint's base is not there any more:"
+        )
+        raise ConfigError(f"policy.init_checkpoint: {what} {path}") from None
     record = state.get("lora")
     try:
         if record is None:
@@ -144,6 +161,8 @@ def load_init_weights(policy: ActorCritic, path: str | Path, depth: int = 0) -> 
         apply_lora(policy, from_dict(LoraConfig, record["config"], "policy.lora"))
         load_model_state(policy, state["model"])
         merge_lora(policy)
+    except ConfigError:  # (a base's own, already saying what is wrong)
+        raise
     except (RuntimeError, ValueError, KeyError) as err:
         raise ConfigError(
             f"policy.init_checkpoint: {path} does not load into this policy ({err})"
