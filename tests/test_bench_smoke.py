@@ -30,6 +30,7 @@ BENCHMARKS = {
     "async_vs_sync.py": [],
     "async_vs_sync_sim.py": ["--sims", "libero"],
     "codec_sockets.py": [],
+    "critic_probe.py": ["launch/vla_tabletop.yaml", *FROM_SCRATCH],
     "data_parallel.py": [],
     "faults.py": [],
     "lora_sync.py": [],
