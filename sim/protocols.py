@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.libero import SUITES
+from sim.libero import SUITES, parse_env_id
 
 LIBERO_SETTLE_STEPS = 10
 """Still, open-gripper steps after each LIBERO reset, neither acted by the policy nor counted
@@ -192,8 +192,10 @@ def libero_protocol(
                     env_kwargs=dict(kwargs),
                 )
             )
+    # one task's evaluation is named after it: its default --out is not the whole suite's
+    name = suite if tasks is None else suite + "".join(f"/{t}" for t in tasks)
     return Protocol(
-        name=suite, success_metric="success_once", reference=OPENPI_LIBERO, episodes=tuple(episodes)
+        name=name, success_metric="success_once", reference=OPENPI_LIBERO, episodes=tuple(episodes)
     )
 
 
@@ -249,8 +251,8 @@ def protocol_for(
     if suite is not None:
         return libero_protocol(suite, episodes or LIBERO_EPISODES_PER_TASK)
     if env_id.startswith("libero/"):  # one LIBERO task: its suite's protocol, that task only
-        _, suite_name, task = env_id.split("/")
-        return libero_protocol(suite_name, episodes or LIBERO_EPISODES_PER_TASK, [int(task)])
+        suite_name, task = parse_env_id(env_id)
+        return libero_protocol(suite_name, episodes or LIBERO_EPISODES_PER_TASK, [task])
     if env_id.startswith("maniskill/"):
         return maniskill_protocol(env_id, episodes or MANISKILL_EPISODES, seed)
     return seeded_protocol(env_id, episodes or SEEDED_EPISODES, seed)

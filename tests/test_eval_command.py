@@ -58,6 +58,43 @@ def test_bad_arguments_are_refused_naming_them(tmp_path: Path) -> None:
     for episodes in (0, -3):
         with pytest.raises(ConfigError, match=f"--episodes: need at least 1, got {episodes}"):
             evaluate(EvalRequest(source=str(tmp_path), episodes=episodes))
+    with pytest.raises(ConfigError, match="--seed: need at least 0, got -1"):
+        evaluate(EvalRequest(source=str(tmp_path), seed=-1))
+    with pytest.raises(ConfigError, match="LIBERO env ids look like 'libero/libero_spatial/0'"):
+        evaluate(EvalRequest(source=_checkpoint_run(tmp_path), env="libero/libero_spatial"))
+
+
+def _checkpoint_run(tmp_path: Path) -> str:
+    """A run dir with a config.yaml and one (empty) checkpoint: enough to name a protocol."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt_00000001.pt").write_bytes(b"x")
+    (run / "config.yaml").write_text(f"env: {{id: {ENV}}}\n")
+    return str(run)
+
+
+def test_a_training_run_dir_is_no_place_for_results(tmp_path: Path) -> None:
+    from rlvla3.config.typed_load import ConfigError
+    from rlvla3.launch.eval_command import STAMP_FILE, _resume
+
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds a run that is not an evaluation"):
+        _resume(tmp_path, seeded_protocol(ENV, 2), {"checkpoint": "c.pt"})
+    assert not (tmp_path / STAMP_FILE).exists()
+
+
+def test_the_progress_line_counts_a_resumed_evaluations_earlier_episodes(
+    tmp_path: Path, registry
+) -> None:
+    from rlvla3.launch.eval_command import ProtocolHooks
+
+    protocol = seeded_protocol(ENV, 5)
+    listed = [e.to_dict() for e in protocol.episodes[2:]]
+    hooks = ProtocolHooks(protocol, tmp_path / "episodes.jsonl", listed, workers=1)
+    hooks.count_earlier([{"success": True}, {"success": False}])
+    assert "2/5 episodes, success 0.500" in hooks.progress_line(registry, 10.0)
+    hooks._record([{"key": protocol.episodes[2].key, "success": True}])
+    assert "3/5 episodes, success 0.667" in hooks.progress_line(registry, 10.0)
 
 
 def test_a_grpo_checkpoint_evaluates_under_one_env_per_worker() -> None:

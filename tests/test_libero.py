@@ -226,7 +226,7 @@ OPENPI_MAX_STEPS = {  # openpi examples/libero/main.py
 def test_libero_protocol_is_every_task_times_its_init_states(suite: str) -> None:
     """The episode list is exactly (tasks x fixed initial states) of the suite, in order, with
     openpi's step limit and 10 settle steps; read from LIBERO's benchmark, nothing rendered."""
-    from sim.protocols import libero_protocol
+    from sim.protocols import libero_protocol, protocol_for
 
     try:
         benchmark, _, _ = libero_setup.import_libero()
@@ -246,6 +246,9 @@ def test_libero_protocol_is_every_task_times_its_init_states(suite: str) -> None
     assert all(e.max_steps == limit and e.env_kwargs == kwargs for e in protocol.episodes)
     assert all(e.seed == e.init_state for e in protocol.episodes)
     assert [e.index for e in protocol.episodes] == list(range(len(expected)))
+    one = protocol_for(suite=None, env_id=f"libero/{suite}/1", episodes=60)  # (50 states)
+    assert one.name == f"{suite}/1" and protocol.name == suite  # one task: its own --out
+    assert [e.key for e in one.episodes] == [e.key for e in protocol.episodes if "/1#" in e.key]
 
 
 @pytest.mark.slow

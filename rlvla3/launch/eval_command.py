@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +36,15 @@ from rlvla3.launch.eval_report import (
 from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.run_dir import config_path
 from rlvla3.launch.stop_reason import StopKind, StopReason
-from rlvla3.runtime.checkpoints import find_checkpoint
+from rlvla3.runtime.checkpoints import check, checkpoints
 from rlvla3.runtime.eval_queue import MAX_ATTEMPTS, EvalQueue
 from rlvla3.runtime.registry import Registry
 from sim.protocols import Protocol, ProtocolEpisode, file_safe, merged, protocol_for
 
 _REQUEUE_EVERY_S = 2.0  # how often the head looks for episodes whose worker died
 _QUEUE_WITHIN_S = 120.0  # the episodes are queued by then even if some worker is not up
+RUN_INFO_FILE = "run.json"
+"""What every launched run's dir holds (``rlvla3.launch.rendezvous.write_run_info``)."""
 STAMP_FILE = "eval_run.json"
 """What an ``--out`` holds the results of (checkpoint, protocol, sampling), to resume only the
 same evaluation."""
@@ -82,9 +84,9 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
         raise ConfigError(f"--workers: need at least 1, got {request.workers}")
     if request.episodes is not None and request.episodes < 1:
         raise ConfigError(f"--episodes: need at least 1, got {request.episodes}")
-    checkpoint = find_checkpoint(request.source)
-    if checkpoint is None:
-        raise ConfigError(f"{request.source}: no checkpoint there (a .pt file or a run dir)")
+    if request.seed < 0:  # (simulators refuse negative reset seeds)
+        raise ConfigError(f"--seed: need at least 0, got {request.seed}")
+    checkpoint = _newest_intact(request.source)
     base = load_yaml_config(request.config or _run_config(checkpoint, request.source))
     try:
         protocol = protocol_for(
@@ -93,12 +95,19 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
             episodes=request.episodes,
             seed=request.seed,
         )
-    except ValueError as err:
+    # ImportError: the simulator is not installed (its message says how to install it)
+    except (ValueError, ImportError) as err:
         raise ConfigError(f"the protocol: {err}") from None
     cfg = eval_config(base, protocol, checkpoint, request)
     run_dir = _out_dir(request, checkpoint, protocol)
     meta = {"checkpoint": str(checkpoint), "greedy": not request.sample}
-    done = _resume(run_dir, protocol, meta | {"overrides": list(request.overrides)})
+    same = {
+        "overrides": list(request.overrides),
+        # the run's config as given (--config, or the run dir's): another env setup is
+        # another evaluation
+        "config_sha256": hashlib.sha256(dump_config(base).encode()).hexdigest(),
+    }
+    done = _resume(run_dir, protocol, meta | same)
     todo = [e for e in protocol.episodes if e.key not in done]
     echo(
         f"{protocol.name}: {len(protocol.episodes)} episodes ({protocol.reference}); "
@@ -108,6 +117,7 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
     if todo:
         listed = [e.to_dict() for e in todo]
         hooks = ProtocolHooks(protocol, run_dir / EPISODES_FILE, listed, request.workers)
+        hooks.count_earlier(done.values())
         code = Launcher(cfg, run_dir, find_seat(cfg, None), echo=echo, hooks=hooks).run()
     report = build_report(protocol, read_episodes(run_dir / EPISODES_FILE), meta)
     path = write_report(run_dir, report)
@@ -160,6 +170,24 @@ def _role(trained: dict[str, Any] | None, count: int) -> dict[str, Any]:
     return role
 
 
+def _newest_intact(source: str) -> Path:
+    """The checkpoint file ``source`` names, resolved (a run dir's or checkpoints dir's newest
+    whose digest matches: a save cut short is skipped, as a resuming trainer skips it).
+
+    Raises:
+        ConfigError: there is none.
+    """
+    path = Path(source)
+    if path.is_dir():
+        for folder in (path / "checkpoints", path):
+            for candidate in reversed(checkpoints(folder)):
+                if check(candidate) is None:
+                    return candidate.resolve()
+    elif path.is_file():
+        return path.resolve()
+    raise ConfigError(f"{source}: no checkpoint there (a .pt file or a run dir)")
+
+
 def _run_config(checkpoint: Path, source: str) -> Path:
     """The ``config.yaml`` of the run ``checkpoint`` belongs to."""
     for folder in (Path(source), checkpoint.parent, checkpoint.parent.parent):
@@ -186,6 +214,11 @@ def _resume(run_dir: Path, protocol: Protocol, meta: dict[str, Any]) -> dict[str
     """
     stamp = {**meta, "protocol": protocol.name, "episodes_sha256": _episodes_digest(protocol)}
     path = run_dir / STAMP_FILE
+    if not path.is_file() and (run_dir / RUN_INFO_FILE).is_file():
+        raise ConfigError(
+            f"--out {run_dir}: holds a run that is not an evaluation (its {RUN_INFO_FILE}, "
+            f"no {STAMP_FILE}); choose another --out"
+        )
     if path.is_file():
         earlier = json.loads(path.read_text())
         # a field an earlier stamp lacks is not compared (its records are all kept below)
@@ -227,10 +260,18 @@ class ProtocolHooks:
         self.wanted = {e["key"] for e in todo}
         self.recorded: set[str] = set()
         self.successes = 0
+        self.earlier, self.earlier_successes = 0, 0  # an interrupted evaluation's, resumed
         self._read = 0  # results taken from Redis so far
         self._next_requeue = 0.0
         self._queue: EvalQueue | None = None
         self._queue_by: float | None = None  # (monotonic) None: queued
+
+    def count_earlier(self, results: Iterable[dict[str, Any]]) -> None:
+        """Count the results an earlier, interrupted evaluation into the same ``--out`` left
+        (not played again) in the progress line's episodes and success rate."""
+        for result in results:
+            self.earlier += 1
+            self.earlier_successes += bool(result.get("success"))
 
     def started(self, registry: Registry) -> None:
         self._queue = EvalQueue(registry)
@@ -281,12 +322,14 @@ class ProtocolHooks:
         return failed_result(episode, f"its worker died while playing it {MAX_ATTEMPTS} times")
 
     def progress_line(self, registry: Registry, elapsed_s: float) -> str | None:
-        done, total = len(self.recorded), len(self.wanted)
+        played, wanted = len(self.recorded), len(self.wanted)
+        done, total = self.earlier + played, self.earlier + wanted
         waiting, playing = (self._queue or EvalQueue(registry)).pending()
         filled = round(20 * done / total) if total else 20
-        rate = done / elapsed_s if elapsed_s > 0 else 0.0
-        eta = f", about {(total - done) / rate / 60:.1f} min left" if rate > 0 else ""
-        success = f", success {self.successes / done:.3f}" if done else ""
+        rate = played / elapsed_s if elapsed_s > 0 else 0.0  # (this launch's)
+        eta = f", about {(wanted - played) / rate / 60:.1f} min left" if rate > 0 else ""
+        successes = self.earlier_successes + self.successes
+        success = f", success {successes / done:.3f}" if done else ""
         return (
             f"[{'#' * filled}{'.' * (20 - filled)}] {done}/{total} episodes{success}; "
             f"{playing} playing, {waiting} waiting; {rate * 60:.1f} episodes/min{eta}"
