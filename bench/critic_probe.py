@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from harness.provenance import write_result
 from harness.report import Table, benchmark_parser
