@@ -83,3 +83,25 @@ def test_the_run_pins_the_init_checkpoint_file_it_starts_from(tmp_path, first_st
     as_written = load_config(None, [f"policy.init_checkpoint={pinned}"])  # the run's config.yaml
     assert launch_command._pin_init_checkpoint(as_written).policy.init_checkpoint == pinned
     assert launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint.endswith("2.pt")
+
+
+def test_a_resumed_run_keeps_the_init_checkpoint_it_started_from(tmp_path):
+    """``--resume`` pins the file the run's config.yaml recorded, not the first stage's newest
+    (the base under its adapters and its KL reference stay); gone, it is one error."""
+    init_dir = tmp_path / "sft_run"
+    (init_dir / "checkpoints").mkdir(parents=True)
+    first = init_dir / "checkpoints" / "ckpt_00000001.pt"
+    first.write_bytes(b"")
+    cfg = load_config(None, [f"policy.init_checkpoint={init_dir}"])
+    run = tmp_path / "rl_run"
+    run.mkdir()
+    started = launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint
+    (run / "config.yaml").write_text(f"policy: {{init_checkpoint: {started}}}\n")
+    (init_dir / "checkpoints" / "ckpt_00000002.pt").write_bytes(b"")
+    assert launch_command._pin_init_checkpoint(cfg, run).policy.init_checkpoint == started
+    assert launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint.endswith("2.pt")
+    elsewhere = load_config(None, [f"policy.init_checkpoint={tmp_path / 'other'}"])
+    assert launch_command._pin_init_checkpoint(elsewhere, run) == elsewhere  # not under it
+    first.unlink()
+    with pytest.raises(ConfigError, match="started from .*ckpt_00000001.pt, which is not there"):
+        launch_command._pin_init_checkpoint(cfg, run)

@@ -3,6 +3,7 @@ addresses, the run secret, CURVE and Redis AUTH. Whole runs across hosts: tests/
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -261,3 +262,50 @@ def test_a_redis_url_brackets_an_ipv6_host() -> None:
 
     assert url_host("fd00::2") == "[fd00::2]" and url_host("127.0.0.1") == "127.0.0.1"
     assert f"redis://{url_host('::1')}:6379/0" == "redis://[::1]:6379/0"
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_member_keeps_its_own_run_dirs_checkpoints_only_on_resume(
+    tmp_path, monkeypatch, resume
+) -> None:
+    """A member node's own run dir (no shared file system) holding an earlier launch: a fresh
+    launch moves it aside, ``--resume`` keeps its checkpoints where a trainer rank resumes."""
+    from types import SimpleNamespace
+
+    from rlvla3.launch import run_dir as run_dir_module
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt_00000007.pt").write_bytes(b"x")
+    (run / "run.json").write_text(json.dumps({"launch_id": "earlier"}))
+    written: list[str] = []
+    monkeypatch.setattr(run_dir_module, "write_run_info", lambda *a: written.append("run.json"))
+    monkeypatch.setattr(run_dir_module, "write_config", lambda *a: written.append("config"))
+    joined = SimpleNamespace(store=None, secret="s", launch_id="now")
+    seat = SimpleNamespace(label="node-1")
+    said: list[str] = []
+    run_dir_module.claim_member_run_dir(run, None, seat, joined, said.append, resume)
+    assert (run / "checkpoints" / "ckpt_00000007.pt").exists() == resume
+    assert bool(said) != resume and written == ["run.json", "config"]
+
+
+def test_a_multi_node_launch_does_not_ground_a_preset(tmp_path) -> None:
+    """Grounding trains: each node would make another base model (or clash in a shared
+    folder), so a launch of one node of several asks for the grounded model first."""
+    from types import SimpleNamespace
+
+    from rlvla3.launch import command
+
+    keys = [
+        "env.id=rlvla3/TableTopEasy-v0",
+        "policy.kind=token_vla",
+        f"policy.token_vla.path={tmp_path / 'model'}",
+        "policy.token_vla.preset=llava-test",
+        "policy.token_vla.preset_grounding={vision_steps: 2, text_steps: 2}",
+    ]
+    one_of_several = SimpleNamespace(node=object(), multi_host=False)
+    with pytest.raises(ConfigError, match="preset_grounding: a multi-node launch does not ground"):
+        command._check_multi_node(load_config(None, keys), one_of_several)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # grounded on one host first
+    command._check_multi_node(load_config(None, keys), one_of_several)

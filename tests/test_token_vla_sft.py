@@ -4,6 +4,7 @@ launcher from a size preset; how SFT counts a token VLA's frames; the presets' c
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +131,20 @@ def test_the_presets_command_writes_a_model_and_a_wrong_preset_names_its_field(
     assert not presets.ensure_preset(str(tmp_path / "m"), "idefics3-test")  # a model is there
     with pytest.raises(ConfigError, match=r"policy.token_vla.preset: no preset 'llava-huge'"):
         presets.ensure_preset(str(tmp_path / "x"), "llava-huge")
+
+
+def test_a_preset_is_written_aside_and_moved_in_config_last(tmp_path, monkeypatch) -> None:
+    """Another node's launcher on a shared file system must never see a config.json beside
+    half-written weights: the files are written in a side folder and moved in, config last."""
+    moved: list[str] = []
+    real_replace = presets.os.replace
+
+    def replace(src, dst):
+        moved.append(Path(dst).name)
+        assert not (Path(dst).parent / "config.json").exists()  # nothing "there" before the end
+        real_replace(src, dst)
+
+    monkeypatch.setattr(presets.os, "replace", replace)
+    assert presets.ensure_preset(str(tmp_path / "m"), "llava-test")
+    assert moved[-1] == "config.json" and "model.safetensors" in moved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # the side folder is gone

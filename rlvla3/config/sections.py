@@ -204,7 +204,7 @@ class PolicyConfig:
     token_vla: TokenVLAConfig = field(default_factory=TokenVLAConfig)
     """The pretrained model, its action tokens and observation mapping (``policy.token_vla`` below)."""
     init_checkpoint: str | None = None
-    """A run dir or checkpoint whose model weights a trainer starts from when it has none of its own."""
+    """A run dir or checkpoint whose model weights a trainer starts from when it has none of its own. ``rlvla3 launch`` pins a run dir to its newest checkpoint file when the run starts (``--resume``: the file it started from), so that every role loads the same weights."""
     init_launch: str | None = None
     """The launch YAML that writes ``init_checkpoint``; run first when that holds no checkpoint."""
     lora: LoraConfig = field(default_factory=LoraConfig)

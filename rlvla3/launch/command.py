@@ -17,7 +17,7 @@ from rlvla3.launch.cluster import Seat, find_seat
 from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.redis_server import RedisServerError
 from rlvla3.launch.rendezvous import configured_store
-from rlvla3.launch.run_dir import move_aside
+from rlvla3.launch.run_dir import config_path, move_aside
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.checkpoints import find_checkpoint
 from rlvla3.runtime.registry import RunInUse
@@ -41,13 +41,13 @@ def launch(
     checkpoints.
     """
     cfg = load_config(config_path, overrides)
+    seat = find_seat(cfg, node)
+    _check_multi_node(cfg, seat)
     _write_model_preset(cfg, echo)
     if cfg.policy.lora.enabled:
         from rlvla3.policy.factory import check_lora_targets  # torch: only with LoRA
 
         check_lora_targets(cfg)
-    seat = find_seat(cfg, node)
-    _check_multi_node(cfg, seat)
     if seat.node is None and cfg.policy.init_launch:
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
@@ -61,9 +61,9 @@ def launch(
             f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
             "(a run dir with checkpoints/, or a .pt file)"
         )
-    cfg = _pin_init_checkpoint(cfg)
     run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
-    launcher = Launcher(cfg, run_dir, seat, echo=echo)  # checks the placement first
+    cfg = _pin_init_checkpoint(cfg, run_dir if resume else None)
+    launcher = Launcher(cfg, run_dir, seat, echo=echo, resume=resume)  # checks placement first
     if seat.multi_host:
         echo(
             f"node {seat.label} of {len(cfg.all_nodes())} "
@@ -87,16 +87,47 @@ def launch(
         raise ConfigError(f"the run's redis-server: {err}{hint}") from None
 
 
-def _pin_init_checkpoint(cfg: Config) -> Config:
+def _pin_init_checkpoint(cfg: Config, resumed: Path | None = None) -> Config:
     """``policy.init_checkpoint`` as the checkpoint file it names now (a run dir names its
     newest), so that every role, a restarted one too, loads the same weights (a LoRA run's
     frozen base must be alike in all of them) and the run's checkpoints record that file,
-    even if the run that wrote it writes newer ones meanwhile. Left as given while it names
-    no checkpoint yet (a --node launcher started before the head's first stage ended)."""
-    found = find_checkpoint(cfg.policy.init_checkpoint) if cfg.policy.init_checkpoint else None
+    even if the run that wrote it writes newer ones meanwhile. Resuming the run in ``resumed``,
+    the file it started from (its ``config.yaml``) while the given path still names it. Left
+    as given while it names no checkpoint yet (a --node launcher started before the head's
+    first stage ended).
+
+    Raises:
+        ConfigError: the resumed run started from a file under the given path that is gone
+            (resuming on another base would change what it trains).
+    """
+    given = cfg.policy.init_checkpoint
+    if not given:
+        return cfg
+    found = _started_from(resumed, Path(given)) if resumed else None
+    found = found or find_checkpoint(given)
     if found is None:
         return cfg
     return replace(cfg, policy=replace(cfg.policy, init_checkpoint=str(found.resolve())))
+
+
+def _started_from(run_dir: Path, given: Path) -> Path | None:
+    """The init checkpoint file the run in ``run_dir`` started from, if ``given`` names it (is
+    it, or a folder above it); None for a run that has no config yet or started elsewhere."""
+    try:
+        started = load_config(str(config_path(run_dir))).policy.init_checkpoint
+    except (OSError, ConfigError):
+        return None
+    if not started:
+        return None
+    path, root = Path(started), given.resolve()
+    if path != root and root not in path.parents:
+        return None
+    if not path.is_file():
+        raise ConfigError(
+            f"policy.init_checkpoint: the run in {run_dir} started from {path}, which is not "
+            "there any more; resuming on other initial weights would change what it trains"
+        )
+    return path
 
 
 def _refuse_live_run(cfg: Config) -> None:
@@ -144,6 +175,20 @@ def _check_multi_node(cfg: Config, seat: Seat) -> None:
             f"policy.init_launch: a multi-node launch does not run the first stage; "
             f"run `rlvla3 launch {cfg.policy.init_launch}` first (it writes "
             f"{cfg.policy.init_checkpoint})"
+        )
+    token_vla = cfg.policy.token_vla
+    grounding = token_vla.preset_grounding
+    if (
+        seat.node is not None
+        and cfg.policy.kind == "token_vla"
+        and token_vla.preset
+        and (grounding.vision_steps or grounding.text_steps)
+        and not (Path(token_vla.path).expanduser() / "config.json").is_file()
+    ):  # (grounding trains: each node would make another model, or clash in a shared dir)
+        raise ConfigError(
+            "policy.token_vla.preset_grounding: a multi-node launch does not ground the "
+            f"preset; run `rlvla3 launch` of this YAML on one host first (it writes "
+            f"{token_vla.path}), then share that folder with every node"
         )
     if seat.multi_host and not security.available():
         raise ConfigError(

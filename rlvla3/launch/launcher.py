@@ -60,6 +60,8 @@ class Launcher:
         seat: this launcher's node (``rlvla3.launch.cluster.find_seat``).
         echo: where progress lines go.
         hooks: a command's own job in the run (``rlvla3 eval``), run by the head.
+        resume: ``rlvla3 launch --resume``: a member node keeps an earlier run's files in its
+            own run dir (the head's command keeps its own).
 
     Raises:
         ConfigError: no role would run (on this node).
@@ -72,6 +74,7 @@ class Launcher:
         seat: Seat,
         echo: Callable[[str], None] = print,
         hooks: RunHooks | None = None,
+        resume: bool = False,
     ) -> None:
         if cfg.total_processes() == 0:
             raise ConfigError(
@@ -86,6 +89,7 @@ class Launcher:
             stop_requested=threading.Event(),
             kill_requested=threading.Event(),
             hooks=hooks,
+            resume=resume,
         )
         self.policy: NodePolicy = (
             HeadPolicy(self.setup) if seat.is_head else MemberPolicy(self.setup)

@@ -46,7 +46,7 @@ class MemberPolicy:
             self.setup.echo(str(err))
             raise JoinAborted(1) from None
         address = own_address(seat, urlparse(joined.store.url).hostname)
-        claim_member_run_dir(run_dir, cfg, seat, joined, self.setup.echo)
+        claim_member_run_dir(run_dir, cfg, seat, joined, self.setup.echo, self.setup.resume)
         prepare_run_dir(run_dir, seat, address, joined.secret)
         self._last_contact = time.monotonic()
         yield NodeLink(joined.store, joined.secret, address, joined.store.registry(cfg.run.name))

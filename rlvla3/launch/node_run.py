@@ -60,6 +60,9 @@ class NodeSetup:
     """Set by the second: kill them."""
     hooks: RunHooks | None = None
     """A command's own job in the run (the head alone runs them), None for a training run."""
+    resume: bool = False
+    """``rlvla3 launch --resume``: keep an earlier run's files in the run dir (its checkpoints),
+    on a member node's own run dir too."""
 
     @property
     def who(self) -> str:

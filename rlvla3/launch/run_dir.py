@@ -53,15 +53,22 @@ def prepare_run_dir(run_dir: Path, seat: Seat, address: str, secret: str | None)
 
 
 def claim_member_run_dir(
-    run_dir: Path, cfg: Config, seat: Seat, joined: Joined, echo: Callable[[str], None]
+    run_dir: Path,
+    cfg: Config,
+    seat: Seat,
+    joined: Joined,
+    echo: Callable[[str], None],
+    resume: bool = False,
 ) -> None:
     """A member node's run dir: the head's own when shared (its ``run.json`` names this launch);
     else this node's, where an earlier run's files are moved aside first, as the head does, so
-    that roles and the monitor never read an old run's Redis address."""
+    that roles and the monitor never read an old run's Redis address; with ``resume`` they stay
+    (a trainer rank placed here resumes from its checkpoints) and only ``run.json`` and the
+    config are rewritten."""
     info = read_run_info(run_dir)
     if info is not None and info.get("launch_id") == joined.launch_id:
         return
-    if info is not None:
+    if info is not None and not resume:
         echo(f"node {seat.label}: {move_aside(run_dir)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_info(run_dir, cfg, seat, joined.store, joined.launch_id, os.getpid())

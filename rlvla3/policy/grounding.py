@@ -21,7 +21,6 @@ steps, seconds and held-out median position error (table units; the table is [-1
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from torch import Tensor, nn
 from rlvla3.config.token_vla import PresetGrounding, TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
 from rlvla3.policy.hf_model import load_vlm
-from rlvla3.policy.presets import ensure_preset
+from rlvla3.policy.presets import ensure_preset, move_model_in
 from sim.envs import make_env
 from sim.tabletop import COLOURS, TableTopEnv
 
@@ -84,10 +83,7 @@ def ensure_grounded_preset(
     ensure_preset(str(side), token_vla.preset)
     echo(f"grounding the {token_vla.preset} preset on {config.frames} {env_id} frames")
     report = ground_preset(str(side), config, env_id, env_kwargs, echo)
-    directory.mkdir(parents=True, exist_ok=True)
-    for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):
-        os.replace(file, directory / file.name)
-    side.rmdir()
+    move_model_in(side, directory)
     echo(
         f"wrote the grounded {token_vla.preset} preset into {token_vla.path}: held-out median "
         f"position error {report['vision']['held_out_median_error']:.3f} after the vision "

@@ -25,6 +25,9 @@ images in 8-pixel patches; the processors resize any other image size to the pre
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,8 +283,22 @@ def ensure_preset(path: str, preset: str, field: str = "policy.token_vla.preset"
     directory = Path(path).expanduser()
     if (directory / "config.json").is_file():
         return False
-    write_vlm(directory, family, size)
+    # written aside, then moved in: a launcher of another node on a shared file system (or
+    # one interrupted here) never sees a config.json beside half-written weights
+    side = directory.with_name(f"{directory.name}.writing-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(side, ignore_errors=True)
+    write_vlm(side, family, size)
+    move_model_in(side, directory)
     return True
+
+
+def move_model_in(side: Path, directory: Path) -> None:
+    """Move the model files of ``side`` into ``directory``, ``config.json`` last (a model is
+    there once its config is), and remove ``side``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):
+        os.replace(file, directory / file.name)
+    side.rmdir()
 
 
 def main(argv: list[str] | None = None) -> None:
