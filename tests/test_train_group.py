@@ -89,3 +89,44 @@ def test_a_follower_at_a_stop_follows_until_the_leader_says_stop(ranks) -> None:
     followed = []
     assert follower.follow_to_stop(followed.append, timeout_s=10.0)
     assert [m.kind for m in followed] == ["update"]
+
+
+def test_the_group_watch_waits_out_expired_heartbeats_but_not_a_restart(monkeypatch) -> None:
+    """After a Redis outage longer than a heartbeat's TTL every peer's heartbeat has expired:
+    a peer unseen for less than the TTL is not yet gone (it beats again within a second of
+    the link's return); unseen for longer, or back with another pid, it left the group."""
+    from types import SimpleNamespace
+
+    from rlvla3.runtime import train_group
+    from rlvla3.runtime.train_group import GroupError, GroupWatch
+
+    clock = [100.0]
+    monkeypatch.setattr(train_group.time, "monotonic", lambda: clock[0])
+    peer = {"pid": 42, "alive": True}
+    registry = SimpleNamespace(roles=lambda: [SimpleNamespace(role="trainer", index=1, **peer)])
+    role = SimpleNamespace(
+        name="trainer",
+        registry=registry,
+        cfg=SimpleNamespace(run=SimpleNamespace(heartbeat_ttl_s=5.0)),
+    )
+    watch = GroupWatch(role, SimpleNamespace(world_size=2, rank=0))
+
+    def check_at(t: float) -> None:
+        clock[0] = t
+        watch.check()
+
+    check_at(102.0)
+    peer["alive"] = False  # the outage: every heartbeat expired
+    check_at(110.0)
+    check_at(113.0)  # unseen for 3 s: not yet
+    peer["alive"] = True  # it beats again
+    check_at(115.0)
+    peer["alive"] = False  # now it is gone for good
+    check_at(120.0)
+    with pytest.raises(GroupError, match="trainer/1 left the group"):
+        check_at(126.0)
+    peer.update(alive=True, pid=43)  # restarted: another process in its place, at once
+    watch = GroupWatch(role, SimpleNamespace(world_size=2, rank=0))
+    peer["pid"] = 44
+    with pytest.raises(GroupError, match="trainer/1 left the group"):
+        check_at(128.0)

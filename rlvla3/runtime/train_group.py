@@ -377,6 +377,12 @@ class GroupWatch:
         self.role, self.group = role, group
         self.pids = self._peer_pids()
         self._next_check = time.monotonic() + _WATCH_PERIOD_S
+        self._unseen_since: dict[int, float] = {}
+        """Peers without a heartbeat, since when (monotonic) this rank has seen them so."""
+        self._grace_s = role.cfg.run.heartbeat_ttl_s
+        """How long a peer may go unseen: after a Redis outage longer than a heartbeat's TTL
+        every heartbeat has expired, and the peers beat again within a second of the link's
+        return (a peer that restarted shows another pid at once)."""
 
     def _peer_pids(self) -> dict[int, int | None]:
         found = {r.index: r for r in self.role.registry.roles() if r.role == self.role.name}
@@ -393,6 +399,12 @@ class GroupWatch:
             return
         self._next_check = now + _WATCH_PERIOD_S
         for index, pid in self._peer_pids().items():
+            if pid is None:
+                since = self._unseen_since.setdefault(index, now)
+                if now - since < self._grace_s:
+                    continue
+            else:
+                self._unseen_since.pop(index, None)
             if pid is None or pid != self.pids[index]:
                 raise GroupError(
                     f"{self.role.name}/{index} left the group (died or restarted): "
