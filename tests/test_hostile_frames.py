@@ -187,3 +187,28 @@ def test_a_closed_zap_handler_admits_no_unknown_key(receiver, curve) -> None:
         assert r.got_good()
     for peer in peers.values():
         peer.close()
+
+
+@pytest.mark.parametrize("kind", ["requests", "chunks", "weights"])
+def test_an_empty_array_of_an_impossible_shape_is_counted_not_raised(receiver, kind) -> None:
+    """Zero elements pass every size check, yet numpy refuses the shape ``[0, 2**40, 2**40]``:
+    that must be a counted bad frame naming the field, not an exception out of ``recv``."""
+    import msgpack
+
+    from tests.fuzz_frames import _header_with
+
+    r = receiver(kind)
+    impossible = msgpack.packb(["float32", [0, 2**40, 2**40], b""])
+    obs = b"\x81" + msgpack.packb("state") + impossible
+    empty = ["float32", [0], b""]
+    header = {
+        "requests": _header_with("ObsRequest", ["0/0", 7], obs, []),
+        "weights": _header_with("WeightsUpdate", [1, "x"], impossible, []),
+        "chunks": _header_with("TrajectoryChunk", [0, 0, 0], obs, [*[empty] * 7, 0.0, "0/0#n", ""]),
+    }[kind]
+    sender = r.sender()
+    sender.send_multipart([header])
+    sender.send_multipart(encode(r.good))
+    assert r.got_good()
+    assert len(r.bad) == 1 and isinstance(r.bad[0], MalformedFrame)
+    assert "array shape [0, 1099511627776, 1099511627776]" in str(r.bad[0])

@@ -205,6 +205,10 @@ class Codec:
             msg = BUILDERS[type(wire)](wire, self.array, self.obs)
         except CodecError as err:
             raise type(err)(f"{type(wire).__name__}.{err}") from None
+        except Exception as err:  # whatever else hostile values make a builder raise
+            raise MalformedFrame(
+                f"{type(wire).__name__}: {type(err).__name__}: {err!s:.100}"
+            ) from None
         finally:
             self.frames = ()
         if len(self.used) != len(frames) - 1:
@@ -280,7 +284,10 @@ class Codec:
                 key,
                 f"array {desc.dtype}{shape} needs {count * dt.itemsize} bytes, got {len(buf)}",
             )
-        return np.ndarray(shape, dt, buf)  # a view of the frame (np.frombuffer is slower)
+        try:
+            return np.ndarray(shape, dt, buf)  # a view of the frame (np.frombuffer is slower)
+        except ValueError as err:  # e.g. [0, 2**40, 2**40]: no elements, but too big a shape
+            raise _array_error(field, key, f"array shape {shape!r:.60}: {err}") from None
 
 
 def _array_error(field: str, key: str | None, detail: str, oversized: bool = False) -> CodecError:
@@ -289,6 +296,11 @@ def _array_error(field: str, key: str | None, detail: str, oversized: bool = Fal
 
 
 # --- error paths ------------------------------------------------------------------------------
+_DIAGNOSE_MAX_BYTES = 1 << 20
+"""Headers up to this size are decoded a second time to name the bad field; a larger one's
+error says msgspec's path alone (decoding megabytes of hostile bytes twice, and printing
+them, would cost a role seconds and hundreds of MB)."""
+
 # msgspec's error paths: "<detail> - at `$[1][3]`", "... - at `$[1][3][...]`" (a dict value) or
 # "... - at `key` in `$[1][3]`" (a dict key); $[1] is the message, its [0] the name.
 _PATH = re.compile(
@@ -297,9 +309,12 @@ _PATH = re.compile(
 
 
 def _diagnosis(header: Any, err: Exception) -> CodecError:
-    """``_diagnose``, or a plain ``MalformedFrame`` if even that fails on hostile bytes."""
+    """``_diagnose``, or a plain ``MalformedFrame`` if even that fails on hostile bytes (or
+    the header is too large to decode twice: its error path is all that is said)."""
     if not isinstance(err, msgspec.MsgspecError):
         return MalformedFrame(f"undecodable header: {type(err).__name__}: {err!s:.100}")
+    if len(header) > _DIAGNOSE_MAX_BYTES:
+        return MalformedFrame(f"header does not fit the schema: {err!s:.200}")
     try:
         return _diagnose(header, err)
     except Exception as bad:  # (e.g. a RecursionError from the repr of deep nesting)
