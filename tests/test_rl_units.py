@@ -169,6 +169,8 @@ def _with(base: TrajectoryChunk, **changes: object) -> TrajectoryChunk:
         ({"actions": np.array([0, -1, 1, 0])}, r"actions: values -1..1 outside"),
         ({"actions": np.zeros(4, np.float32)}, "actions: expected integers"),
         ({"actions": np.zeros((4, 1), np.int64)}, r"actions: shape \[4, 1\], expected \[4\]"),
+        ({"log_probs": np.array([0.5, -1, -1, -1], np.float32)}, "log_probs: 0.5 above 0"),
+        ({"log_probs": np.array([1e-6, 0, -1, -1], np.float32)}, None),  # float32 rounding
     ],
 )
 def test_chunk_check_names_what_would_break_training(changes, problem) -> None:
@@ -228,3 +230,38 @@ def test_a_nan_minibatch_leaves_the_weights_finite() -> None:
     )
     assert metrics["skipped_minibatches"] == 0
     assert all(torch.isfinite(p).all() for p in policy.parameters())
+
+
+def test_token_ids_outside_their_space_are_refused_and_an_image_is_not_scanned() -> None:
+    """An instruction's token ids index an embedding: one out of its Box's range would crash
+    the policy's forward on a rollout server or in the trainer."""
+    from rlvla3.algo.chunk_check import obs_problem
+
+    space = gym.spaces.Dict(
+        {
+            "image": gym.spaces.Box(0, 255, (2, 2, 3), np.uint8),
+            "instruction": gym.spaces.Box(0, 256, (3,), np.int32),
+        }
+    )
+    obs = {
+        "image": np.full((2, 2, 3), 255, np.uint8),
+        "instruction": np.array([1, 256, 0], np.int32),
+    }
+    assert obs_problem(obs, space) is None
+    for bad in ([1, 300, 0], [-7, 1, 2], [2**31 - 1, 0, 0]):
+        obs["instruction"] = np.array(bad, np.int32)
+        found = obs_problem(obs, space)
+        assert found is not None and found.startswith("obs['instruction']: values"), found
+        assert "outside the space's [0, 256]" in found
+
+
+def test_a_chunk_claiming_a_version_from_the_future_is_never_kept() -> None:
+    """Staleness is taken from the oldest step, but a newer step than the trainer's version
+    (a bookkeeping bug, or a forged chunk) makes the whole chunk one from the future."""
+    from rlvla3.algo.batch import chunk_staleness, keep_chunk
+
+    c = _with(chunk([1, 1, 1, 1]), policy_versions=np.array([5, 5, 6, 2**62], np.int64))
+    assert chunk_staleness(c, 7) < 0
+    assert not keep_chunk(chunk_staleness(c, 7), max_staleness=4, on_policy_only=False)
+    ok = _with(chunk([1, 1, 1, 1]), policy_versions=np.array([5, 5, 6, 7], np.int64))
+    assert chunk_staleness(ok, 7) == 2

@@ -22,7 +22,12 @@ Batch = dict[str, torch.Tensor | dict[str, torch.Tensor]]
 
 
 def chunk_staleness(chunk: TrajectoryChunk, version: int) -> int:
-    """How many versions behind ``version`` the oldest step of ``chunk`` is."""
+    """How many versions behind ``version`` the oldest step of ``chunk`` is; negative (how far
+    ahead) when any step claims a version after ``version``: from the future, which no chunk
+    can honestly be (``keep_chunk`` never keeps one)."""
+    newest = int(chunk.policy_versions.max())
+    if newest > version:
+        return version - newest
     return version - int(chunk.policy_versions.min())
 
 

@@ -27,6 +27,11 @@ _PER_STEP = {  # field -> the kind of numbers it must hold
 }
 
 
+_LOG_PROB_SLACK = 1e-3
+"""How far above 0 a discrete action's log-prob may be (float32 sums of per-token log-probs
+round a certain action's to a few 1e-7 above it)."""
+
+
 def chunk_problem(
     chunk: TrajectoryChunk,
     observation_space: spaces.Dict,
@@ -50,6 +55,10 @@ def chunk_problem(
             return f"{name}: not finite"
     if not np.isfinite(chunk.bootstrap_value):
         return "bootstrap_value: not finite"
+    if action_spec.num_choices is not None and chunk.log_probs.max() > _LOG_PROB_SLACK:
+        # a discrete action's probability is at most 1: a positive log-prob would make PPO's
+        # ratio vanish, or an inf, for its whole minibatch
+        return f"log_probs: {chunk.log_probs.max():.3g} above 0 for a discrete action"
     expected_keys = set(observation_space.spaces)
     if set(chunk.obs) != expected_keys:
         return f"obs: keys {sorted(chunk.obs)}, expected {sorted(expected_keys)}"
@@ -85,6 +94,36 @@ def obs_problem(
                 f"obs[{key!r}]: {arr.dtype}{list(arr.shape)}, expected "
                 f"{space.dtype}{[*leading, *space.shape]}"
             )
+        outside = _integers_outside(arr, space)
+        if outside:
+            return f"obs[{key!r}]: {outside}"
+    return None
+
+
+_CHECKED_BOUNDS: dict[int, tuple[spaces.Box, bool]] = {}
+"""Per integer Box (by identity, the space kept alive with it): whether its bounds are
+narrower than its dtype's, i.e. whether values can leave them (worked out once per space: a
+rollout server checks every request)."""
+
+
+def _integers_outside(arr: np.ndarray, space: spaces.Space) -> str | None:
+    """Why integer observations leave their Box's bounds (token ids index an embedding: one
+    out of range would crash the policy's forward), None when they do not. Floats are not
+    held to their bounds: simulators' declared bounds are often loose."""
+    if not isinstance(space, spaces.Box) or arr.dtype.kind not in "iu" or not arr.size:
+        return None
+    known = _CHECKED_BOUNDS.get(id(space))
+    if known is None or known[0] is not space:
+        info = np.iinfo(arr.dtype)
+        narrower = bool(space.low.min() > info.min or space.high.max() < info.max)
+        known = _CHECKED_BOUNDS[id(space)] = (space, narrower)
+    if not known[1]:
+        return None  # (a uint8 image in [0, 255]: nothing to check)
+    if (arr < space.low).any() or (arr > space.high).any():
+        return (
+            f"values {arr.min()}..{arr.max()} outside the space's "
+            f"[{space.low.min()}, {space.high.max()}]"
+        )
     return None
 
 
