@@ -158,6 +158,30 @@ def test_each_fate_of_a_chunk_is_counted() -> None:
     }
 
 
+def test_a_refused_chunk_is_produced_once_whoever_its_producer_is() -> None:
+    """A refused chunk of a known producer is produced by its producer's record, as any
+    other; one whose producer cannot go into the ledger is produced by its own count: the
+    balance loses neither and counts neither twice."""
+    from rlvla3.runtime.chunk_ledger import balance, pushed_field
+
+    role = FakeTrainer()
+    accounting = _accounting(role)
+    chunks = [accounting.receive(numbered(i)) for i in range(3)]
+    accounting.refuse(chunks[0], "obs: not finite")
+    forged = accounting.receive(numbered(0, producer="no producer id"))
+    assert forged is not None
+    accounting.refuse(forged, "obs: not finite")
+    for kept in chunks[1:]:
+        accounting.record(kept)
+    accounting.trained(chunks[1:], samples=2, left_out=0, lags=np.array([0]))
+    role.flush()
+    ledger = {**role.ledger, **role.highs, pushed_field("0/0#x"): 2}  # the worker pushed 0..2
+    result = balance(ledger, role.counters)
+    assert role.counters["bad_chunks"] == 2 and role.counters["bad_chunks_unattributed"] == 1
+    assert (result.produced, result.consumed, result.dropped) == (4, 2, 2)
+    assert result.lost == 0 and result.balanced, result
+
+
 def test_a_chunk_settled_ahead_is_counted_once_the_mark_passes_it() -> None:
     role = FakeTrainer()
     accounting = _accounting(role)

@@ -190,7 +190,8 @@ class ChunkAccounting:
     def refuse(self, chunk: TrajectoryChunk, problem: str) -> None:
         """A received chunk failed the checks: dropped, and counted as such, so the chunk
         accounting adds up. A chunk whose producer or number cannot go into the ledger is not
-        in it (counted in ``bad_chunks`` as produced); any other is settled, not resent."""
+        in it (counted in ``bad_chunks_unattributed`` as produced); any other is settled, not
+        resent (its producer's own record counts it as produced)."""
         self._report(
             f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}"
         )
@@ -200,6 +201,7 @@ class ChunkAccounting:
             self._settle([chunk], "chunks_dropped")
         else:
             self.role.count("chunks_dropped")
+            self.role.count("bad_chunks_unattributed")
 
     def record(self, chunk: TrajectoryChunk) -> None:
         """Note a checked chunk's sequence number in the ledger (received from its producer)."""

@@ -11,8 +11,9 @@ From that ledger:
 - **produced**: per producer, one more than the highest number anybody recorded. A chunk pushed
   by a worker that died before recording it is still known from the trainer's side, and a
   number below the highest that no trainer received is a chunk lost on the way. Chunks the
-  trainer refused by its checks (``bad_chunks``) count as produced and dropped, each itself:
-  their producer and number are not trusted into the ledger.
+  trainer refused by its checks whose producer or number could not go into the ledger
+  (``bad_chunks_unattributed``) count as produced and dropped, each itself; a refused chunk
+  of a known producer is produced by its producer's record, as any other.
 - **received**: ``chunks_received`` less ``chunks_returned``: a killed trainer's buffer goes
   back to its producers (they resend what it held, ``rlvla3/runtime/chunk_acks.py``), so its
   chunks count as received again only when a trainer takes them a second time. A resent chunk
@@ -123,7 +124,8 @@ def balance(ledger: dict[str, int], counters: dict[str, int]) -> Balance:
                 buffered += value
             continue
         highest[producer] = max(highest.get(producer, -1), value)
-    produced = sum(high + 1 for high in highest.values()) + counters.get("bad_chunks", 0)
+    unattributed = counters.get("bad_chunks_unattributed", 0)
+    produced = sum(high + 1 for high in highest.values()) + unattributed
     received = counters.get("chunks_received", 0) - counters.get("chunks_returned", 0)
     return Balance(
         produced=produced,
