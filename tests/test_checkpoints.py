@@ -155,6 +155,33 @@ def test_keep_prunes_old_checkpoints_with_their_digests(tmp_path) -> None:
     ]
 
 
+@pytest.mark.parametrize("keep", [1, 2])
+def test_rotation_after_resuming_from_an_older_checkpoint_keeps_the_new_ones(
+    tmp_path, caplog, keep: int
+) -> None:
+    """The newest checkpoint is damaged, so the trainer resumes from the one before and saves
+    lower-numbered ones after it: rotation counts back from what it just wrote (it deleted
+    the new checkpoint itself with keep 1, leaving only the damaged one)."""
+    for version in (100, 200):
+        _save(tmp_path, version, keep=keep + 1)
+    damaged = tmp_path / "ckpt_00000200.pt"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    assert checkpoints.find_checkpoint(tmp_path).name == "ckpt_00000100.pt"  # skipped, as resume
+    resumed, _ = _resume(tmp_path, caplog)
+    assert resumed is not None and resumed.version == 100
+    for version in (101, 102, 103):
+        written = _save(tmp_path, version, keep=keep)
+        assert written.exists()
+    (tmp_path / "ckpt_00000104.pt.tmp").write_bytes(b"partial")  # a save killed mid-write
+    _save(tmp_path, 103, keep=keep)
+    assert not list(tmp_path.glob("*.pt.tmp"))  # its partial file is gone with the next save
+    names = [p.name for p in listed(tmp_path)]
+    kept = [f"ckpt_{v:08d}.pt" for v in (101, 102, 103)][-keep:]
+    assert names == [*kept, "ckpt_00000200.pt"]  # the skipped one left for a look
+    resumed, model = _resume(tmp_path, caplog)
+    assert resumed is not None and resumed.version == 103 and torch.all(model.weight == 103.0)
+
+
 def test_saving_fsyncs_the_file_and_the_directory(tmp_path, monkeypatch) -> None:
     synced: list[str] = []
     real_fsync = checkpoints.os.fsync

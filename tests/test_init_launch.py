@@ -28,7 +28,7 @@ def first_stage_calls(monkeypatch):
         calls.append((config_path, out))
         if behaviour["writes"]:
             (Path(out) / "checkpoints").mkdir(parents=True, exist_ok=True)
-            (Path(out) / "checkpoints" / "ckpt_00000001.pt").write_bytes(b"")
+            (Path(out) / "checkpoints" / "ckpt_00000001.pt").write_bytes(b"x")
         return behaviour["code"]
 
     monkeypatch.setattr(launch_command, "launch", fake_launch)
@@ -79,7 +79,7 @@ def test_the_run_pins_the_init_checkpoint_file_it_starts_from(tmp_path, first_st
     launch_command._run_init_launch(cfg, str(path), echo=lambda _: None)
     pinned = launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint
     assert pinned == str((init_dir / "checkpoints" / "ckpt_00000001.pt").resolve())
-    (init_dir / "checkpoints" / "ckpt_00000002.pt").write_bytes(b"")  # the first stage goes on
+    (init_dir / "checkpoints" / "ckpt_00000002.pt").write_bytes(b"x")  # the first stage goes on
     as_written = load_config(None, [f"policy.init_checkpoint={pinned}"])  # the run's config.yaml
     assert launch_command._pin_init_checkpoint(as_written).policy.init_checkpoint == pinned
     assert launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint.endswith("2.pt")
@@ -91,13 +91,13 @@ def test_a_resumed_run_keeps_the_init_checkpoint_it_started_from(tmp_path):
     init_dir = tmp_path / "sft_run"
     (init_dir / "checkpoints").mkdir(parents=True)
     first = init_dir / "checkpoints" / "ckpt_00000001.pt"
-    first.write_bytes(b"")
+    first.write_bytes(b"x")
     cfg = load_config(None, [f"policy.init_checkpoint={init_dir}"])
     run = tmp_path / "rl_run"
     run.mkdir()
     started = launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint
     (run / "config.yaml").write_text(f"policy: {{init_checkpoint: {started}}}\n")
-    (init_dir / "checkpoints" / "ckpt_00000002.pt").write_bytes(b"")
+    (init_dir / "checkpoints" / "ckpt_00000002.pt").write_bytes(b"x")
     assert launch_command._pin_init_checkpoint(cfg, run).policy.init_checkpoint == started
     assert launch_command._pin_init_checkpoint(cfg).policy.init_checkpoint.endswith("2.pt")
     elsewhere = load_config(None, [f"policy.init_checkpoint={tmp_path / 'other'}"])

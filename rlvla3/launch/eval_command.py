@@ -36,7 +36,7 @@ from rlvla3.launch.eval_report import (
 from rlvla3.launch.launcher import Launcher
 from rlvla3.launch.run_dir import config_path
 from rlvla3.launch.stop_reason import StopKind, StopReason
-from rlvla3.runtime.checkpoints import check, checkpoints
+from rlvla3.runtime.checkpoints import find_checkpoint
 from rlvla3.runtime.eval_queue import MAX_ATTEMPTS, EvalQueue
 from rlvla3.runtime.registry import Registry
 from sim.protocols import Protocol, ProtocolEpisode, file_safe, merged, protocol_for
@@ -171,21 +171,15 @@ def _role(trained: dict[str, Any] | None, count: int) -> dict[str, Any]:
 
 
 def _newest_intact(source: str) -> Path:
-    """The checkpoint file ``source`` names, resolved (a run dir's or checkpoints dir's newest
-    whose digest matches: a save cut short is skipped, as a resuming trainer skips it).
+    """The checkpoint file ``source`` names, resolved (a run dir's newest intact one).
 
     Raises:
         ConfigError: there is none.
     """
-    path = Path(source)
-    if path.is_dir():
-        for folder in (path / "checkpoints", path):
-            for candidate in reversed(checkpoints(folder)):
-                if check(candidate) is None:
-                    return candidate.resolve()
-    elif path.is_file():
-        return path.resolve()
-    raise ConfigError(f"{source}: no checkpoint there (a .pt file or a run dir)")
+    found = find_checkpoint(source)
+    if found is None:
+        raise ConfigError(f"{source}: no checkpoint there (a .pt file or a run dir)")
+    return found.resolve()
 
 
 def _run_config(checkpoint: Path, source: str) -> Path:

@@ -185,6 +185,11 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
     """
 
     directory.mkdir(parents=True, exist_ok=True)
+    # a save killed mid-write leaves its partial file: on a nearly full disk those would fail
+    # every save after it (a temporary digest is kept: it may verify a renamed checkpoint)
+    for partial in directory.glob("ckpt_*.pt.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
     path = directory / f"ckpt_{version:08d}.pt"
     tmp = _tmp(path)
     digest_path = _digest_path(path)
@@ -206,7 +211,10 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
         raise
-    for old in checkpoints(directory)[:-keep]:
+    # Rotation counts back from the one just written: a file named after it is one a resume
+    # skipped (it failed its check), and counting it would delete this one (keep 1)
+    before = [old for old in checkpoints(directory) if old.name < path.name]
+    for old in before[: max(len(before) - (keep - 1), 0)]:
         old.unlink()
         for digest in (_digest_path(old), _tmp(_digest_path(old))):
             with contextlib.suppress(FileNotFoundError):
@@ -244,10 +252,16 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 def find_checkpoint(path: str | Path) -> Path | None:
     """The checkpoint ``path`` names: a checkpoint file itself, or the newest one in a
-    checkpoints directory or a run dir (its ``checkpoints/``); None when there is none."""
+    checkpoints directory or a run dir (its ``checkpoints/``) that passes ``check`` (a save
+    cut short is passed over, as a resuming trainer passes it over); None when there is
+    none."""
     path = Path(path)
     if path.is_dir():
-        return latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+        for directory in (path / "checkpoints", path):
+            for candidate in reversed(checkpoints(directory)):
+                if check(candidate) is None:
+                    return candidate
+        return None
     return path if path.is_file() else None
 
 
