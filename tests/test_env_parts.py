@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -62,6 +63,65 @@ def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
     assert [int(a.action) for a in acts] == [2] and acts[0].version == 3
     assert counters.counters["request_timeouts"] == 1
     assert counters.counters["action_requests"] == 1  # one ask, however many sends
+
+
+def test_a_reply_that_cannot_be_acted_on_is_counted_and_the_client_waits_for_a_good_one() -> None:
+    """A broken or hostile server's reply to the request just sent (an impossible version,
+    a NaN log-prob) is refused and counted, not acted on; the right one that follows is."""
+    server = sockets.RouterSocket()
+    address = server.bind()
+    counters, stop = RecordingCounters(), threading.Event()
+
+    def serve() -> None:
+        got = server.recv_from(timeout_s=10)
+        assert got is not None
+        peer, request = got
+        bad = _reply(request.request_id, action=7)
+        server.send_to(peer, msgspec.structs.replace(bad, policy_version=2**63 - 1))
+        server.send_to(peer, msgspec.structs.replace(bad, log_prob=float("nan")))
+        server.send_to(peer, _reply(request.request_id, action=2))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = PolicyClient(
+        env_key="0/0",
+        env_index=0,
+        timeout_s=10.0,
+        peers=Peers([address], []),
+        counters=counters,
+        log=logging.getLogger("test"),
+        stop_event=stop,
+    )
+    client.open()
+    try:
+        acts = client.act([{"state": np.zeros(3, np.float32)}])
+    finally:
+        client.close()
+        thread.join(timeout=10)
+        server.close()
+    assert [int(a.action) for a in acts] == [2]
+    assert counters.counters["bad_replies"] == 2 and "request_timeouts" not in counters.counters
+
+
+def test_a_batch_reply_is_held_to_the_rows_asked_for() -> None:
+    from roles.env.policy_client import reply_problem
+    from transport.messages import ActionBatchReply
+
+    def batch(rows: int, **changes: Any) -> ActionBatchReply:
+        fields = dict(
+            request_id=1,
+            actions=np.zeros(rows, np.int64),
+            log_probs=np.zeros(rows, np.float32),
+            values=np.zeros(rows, np.float32),
+            policy_version=1,
+        )
+        return ActionBatchReply(**{**fields, **changes})
+
+    assert reply_problem(batch(3), 3) is None
+    assert reply_problem(batch(3, actions=np.zeros(2, np.int64)), 3).startswith("actions:")
+    assert reply_problem(batch(3, env_actions=np.zeros((4, 2))), 3).startswith("env_actions:")
+    assert reply_problem(batch(3, values=np.zeros((3, 1), np.float32)), 3).startswith("values:")
+    assert reply_problem(batch(3, policy_version=-1), 3).startswith("policy_version -1")
 
 
 def test_pacing_holds_runners_during_back_pressure_and_asks_again_after() -> None:

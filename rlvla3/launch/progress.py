@@ -9,7 +9,14 @@ from rlvla3.launch.stop_rules import mean_recent
 from rlvla3.runtime.registry import Registry
 
 _NO_PROGRESS_S = 20.0  # the progress line flags a run whose env steps and weights stand still
-_FLAGGED_COUNTERS = ("bad_frames", "bad_chunks", "bad_requests", "weights_rejected", "auth_refused")
+_FLAGGED_COUNTERS = (
+    "bad_frames",
+    "bad_chunks",
+    "bad_requests",
+    "bad_replies",
+    "weights_rejected",
+    "auth_refused",
+)
 
 
 class ProgressTracker:

@@ -11,7 +11,14 @@ from typing import Any
 from rlvla3.monitor.rates import RoleFigures, RunHistory, role_key
 
 # Counters of input the run refused, shown on the monitor when any is non-zero.
-BAD_INPUT = ("bad_frames", "bad_requests", "bad_chunks", "weights_rejected", "auth_refused")
+BAD_INPUT = (
+    "bad_frames",
+    "bad_requests",
+    "bad_replies",
+    "bad_chunks",
+    "weights_rejected",
+    "auth_refused",
+)
 
 # The trained-staleness counters, by how many versions the samples lagged.
 STALENESS_BUCKETS = (

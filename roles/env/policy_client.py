@@ -4,6 +4,7 @@ until a live server answers it."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,33 @@ class Act:
     """Weight version that chose it."""
     greedy: bool
     """The policy's mode, not a sample."""
+
+
+MAX_POLICY_VERSION = 2**62
+"""Above any version a run reaches (the weight path refuses more, too): a reply claiming one
+would overflow the chunks' int64 version arrays."""
+
+
+def reply_problem(reply: ActionReply | ActionBatchReply, rows: int | None) -> str | None:
+    """Why a rollout server's reply to a request of ``rows`` observations (None: one) cannot
+    be acted on, naming the field; None if it can."""
+    if not 0 <= reply.policy_version <= MAX_POLICY_VERSION:
+        return f"policy_version {reply.policy_version}: outside [0, 2**62]"
+    if isinstance(reply, ActionReply):
+        if not (math.isfinite(reply.log_prob) and math.isfinite(reply.value)):
+            return "log_prob, value: not finite"
+        return None
+    fields = {"actions": reply.actions, "log_probs": reply.log_probs, "values": reply.values}
+    if reply.env_actions is not None:
+        fields["env_actions"] = reply.env_actions
+    for name, arr in fields.items():
+        if arr.ndim == 0 or len(arr) != rows:
+            return f"{name}: {arr.dtype}{list(arr.shape)} for {rows} observations"
+    for name in ("log_probs", "values"):
+        arr = fields[name]
+        if arr.ndim != 1 or arr.dtype.kind != "f" or not np.isfinite(arr).all():
+            return f"{name}: {arr.dtype}{list(arr.shape)}, expected {rows} finite floats"
+    return None
 
 
 def acts_of(reply: ActionReply | ActionBatchReply) -> list[Act]:
@@ -144,6 +172,7 @@ class PolicyClient:
     def _reply(self, rows: int | None, deadline: float) -> ActionReply | ActionBatchReply | None:
         """The reply to the request just sent, or None if none came by ``deadline``."""
         assert self.dealer is not None
+        warned = False
         while time.monotonic() < deadline:
             if self.stop_event.is_set():
                 raise InterruptedError
@@ -151,9 +180,16 @@ class PolicyClient:
             if getattr(reply, "request_id", None) != self.request_id:
                 continue  # a late reply to an earlier request, or nothing yet
             if (rows is None and isinstance(reply, ActionReply)) or (
-                isinstance(reply, ActionBatchReply) and len(reply.log_probs) == rows
+                rows is not None and isinstance(reply, ActionBatchReply)
             ):
-                return reply
+                problem = reply_problem(reply, rows)
+                if problem is None:
+                    return reply
+                # a broken or hostile server's: waited out, then asked again (any server)
+                self.counters.count("bad_replies")
+                if not warned:  # (once per request: a hostile server could send many)
+                    warned = True
+                    self.log.warning("env %d: refused a reply: %s", self.env_index, problem)
         return None
 
     def _timed_out(self) -> None:
