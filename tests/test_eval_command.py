@@ -315,3 +315,23 @@ def test_a_protocol_evaluation_runs_only_the_eval_roles() -> None:
         config_from_dict(raw | {"roles": eval_roles | {"trainer": {"count": 1}}})
     with pytest.raises(ConfigError, match="roles.eval_rollout_server.count"):
         config_from_dict(raw | {"roles": {"eval_env_worker": {"count": 1}}})
+
+
+def test_a_result_record_that_is_not_a_json_object_is_taken_as_nothing(
+    tmp_path: Path, registry
+) -> None:
+    """A broken or hostile writer's result in Redis neither crashes the head's launcher nor
+    stands for an episode."""
+    from rlvla3.launch.eval_command import ProtocolHooks
+    from rlvla3.runtime.eval_queue import EvalQueue
+
+    protocol = seeded_protocol(ENV, 2)
+    queue = EvalQueue(registry)
+    for raw in ("not json", "[1, 2]", json.dumps({"key": protocol.episodes[0].key, "success": 1})):
+        queue.redis.rpush(queue._results, raw)
+    results = queue.results(0)
+    assert results[:2] == [{}, {}]
+    hooks = ProtocolHooks(protocol, tmp_path / "episodes.jsonl", [], workers=1)
+    hooks.wanted = {e.key for e in protocol.episodes}
+    hooks._record(results)
+    assert hooks.recorded == {protocol.episodes[0].key}

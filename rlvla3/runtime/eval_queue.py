@@ -67,8 +67,9 @@ class EvalQueue:
         pipe.execute()
 
     def results(self, start: int) -> list[dict[str, Any]]:
-        """The results finished since the first ``start`` ones."""
-        return [json.loads(r) for r in self.redis.lrange(self._results, start, -1)]
+        """The results finished since the first ``start`` ones; a record that is not a JSON
+        object (a broken or hostile writer's) is one without a key, which no episode takes."""
+        return [_record(r) for r in self.redis.lrange(self._results, start, -1)]
 
     def pending(self) -> tuple[int, int]:
         """How many episodes wait to be taken, and how many are being played."""
@@ -128,3 +129,11 @@ class EvalQueue:
 
     def _members(self) -> list[str]:
         return sorted(self.redis.smembers(self._claimants))
+
+
+def _record(raw: Any) -> dict[str, Any]:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}

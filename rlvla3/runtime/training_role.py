@@ -137,7 +137,7 @@ class TrainingRole(Role[TrainingSettingsT]):
         """The broadcaster's ``WeightsUpdate`` if newer than ``after_version``, else None
         (also when no broadcaster answers within ``timeout_s``)."""
         from transport import sockets
-        from transport.messages import WeightsRequest
+        from transport.messages import WeightsRequest, WeightsUpdate
 
         try:
             address = self.wait_for_endpoints("weight_broadcaster", "current", timeout_s=timeout_s)
@@ -155,6 +155,9 @@ class TrainingRole(Role[TrainingSettingsT]):
             asker.close()
         if held is None:
             self.log.warning("the weight broadcaster did not answer within %.0fs", timeout_s)
+        if held is not None and not isinstance(held, WeightsUpdate):
+            self.log.warning("the weight broadcaster answered with a %s", type(held).__name__)
+            return None
         return held if held is not None and held.version > after_version else None
 
     def publish_weights(self, publisher: Any, module: Any) -> int:
