@@ -61,6 +61,27 @@ def test_endpoints_are_found_only_for_live_roles(registry) -> None:
     assert registry.endpoints("demo_sink", "queue") == ["tcp://127.0.0.1:5001"]
 
 
+def test_an_unreadable_record_is_left_out_and_the_others_still_found(registry, caplog) -> None:
+    """A role record no role writes (a pid that is no number, endpoints that are no map, an
+    id without an index) would fail every peer scan, again after each restart: left out."""
+    from rlvla3.runtime import keys
+
+    for i in range(4):
+        registry.register("demo_sink", i, node="local", host="127.0.0.1", pid=i)
+        registry.publish_endpoint("demo_sink", i, "queue", f"tcp://127.0.0.1:{5000 + i}")
+        registry.heartbeat("demo_sink", i, ttl_s=30, stats={})
+    record = lambda i: keys.role_record(registry.run_id, "demo_sink", i)  # noqa: E731
+    registry.redis.hset(record(1), "pid", "x")
+    registry.redis.hset(record(2), "endpoints", '"tcp://nowhere"')
+    registry.redis.sadd(keys.roles_index(registry.run_id), "no-index")
+    assert registry.endpoints("demo_sink", "queue") == [
+        "tcp://127.0.0.1:5000",
+        "tcp://127.0.0.1:5003",
+    ]
+    registry.endpoints("demo_sink", "queue")
+    assert caplog.text.count("left out the unreadable registry record") == 3  # each said once
+
+
 def test_counters_restarts_weights_and_stop(registry) -> None:
     registry.flush({"env_steps": 5, "bad_frames": 1, "zero": 0})
     registry.incr("env_steps", 2)

@@ -8,6 +8,7 @@ records of ``rlvla3/runtime/registry_records.py``.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -20,6 +21,8 @@ from rlvla3.runtime.redis_auth import RedisAuth, as_auth
 from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
 _MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
+
+_log = logging.getLogger(__name__)
 
 
 class RunInUse(RuntimeError):
@@ -45,6 +48,7 @@ class Registry:
         self.url = redis_url.redacted(url)  # what messages may show
         url = redis_url.without_password(url)
         self.run_id = run_id
+        self._said_unreadable: set[str] = set()  # registry records left out, each said once
         options: dict[str, Any] = {
             "decode_responses": True,
             "socket_timeout": 10,
@@ -145,7 +149,15 @@ class Registry:
         now = time.time()
         for rid in ids:
             role, _, index = rid.partition("/")
-            rec = self._record(role, int(index), now)
+            try:
+                rec = self._record(role, int(index), now)
+            except (ValueError, TypeError, OverflowError) as err:
+                # not a record any role writes: every role that scans its peers would fail on
+                # it, again after each restart; left out, and said once
+                if rid not in self._said_unreadable:
+                    self._said_unreadable.add(rid)
+                    _log.warning("left out the unreadable registry record %r: %s", rid[:80], err)
+                continue
             if rec is not None:
                 records.append(rec)
         return sorted(records, key=lambda r: (r.role, r.index))

@@ -73,6 +73,11 @@ def role_record(
 ) -> RoleRecord:
     """The record of role instance ``role``/``index`` from its registry hash ``raw`` and its stats
     hash ``stats``; ``alive``: whether its heartbeat key still exists; ``now``: unix time."""
+    endpoints = json.loads(raw.get("endpoints") or "{}")
+    if not isinstance(endpoints, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in endpoints.items()
+    ):
+        raise ValueError(f"endpoints: not a map of names to addresses: {endpoints!r:.60}")
     return RoleRecord(
         role=role,
         index=index,
@@ -80,7 +85,7 @@ def role_record(
         host=raw.get("host", ""),
         pid=int(raw.get("pid", 0)),
         status=raw.get("status", "?"),
-        endpoints=json.loads(raw.get("endpoints") or "{}"),
+        endpoints=endpoints,
         restarts=int(raw.get("restarts", 0)),
         heartbeat_age_s=max(0.0, now - float(raw.get("heartbeat_at", now))),
         alive=alive,
