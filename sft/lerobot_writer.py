@@ -24,7 +24,9 @@ LeRobot does for datasets recorded without videos (see :mod:`sft.lerobot_format`
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -121,18 +123,61 @@ def _stack_frames(
     return out
 
 
-def _clear_root(root: Path, overwrite: bool) -> None:
-    """Make room for a dataset at ``root``; only ever deletes an earlier LeRobot dataset."""
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        if not overwrite:
-            raise FileExistsError(
-                f"{root} exists and is not empty (overwrite replaces an earlier dataset)"
-            )
-        if not (root / "meta" / "info.json").is_file():
-            raise FileExistsError(
-                f"{root} is not a LeRobot dataset (no meta/info.json): not deleting it"
-            )
-        shutil.rmtree(root)
+def _check_root(root: Path, overwrite: bool) -> bool:
+    """Whether a dataset can go to ``root``; True when an earlier LeRobot dataset is there to
+    replace (``overwrite``), which is the only thing ever deleted.
+
+    Raises:
+        FileExistsError: something else is there.
+    """
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return False
+    if not overwrite:
+        raise FileExistsError(
+            f"{root} exists and is not empty (overwrite replaces an earlier dataset)"
+        )
+    if not (root / "meta" / "info.json").is_file():
+        raise FileExistsError(
+            f"{root} is not a LeRobot dataset (no meta/info.json): not deleting it"
+        )
+    return True
+
+
+def _side_dir(root: Path) -> Path:
+    """Where a dataset for ``root`` is written until it is whole (this host and process's)."""
+    return root.with_name(f".{root.name}.writing-{socket.gethostname()}-{os.getpid()}")
+
+
+def _clear_dead_side_dirs(root: Path) -> None:
+    """Remove what writers of this host that are gone left of a dataset for ``root`` (one
+    killed mid-write): their side directories, never a live writer's."""
+    host = socket.gethostname()
+    for side in root.parent.glob(f".{root.name}.writing-{host}-*"):
+        pid = side.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(side, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True
+
+
+def _move_into_place(side: Path, root: Path, overwrite: bool) -> None:
+    """Make the whole dataset in ``side`` the one at ``root``: an earlier one there (with
+    ``overwrite``) is moved aside first and deleted only once the new one is in place."""
+    earlier = root.with_name(f".{root.name}.replaced-{os.getpid()}")
+    if _check_root(root, overwrite):
+        root.rename(earlier)
+    elif root.exists():
+        root.rmdir()  # (empty)
+    side.rename(root)
+    shutil.rmtree(earlier, ignore_errors=True)
 
 
 class LeRobotWriter:
@@ -171,15 +216,22 @@ class LeRobotWriter:
             raise ValueError(f"feature names clash with bookkeeping columns: {sorted(clash)}")
         if codebase_version not in FORMATS:
             raise ValueError(f"codebase_version {codebase_version!r}: write one of {FORMATS}")
-        _clear_root(self.root, overwrite)
+        # written aside and moved in whole by finalize(): an interrupted writer leaves the
+        # dataset that was there (or none), never half of one that a reader or a retry trips on
+        self.root, self.overwrite = Path(root), overwrite
+        _check_root(self.root, overwrite)
+        _clear_dead_side_dirs(self.root)
+        self.writing = _side_dir(self.root)
+        shutil.rmtree(self.writing, ignore_errors=True)
+        self.writing.mkdir(parents=True)
         self.features = dict(features)
         self.fps, self.robot_type = fps, robot_type
         self.layout: Layout = (
             V30Layout(
-                self.root, chunks_size=chunks_size, data_files_size_in_mb=data_files_size_in_mb
+                self.writing, chunks_size=chunks_size, data_files_size_in_mb=data_files_size_in_mb
             )
             if codebase_version == "v3.0"
-            else V21Layout(self.root, chunks_size=chunks_size)
+            else V21Layout(self.writing, chunks_size=chunks_size)
         )
         self.episodes: list[EpisodeInfo] = []
         self._task_index: dict[str, int] = {}
@@ -221,7 +273,8 @@ class LeRobotWriter:
         return index
 
     def finalize(self) -> None:
-        """Write ``meta/info.json`` and the format's other metadata files."""
+        """Write ``meta/info.json`` and the format's other metadata files, and move the whole
+        dataset to ``root``."""
         storage = self.layout.finalize(list(self._task_index))  # tasks in task-index order
         num_episodes = len(self.episodes)
         info = {
@@ -236,7 +289,8 @@ class LeRobotWriter:
             "video_path": None,
             "features": {k: f.to_json() for k, f in self._all_features.items()},
         }
-        (self.root / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+        (self.writing / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+        _move_into_place(self.writing, self.root, self.overwrite)
         self._finalized = True
 
     def __enter__(self) -> LeRobotWriter:
@@ -245,3 +299,5 @@ class LeRobotWriter:
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is None and not self._finalized:
             self.finalize()
+        elif exc_type is not None:  # nothing of a dataset that was not finished
+            shutil.rmtree(self.writing, ignore_errors=True)

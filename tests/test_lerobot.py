@@ -143,6 +143,33 @@ def test_writer_rejects_bad_input(tmp_path: Path) -> None:
     assert (notes / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_an_interrupted_write_leaves_the_earlier_dataset_and_a_retry_works(
+    tmp_path: Path, version: str
+) -> None:
+    """A dataset is written aside and moved in whole: an interrupted writer (SFT's demo
+    generation killed, Ctrl-C in `rlvla3 demos --overwrite`) leaves the dataset that was there,
+    and the next writer goes ahead (it was refused both ways before)."""
+    import socket
+
+    rng = np.random.default_rng(2)
+    ds = tmp_path / "ds"
+    with LeRobotWriter(ds, FEATURES, codebase_version=version) as writer:
+        writer.add_episode(_episode(rng, 2), "t")
+    with pytest.raises(KeyboardInterrupt):
+        with LeRobotWriter(ds, FEATURES, codebase_version=version, overwrite=True) as writer:
+            writer.add_episode(_episode(rng, 3), "t")
+            assert not (ds / "meta" / "info.json").read_text().count('"total_frames": 3')
+            raise KeyboardInterrupt
+    assert len(LeRobotDataset(ds)) == 2  # the earlier one, whole
+    killed = tmp_path / f".ds.writing-{socket.gethostname()}-999999999"  # a writer killed -9
+    (killed / "data").mkdir(parents=True)
+    with LeRobotWriter(ds, FEATURES, codebase_version=version, overwrite=True) as writer:
+        writer.add_episode(_episode(rng, 3), "t")
+    assert len(LeRobotDataset(ds)) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no side folder left
+
+
 def test_v21_chunks_hold_chunks_size_episodes(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     eps = [_episode(rng, 2 + i) for i in range(3)]
