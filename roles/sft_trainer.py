@@ -42,6 +42,7 @@ from rlvla3.config.sections import SymmetryConfig
 from rlvla3.policy.factory import build_policy
 from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.policy.sft_tokens import frame_tokens
+from rlvla3.runtime.group_watch import GroupWatch
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
@@ -49,7 +50,6 @@ from rlvla3.runtime.train_group import (
     POLL_IDLE_S,
     STOP,
     GroupError,
-    GroupWatch,
     Message,
     join_group,
 )

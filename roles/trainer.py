@@ -44,10 +44,11 @@ from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.policy.lora import load_init_weights
 from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
+from rlvla3.runtime.group_watch import GroupWatch
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import main
-from rlvla3.runtime.train_group import GroupWatch, join_group
+from rlvla3.runtime.train_group import join_group
 from rlvla3.runtime.training_role import TrainingRole
 from roles.trainer_rank import FollowerRank
 from transport import sockets

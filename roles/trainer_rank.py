@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from rlvla3.algo.group_updates import GroupUpdates
 from rlvla3.policy.base import ActorCritic
+from rlvla3.runtime.group_watch import GroupWatch
 from rlvla3.runtime.role import Role
-from rlvla3.runtime.train_group import POLL_IDLE_S, STOP, GroupWatch, Message
+from rlvla3.runtime.train_group import POLL_IDLE_S, STOP, Message
 
 
 class FollowerRank:

@@ -97,11 +97,11 @@ def test_the_group_watch_waits_out_expired_heartbeats_but_not_a_restart(monkeypa
     the link's return); unseen for longer, or back with another pid, it left the group."""
     from types import SimpleNamespace
 
-    from rlvla3.runtime import train_group
-    from rlvla3.runtime.train_group import GroupError, GroupWatch
+    from rlvla3.runtime import group_watch
+    from rlvla3.runtime.group_watch import GroupWatch
 
     clock = [100.0]
-    monkeypatch.setattr(train_group.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(group_watch.time, "monotonic", lambda: clock[0])
     peer = {"pid": 42, "alive": True}
     registry = SimpleNamespace(roles=lambda: [SimpleNamespace(role="trainer", index=1, **peer)])
     role = SimpleNamespace(
