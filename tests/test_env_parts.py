@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -28,30 +29,22 @@ def _reply(request_id: int, action: int) -> ActionReply:
     )
 
 
-def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
-    """The server leaves the first request unanswered; the client re-sends it after its
-    timeout, and of the two replies to come, the one to the first request is skipped."""
+def _act_against(serve: Callable[[sockets.RouterSocket], None], timeout_s: float):
+    """A ``PolicyClient``'s one ask for one observation, answered by ``serve`` on a real
+    router socket in a thread: its acts and counters."""
     server = sockets.RouterSocket()
     address = server.bind()
-    counters, stop = RecordingCounters(), threading.Event()
-
-    def serve() -> None:
-        first = server.recv_from(timeout_s=10)
-        second = server.recv_from(timeout_s=10)
-        assert first is not None and second is not None
-        server.send_to(second[0], _reply(first[1].request_id, action=7))  # late: skipped
-        server.send_to(second[0], _reply(second[1].request_id, action=2))
-
-    thread = threading.Thread(target=serve, daemon=True)
+    counters = RecordingCounters()
+    thread = threading.Thread(target=serve, args=(server,), daemon=True)
     thread.start()
     client = PolicyClient(
         env_key="0/0",
         env_index=0,
-        timeout_s=0.5,
+        timeout_s=timeout_s,
         peers=Peers([address], []),
         counters=counters,
         log=logging.getLogger("test"),
-        stop_event=stop,
+        stop_event=threading.Event(),
     )
     client.open()
     try:
@@ -60,19 +53,31 @@ def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
         client.close()
         thread.join(timeout=10)
         server.close()
+    return acts, counters.counters
+
+
+def test_the_policy_client_resends_on_timeout_and_skips_late_replies() -> None:
+    """The server leaves the first request unanswered; the client re-sends it after its
+    timeout, and of the two replies to come, the one to the first request is skipped."""
+
+    def serve(server: sockets.RouterSocket) -> None:
+        first = server.recv_from(timeout_s=10)
+        second = server.recv_from(timeout_s=10)
+        assert first is not None and second is not None
+        server.send_to(second[0], _reply(first[1].request_id, action=7))  # late: skipped
+        server.send_to(second[0], _reply(second[1].request_id, action=2))
+
+    acts, counters = _act_against(serve, timeout_s=0.5)
     assert [int(a.action) for a in acts] == [2] and acts[0].version == 3
-    assert counters.counters["request_timeouts"] == 1
-    assert counters.counters["action_requests"] == 1  # one ask, however many sends
+    assert counters["request_timeouts"] == 1
+    assert counters["action_requests"] == 1  # one ask, however many sends
 
 
 def test_a_reply_that_cannot_be_acted_on_is_counted_and_the_client_waits_for_a_good_one() -> None:
     """A broken or hostile server's reply to the request just sent (an impossible version,
     a NaN log-prob) is refused and counted, not acted on; the right one that follows is."""
-    server = sockets.RouterSocket()
-    address = server.bind()
-    counters, stop = RecordingCounters(), threading.Event()
 
-    def serve() -> None:
+    def serve(server: sockets.RouterSocket) -> None:
         got = server.recv_from(timeout_s=10)
         assert got is not None
         peer, request = got
@@ -81,26 +86,9 @@ def test_a_reply_that_cannot_be_acted_on_is_counted_and_the_client_waits_for_a_g
         server.send_to(peer, msgspec.structs.replace(bad, log_prob=float("nan")))
         server.send_to(peer, _reply(request.request_id, action=2))
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    client = PolicyClient(
-        env_key="0/0",
-        env_index=0,
-        timeout_s=10.0,
-        peers=Peers([address], []),
-        counters=counters,
-        log=logging.getLogger("test"),
-        stop_event=stop,
-    )
-    client.open()
-    try:
-        acts = client.act([{"state": np.zeros(3, np.float32)}])
-    finally:
-        client.close()
-        thread.join(timeout=10)
-        server.close()
+    acts, counters = _act_against(serve, timeout_s=10.0)
     assert [int(a.action) for a in acts] == [2]
-    assert counters.counters["bad_replies"] == 2 and "request_timeouts" not in counters.counters
+    assert counters["bad_replies"] == 2 and "request_timeouts" not in counters
 
 
 def test_a_batch_reply_is_held_to_the_rows_asked_for() -> None:
