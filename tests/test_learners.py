@@ -180,6 +180,13 @@ def test_a_refused_chunk_is_produced_once_whoever_its_producer_is() -> None:
     assert role.counters["bad_chunks"] == 2 and role.counters["bad_chunks_unattributed"] == 1
     assert (result.produced, result.consumed, result.dropped) == (4, 2, 2)
     assert result.lost == 0 and result.balanced, result
+    # a refused chunk naming a producer no env worker recorded (forged): produced by itself
+    stranger = accounting.receive(numbered(0, producer="9/9#forged"))
+    assert stranger is not None
+    accounting.refuse(stranger, "rewards: 33 steps, over env.chunk_len=32")
+    role.flush()
+    result = balance({**role.ledger, **role.highs, pushed_field("0/0#x"): 2}, role.counters)
+    assert (result.produced, result.dropped, result.lost) == (5, 3, 0) and result.balanced
 
 
 def test_a_chunk_settled_ahead_is_counted_once_the_mark_passes_it() -> None:

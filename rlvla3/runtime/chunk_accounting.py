@@ -19,7 +19,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rlvla3.runtime.chunk_acks import SettledMarks, count_trainer_start
-from rlvla3.runtime.chunk_ledger import buffered_field, received_field, settled_field
+from rlvla3.runtime.chunk_ledger import (
+    buffered_field,
+    received_field,
+    refused_field,
+    settled_field,
+)
 from rlvla3.runtime.counter_batch import DropReports
 from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.role import Role
@@ -191,7 +196,8 @@ class ChunkAccounting:
         """A received chunk failed the checks: dropped, and counted as such, so the chunk
         accounting adds up. A chunk whose producer or number cannot go into the ledger is not
         in it (counted in ``bad_chunks_unattributed`` as produced); any other is settled, not
-        resent (its producer's own record counts it as produced)."""
+        resent, and counted for its producer (``refused_field``: produced by the producer's
+        own record where an env worker made one, else by this count)."""
         self._report(
             f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}"
         )
@@ -199,6 +205,7 @@ class ChunkAccounting:
         self.role.count("samples_dropped", int(np.size(chunk.rewards)))
         if producer_problem(chunk) is None:
             self._settle([chunk], "chunks_dropped")
+            self.role.ledger_add(refused_field(chunk.producer), 1)
         else:
             self.role.count("chunks_dropped")
             self.role.count("bad_chunks_unattributed")

@@ -11,9 +11,10 @@ From that ledger:
 - **produced**: per producer, one more than the highest number anybody recorded. A chunk pushed
   by a worker that died before recording it is still known from the trainer's side, and a
   number below the highest that no trainer received is a chunk lost on the way. Chunks the
-  trainer refused by its checks whose producer or number could not go into the ledger
-  (``bad_chunks_unattributed``) count as produced and dropped, each itself; a refused chunk
-  of a known producer is produced by its producer's record, as any other.
+  trainer refused by its checks are produced by their producer's record where it has one (an
+  env worker's ``pushed``), else each by itself: those whose producer could not go into the
+  ledger (``bad_chunks_unattributed``) and those of a producer no env worker recorded (a
+  forged one's, counted per producer in ``refused|PRODUCER``; its numbers are not trusted).
 - **received**: ``chunks_received`` less ``chunks_returned``: a killed trainer's buffer goes
   back to its producers (they resend what it held, ``rlvla3/runtime/chunk_acks.py``), so its
   chunks count as received again only when a trainer takes them a second time. A resent chunk
@@ -36,6 +37,7 @@ _PUSHED = "pushed|"
 _RECEIVED = "received|"
 _BUFFERED = "buffered|"
 _SETTLED = "settled|"
+_REFUSED = "refused|"
 TRAINER_STARTS = "trainer_starts"
 """The ledger field counting trainer process starts: env workers resend what is not settled
 when it grows (``rlvla3/runtime/chunk_acks.py``)."""
@@ -54,6 +56,11 @@ def received_field(producer: str, trainer: str) -> str:
 def buffered_field(trainer: str) -> str:
     """The ledger field counting the chunks in ``trainer``'s buffer."""
     return f"{_BUFFERED}{trainer}"
+
+
+def refused_field(producer: str) -> str:
+    """The ledger field counting the chunks of ``producer`` the trainers refused."""
+    return f"{_REFUSED}{producer}"
 
 
 def settled_field(producer: str) -> str:
@@ -113,19 +120,25 @@ class Balance:
 def balance(ledger: dict[str, int], counters: dict[str, int]) -> Balance:
     """The run's chunk balance from its ledger (``Registry.chunk_ledger``) and counters."""
     highest: dict[str, int] = {}
+    pushers: set[str] = set()
+    refused: dict[str, int] = {}
     buffered = 0
     for field, value in ledger.items():
         if field.startswith(_PUSHED):
             producer = field[len(_PUSHED) :]
+            pushers.add(producer)
         elif field.startswith(_RECEIVED):
             producer = field[len(_RECEIVED) :].rpartition("|")[0]
         else:
             if field.startswith(_BUFFERED):
                 buffered += value
+            elif field.startswith(_REFUSED):
+                refused[field[len(_REFUSED) :]] = value
             continue
         highest[producer] = max(highest.get(producer, -1), value)
+    unrecorded = sum(n for producer, n in refused.items() if producer not in pushers)
     unattributed = counters.get("bad_chunks_unattributed", 0)
-    produced = sum(high + 1 for high in highest.values()) + unattributed
+    produced = sum(high + 1 for high in highest.values()) + unattributed + unrecorded
     received = counters.get("chunks_received", 0) - counters.get("chunks_returned", 0)
     return Balance(
         produced=produced,
