@@ -23,6 +23,7 @@ LeRobot does for datasets recorded without videos (see :mod:`sft.lerobot_format`
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -143,19 +144,26 @@ def _check_root(root: Path, overwrite: bool) -> bool:
     return True
 
 
-def _side_dir(root: Path) -> Path:
-    """Where a dataset for ``root`` is written until it is whole (this host and process's)."""
-    return root.with_name(f".{root.name}.writing-{socket.gethostname()}-{os.getpid()}")
+def _aside(root: Path, kind: str) -> Path:
+    """A folder beside ``root`` of this host's and process's: ``writing`` (the dataset until it
+    is whole) or ``replaced`` (the earlier dataset, until the new one is in)."""
+    return root.with_name(f".{root.name}.{kind}-{socket.gethostname()}-{os.getpid()}")
 
 
-def _clear_dead_side_dirs(root: Path) -> None:
-    """Remove what writers of this host that are gone left of a dataset for ``root`` (one
-    killed mid-write): their side directories, never a live writer's."""
+def _recover_dead_writers(root: Path) -> None:
+    """Finish or clear what writers of this host that are gone left beside ``root``, never a
+    live writer's: a whole dataset (killed between moving the earlier one aside and this one
+    in) goes in where none is; anything else is removed."""
     host = socket.gethostname()
-    for side in root.parent.glob(f".{root.name}.writing-{host}-*"):
-        pid = side.name.rpartition("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(side, ignore_errors=True)
+    for kind in ("writing", "replaced"):  # (a whole new dataset wins over the one it replaced)
+        for left in root.parent.glob(f".{root.name}.{kind}-{host}-*"):
+            pid = left.name.rpartition("-")[2]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            if (left / "meta" / "info.json").is_file() and not root.exists():
+                left.rename(root)
+            else:
+                shutil.rmtree(left, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -170,14 +178,43 @@ def _alive(pid: int) -> bool:
 
 def _move_into_place(side: Path, root: Path, overwrite: bool) -> None:
     """Make the whole dataset in ``side`` the one at ``root``: an earlier one there (with
-    ``overwrite``) is moved aside first and deleted only once the new one is in place."""
-    earlier = root.with_name(f".{root.name}.replaced-{os.getpid()}")
+    ``overwrite``) is moved aside first and deleted only once the new one is in place. A
+    ``root`` that stays (an empty folder, or a mount point, which cannot be renamed) takes the
+    dataset's entries, ``meta`` last."""
+    earlier: Path | None = None
     if _check_root(root, overwrite):
-        root.rename(earlier)
-    elif root.exists():
-        root.rmdir()  # (empty)
-    side.rename(root)
-    shutil.rmtree(earlier, ignore_errors=True)
+        earlier = _aside(root, "replaced")
+        try:
+            root.rename(earlier)
+        except OSError:  # a mount point: emptied in place
+            earlier = None
+            for entry in list(root.iterdir()):
+                _remove(entry)
+    if root.exists():
+        for entry in sorted(side.iterdir(), key=lambda e: e.name == "meta"):
+            _move(entry, root / entry.name)
+        side.rmdir()
+    else:
+        side.rename(root)
+    if earlier is not None:
+        shutil.rmtree(earlier, ignore_errors=True)
+
+
+def _move(src: Path, dst: Path) -> None:
+    """Rename, or copy across file systems (a ``root`` that is a mount point)."""
+    try:
+        os.replace(src, dst)
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+        shutil.move(src, dst)
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
 
 
 class LeRobotWriter:
@@ -219,9 +256,11 @@ class LeRobotWriter:
         # written aside and moved in whole by finalize(): an interrupted writer leaves the
         # dataset that was there (or none), never half of one that a reader or a retry trips on
         self.root, self.overwrite = Path(root), overwrite
-        _check_root(self.root, overwrite)
-        _clear_dead_side_dirs(self.root)
-        self.writing = _side_dir(self.root)
+        # (a symlink's target: the dataset is written beside where it will be, on its disk)
+        self._target = self.root.expanduser().resolve()
+        _recover_dead_writers(self._target)
+        _check_root(self._target, overwrite)
+        self.writing = _aside(self._target, "writing")
         shutil.rmtree(self.writing, ignore_errors=True)
         self.writing.mkdir(parents=True)
         self.features = dict(features)
@@ -290,7 +329,7 @@ class LeRobotWriter:
             "features": {k: f.to_json() for k, f in self._all_features.items()},
         }
         (self.writing / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
-        _move_into_place(self.writing, self.root, self.overwrite)
+        _move_into_place(self.writing, self._target, self.overwrite)
         self._finalized = True
 
     def __enter__(self) -> LeRobotWriter:

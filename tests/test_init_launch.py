@@ -103,5 +103,13 @@ def test_a_resumed_run_keeps_the_init_checkpoint_it_started_from(tmp_path):
     elsewhere = load_config(None, [f"policy.init_checkpoint={tmp_path / 'other'}"])
     assert launch_command._pin_init_checkpoint(elsewhere, run) == elsewhere  # not under it
     first.unlink()
+    # without LoRA or a KL reference the trainer resumes from its own checkpoints alone
+    assert launch_command._pin_init_checkpoint(cfg, run).policy.init_checkpoint.endswith("2.pt")
+    with_lora = load_config(None, [f"policy.init_checkpoint={init_dir}", "policy.lora.rank=4"])
     with pytest.raises(ConfigError, match="started from .*ckpt_00000001.pt, which is not there"):
-        launch_command._pin_init_checkpoint(cfg, run)
+        launch_command._pin_init_checkpoint(with_lora, run)
+    # a run whose config names the folder (never pinned) resumes as before
+    (run / "config.yaml").write_text(f"policy: {{init_checkpoint: {init_dir}}}\n")
+    assert launch_command._pin_init_checkpoint(with_lora, run).policy.init_checkpoint.endswith(
+        "2.pt"
+    )

@@ -170,6 +170,36 @@ def test_an_interrupted_write_leaves_the_earlier_dataset_and_a_retry_works(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no side folder left
 
 
+def test_a_dataset_goes_into_an_empty_folder_a_symlink_and_survives_a_kill_between_renames(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    rng = np.random.default_rng(3)
+    empty = tmp_path / "empty"
+    empty.mkdir()  # (a mount point, say: it stays, the entries move in)
+    with LeRobotWriter(empty, FEATURES) as writer:
+        writer.add_episode(_episode(rng, 2), "t")
+    assert len(LeRobotDataset(empty)) == 2
+    real = tmp_path / "disk"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with LeRobotWriter(link, FEATURES) as writer:
+        writer.add_episode(_episode(rng, 3), "t")
+    assert link.is_symlink() and len(LeRobotDataset(link)) == 3
+    # killed after moving the earlier dataset aside, before moving the new one in
+    ds = tmp_path / "ds"
+    host = socket.gethostname()
+    for kind, frames in (("replaced", 2), ("writing", 4)):
+        with LeRobotWriter(tmp_path / kind, FEATURES) as writer:
+            writer.add_episode(_episode(rng, frames), "t")
+        (tmp_path / kind).rename(tmp_path / f".ds.{kind}-{host}-999999999")
+    LeRobotWriter(ds, FEATURES, overwrite=True)  # the next writer finishes the dead one's move
+    assert len(LeRobotDataset(ds)) == 4
+    assert not list(tmp_path.glob(".ds.replaced-*"))
+
+
 def test_v21_chunks_hold_chunks_size_episodes(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     eps = [_episode(rng, 2 + i) for i in range(3)]

@@ -97,30 +97,36 @@ def _pin_init_checkpoint(cfg: Config, resumed: Path | None = None) -> Config:
     first stage ended).
 
     Raises:
-        ConfigError: the resumed run started from a file under the given path that is gone
-            (resuming on another base would change what it trains).
+        ConfigError: the resumed run started from a file under the given path that is gone,
+            and the run needs it (a LoRA base, or a KL reference): resuming on another would
+            change what it trains.
     """
     given = cfg.policy.init_checkpoint
     if not given:
         return cfg
-    found = _started_from(resumed, Path(given)) if resumed else None
+    needed = cfg.policy.lora.enabled or cfg.algo.ref_kl_coef > 0
+    found = _started_from(resumed, Path(given), needed) if resumed else None
     found = found or find_checkpoint(given)
     if found is None:
         return cfg
     return replace(cfg, policy=replace(cfg.policy, init_checkpoint=str(found.resolve())))
 
 
-def _started_from(run_dir: Path, given: Path) -> Path | None:
+def _started_from(run_dir: Path, given: Path, needed: bool) -> Path | None:
     """The init checkpoint file the run in ``run_dir`` started from, if ``given`` names it (is
-    it, or a folder above it); None for a run that has no config yet or started elsewhere."""
+    it, or a folder above it); None for a run that has no config yet, started elsewhere, was
+    not pinned to a file (a folder in its config), or whose file is gone when the run does not
+    need it (without LoRA or a KL reference the trainer resumes from its own checkpoints)."""
     try:
         started = load_config(str(config_path(run_dir))).policy.init_checkpoint
     except (OSError, ConfigError):
         return None
-    if not started:
+    if not started or Path(started).suffix != ".pt":
         return None
     path, root = Path(started), given.resolve()
     if path != root and root not in path.parents:
+        return None
+    if not path.is_file() and not needed:
         return None
     if not path.is_file():
         raise ConfigError(
@@ -180,6 +186,7 @@ def _check_multi_node(cfg: Config, seat: Seat) -> None:
     grounding = token_vla.preset_grounding
     if (
         seat.node is not None
+        and not seat.single_node
         and cfg.policy.kind == "token_vla"
         and token_vla.preset
         and (grounding.vision_steps or grounding.text_steps)

@@ -25,6 +25,7 @@ images in 8-pixel patches; the processors resize any other image size to the pre
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import socket
@@ -297,7 +298,12 @@ def move_model_in(side: Path, directory: Path) -> None:
     there once its config is), and remove ``side``."""
     directory.mkdir(parents=True, exist_ok=True)
     for file in sorted(side.iterdir(), key=lambda f: f.name == "config.json"):
-        os.replace(file, directory / file.name)
+        try:
+            os.replace(file, directory / file.name)
+        except OSError as err:  # ``directory`` on another disk (a mount, a symlink's target)
+            if err.errno != errno.EXDEV:
+                raise
+            shutil.move(file, directory / file.name)
     side.rmdir()
 
 

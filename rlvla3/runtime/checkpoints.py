@@ -259,8 +259,11 @@ def find_checkpoint(path: str | Path) -> Path | None:
     if path.is_dir():
         for directory in (path / "checkpoints", path):
             for candidate in reversed(checkpoints(directory)):
-                if check(candidate) is None:
-                    return candidate
+                try:
+                    if check(candidate) is None:
+                        return candidate
+                except OSError:  # rotated away by a live run meanwhile
+                    continue
         return None
     return path if path.is_file() else None
 
