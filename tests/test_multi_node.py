@@ -303,9 +303,11 @@ def test_a_multi_node_launch_does_not_ground_a_preset(tmp_path) -> None:
         "policy.token_vla.preset=llava-test",
         "policy.token_vla.preset_grounding={vision_steps: 2, text_steps: 2}",
     ]
-    one_of_several = SimpleNamespace(node=object(), multi_host=False)
+    one_of_several = SimpleNamespace(node=object(), multi_host=False, single_node=False)
     with pytest.raises(ConfigError, match="preset_grounding: a multi-node launch does not ground"):
         command._check_multi_node(load_config(None, keys), one_of_several)
+    the_only_node = SimpleNamespace(node=object(), multi_host=False, single_node=True)
+    command._check_multi_node(load_config(None, keys), the_only_node)  # --node of a 1-node YAML
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")  # grounded on one host first
     command._check_multi_node(load_config(None, keys), one_of_several)
