@@ -52,17 +52,16 @@ def launch(
         code = _run_init_launch(cfg, config_path, echo)
         if code != 0:
             return code  # a failed or interrupted first stage stops the chain
-    elif (
-        seat.node is None
-        and cfg.policy.init_checkpoint
-        and not find_checkpoint(cfg.policy.init_checkpoint)
-    ):  # (a --node launcher may start while the head still writes it, or hold no trainer)
+    run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
+    given = cfg.policy.init_checkpoint
+    cfg = _pin_init_checkpoint(cfg, run_dir if resume else None)
+    # pinned to a file where one is there (a --node launcher may start while the head still
+    # writes it, or hold no trainer)
+    if seat.node is None and given and not Path(cfg.policy.init_checkpoint or "").is_file():
         raise ConfigError(
-            f"policy.init_checkpoint: no checkpoint at {cfg.policy.init_checkpoint} "
+            f"policy.init_checkpoint: no checkpoint at {given} "
             "(a run dir with checkpoints/, or a .pt file)"
         )
-    run_dir = (Path(out) if out else Path(cfg.run.output_dir) / cfg.run.name).resolve()
-    cfg = _pin_init_checkpoint(cfg, run_dir if resume else None)
     launcher = Launcher(cfg, run_dir, seat, echo=echo, resume=resume)  # checks placement first
     if seat.multi_host:
         echo(
@@ -175,7 +174,7 @@ def _check_multi_node(cfg: Config, seat: Seat) -> None:
     if (
         seat.node is not None
         and cfg.policy.init_launch
-        and not find_checkpoint(cfg.policy.init_checkpoint or "")
+        and not find_checkpoint(cfg.policy.init_checkpoint or "", verify=False)
     ):
         raise ConfigError(
             f"policy.init_launch: a multi-node launch does not run the first stage; "
@@ -211,14 +210,14 @@ def _run_init_launch(cfg: Config, config_path: str | None, echo: Callable[[str],
     as written: ``--set`` overrides apply to the stage they were given for.
     """
     init_dir = Path(cfg.policy.init_checkpoint or "")
-    if find_checkpoint(init_dir) is not None:
+    if find_checkpoint(init_dir, verify=False) is not None:  # (the launch then pins a whole one)
         return 0
     first = Path(cfg.policy.init_launch or "")
     if config_path is not None and first.resolve() == Path(config_path).resolve():
         raise ConfigError(f"policy.init_launch: {first} is this launch file itself")
     echo(f"no checkpoint in {init_dir} yet: running {first} first to make one")
     code = launch(str(first), out=str(init_dir), echo=echo)
-    if code == 0 and find_checkpoint(init_dir) is None:
+    if code == 0 and find_checkpoint(init_dir, verify=False) is None:
         echo(f"{first} ended without writing a checkpoint into {init_dir}")
         return 1
     return code

@@ -34,6 +34,7 @@ from rlvla3.launch.eval_report import (
     write_report,
 )
 from rlvla3.launch.launcher import Launcher
+from rlvla3.launch.rendezvous import read_run_info
 from rlvla3.launch.run_dir import config_path
 from rlvla3.launch.stop_reason import StopKind, StopReason
 from rlvla3.runtime.checkpoints import find_checkpoint
@@ -43,8 +44,6 @@ from sim.protocols import Protocol, ProtocolEpisode, file_safe, merged, protocol
 
 _REQUEUE_EVERY_S = 2.0  # how often the head looks for episodes whose worker died
 _QUEUE_WITHIN_S = 120.0  # the episodes are queued by then even if some worker is not up
-RUN_INFO_FILE = "run.json"
-"""What every launched run's dir holds (``rlvla3.launch.rendezvous.write_run_info``)."""
 STAMP_FILE = "eval_run.json"
 """What an ``--out`` holds the results of (checkpoint, protocol, sampling), to resume only the
 same evaluation."""
@@ -208,9 +207,9 @@ def _resume(run_dir: Path, protocol: Protocol, meta: dict[str, Any]) -> dict[str
     """
     stamp = {**meta, "protocol": protocol.name, "episodes_sha256": _episodes_digest(protocol)}
     path = run_dir / STAMP_FILE
-    if not path.is_file() and (run_dir / RUN_INFO_FILE).is_file():
+    if not path.is_file() and read_run_info(run_dir) is not None:
         raise ConfigError(
-            f"--out {run_dir}: holds a run that is not an evaluation (its {RUN_INFO_FILE}, "
+            f"--out {run_dir}: holds a run that is not an evaluation (its run.json, "
             f"no {STAMP_FILE}); choose another --out"
         )
     if path.is_file():

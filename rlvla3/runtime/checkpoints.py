@@ -250,17 +250,17 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def find_checkpoint(path: str | Path) -> Path | None:
+def find_checkpoint(path: str | Path, verify: bool = True) -> Path | None:
     """The checkpoint ``path`` names: a checkpoint file itself, or the newest one in a
     checkpoints directory or a run dir (its ``checkpoints/``) that passes ``check`` (a save
-    cut short is passed over, as a resuming trainer passes it over); None when there is
-    none."""
+    cut short is passed over, as a resuming trainer passes it over; ``verify`` False: the
+    newest, unread, to ask only whether one is there); None when there is none."""
     path = Path(path)
     if path.is_dir():
         for directory in (path / "checkpoints", path):
             for candidate in reversed(checkpoints(directory)):
                 try:
-                    if check(candidate) is None:
+                    if not verify or check(candidate) is None:
                         return candidate
                 except OSError:  # rotated away by a live run meanwhile
                     continue
