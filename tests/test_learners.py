@@ -232,6 +232,41 @@ def test_without_resend_buffers_a_killed_trainers_buffer_is_lost() -> None:
     assert role.counters["chunks_lost_in_trainer"] == 5 and "chunks_returned" not in role.counters
 
 
+def test_without_resend_buffers_a_successor_passes_the_numbers_that_died_before_it() -> None:
+    """A killed trainer held chunks 3-5 and its queue 6-7 (no resend buffers: they never come
+    again); its successor receives 8 onwards. The producer's mark passes the gap, so each later
+    chunk is counted as it settles, not held back until exit."""
+    role = FakeTrainer(ledger={settled_field("0/0#x"): 3, buffered_field("trainer/0"): 3})
+    accounting = ChunkAccounting(role, role.flush, resent=False)  # type: ignore[arg-type]
+    accounting.write_off_dead_buffer()
+    assert role.counters["chunks_lost_in_trainer"] == 3
+    refused = accounting.receive(numbered(8))
+    assert refused is not None
+    accounting.refuse(refused, "obs: not finite")  # settled above the gap: waits
+    assert "chunks_dropped" not in role.counters
+    chunks = [accounting.receive(numbered(i)) for i in (9, 10)]
+    for received in chunks:
+        assert received is not None
+        accounting.record(received)
+    assert role.highs[settled_field("0/0#x")] == 9  # 3-7 given up, 8 settled: 9 held
+    assert role.counters["chunks_dropped"] == 1
+    accounting.trained(chunks, samples=2, left_out=0, lags=np.array([0, 0]))
+    assert role.counters["chunks_consumed"] == 2 and role.highs[settled_field("0/0#x")] == 11
+    assert role.ledger[buffered_field("trainer/0")] == -3  # the write-off's; none left held
+    assert accounting.receive(numbered(5)) is None  # given up: a duplicate were it to come
+
+
+def test_with_resend_buffers_the_mark_waits_for_a_resent_chunk() -> None:
+    role = FakeTrainer(ledger={settled_field("0/0#x"): 3})
+    accounting = _accounting(role)  # resent: chunks 3-7 come again
+    received = accounting.receive(numbered(8))
+    assert received is not None
+    accounting.record(received)
+    accounting.trained([received], samples=1, left_out=0, lags=np.array([0]))
+    assert "chunks_consumed" not in role.counters and settled_field("0/0#x") not in role.highs
+    assert accounting.receive(numbered(3)) is not None
+
+
 def test_draining_counts_queued_and_held_chunks_in_flight() -> None:
     role = FakeTrainer()
     accounting = _accounting(role)

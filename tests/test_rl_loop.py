@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3.runtime.chunk_ledger import balance
+from rlvla3.runtime.chunk_ledger import balance, settled_marks
 from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, pid_gone, start_launcher, write_yaml
@@ -118,14 +118,22 @@ def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) ->
     assert_no_chunk_lost(registry, c)
 
 
-def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
-    cfg = cartpole_config("cp_resume", redis_url, "async")
+@pytest.mark.parametrize("resend", [256, 0])
+def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url, resend: int) -> None:
+    """With resend buffers the killed trainer's chunks come again; without (0) they are lost,
+    and its successor's settled marks pass them: either way every producer's mark goes past
+    what was pushed before the kill, each chunk counted as it settles, not at exit."""
+    name = f"cp_resume_{resend}"
+    cfg = cartpole_config(name, redis_url, "async")
     cfg["run"]["stop"] = {"max_wall_s": 200}
     # Back-pressure on: the chunks lost in the killed trainer's queue must not stall the envs.
-    cfg["roles"]["env_worker"]["settings"] = {"max_chunks_queued": 4}
+    cfg["roles"]["env_worker"]["settings"] = {
+        "max_chunks_queued": 4,
+        "resend_buffer_chunks": resend,
+    }
     run_dir = tmp_path / "run"
     launcher = start_launcher(write_yaml(tmp_path / "cfg.yaml", cfg), run_dir)
-    registry = Registry(redis_url, "cp_resume")
+    registry = Registry(redis_url, name)
     seen: list[int] = []
 
     def version_at_least(n: int):
@@ -142,9 +150,22 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url) -> None:
         ckpt_dir = run_dir / "checkpoints"
         wait_until(lambda: list(ckpt_dir.glob("ckpt_*.pt")), 60, "a checkpoint")
         trainer = next(r for r in registry.roles() if r.role == "trainer")
+        wait_until(lambda: settled_marks(registry.chunk_ledger()), 60, "chunks settled")
         before = registry.weight_version()
         os.kill(trainer.pid, signal.SIGKILL)
+        pushed = {
+            field.removeprefix("pushed|"): high
+            for field, high in registry.chunk_ledger().items()
+            if field.startswith("pushed|")
+        }
+        assert pushed, "the env workers recorded no chunks before the kill"
         wait_until(version_at_least(before + 3), 150, "versions after the restart")
+
+        def marks_passed() -> bool:
+            marks = settled_marks(registry.chunk_ledger())
+            return all(marks.get(p, 0) > high for p, high in pushed.items())
+
+        wait_until(marks_passed, 120, "every producer's mark past its chunks before the kill")
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=120) == 130
     finally:

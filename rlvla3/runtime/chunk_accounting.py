@@ -175,6 +175,11 @@ class ChunkAccounting:
         """Settle one chunk: once its producer's mark passes it, its fate is counted and it
         leaves the buffer, in the same flush as the raised mark that acknowledges it."""
         below, released = self.marks.settle(producer, chunk_id, fate)
+        self._raised(producer, below, released)
+
+    def _raised(self, producer: str, below: int | None, released: Sequence[str]) -> None:
+        """Count the fates a raised mark released and flush the mark with them (``below``:
+        the producer's new mark, None if it did not rise)."""
         self._count_fates(released)
         if below is not None:
             self.role.ledger_high(settled_field(producer), below)
@@ -211,8 +216,13 @@ class ChunkAccounting:
             self.role.count("bad_chunks_unattributed")
 
     def record(self, chunk: TrajectoryChunk) -> None:
-        """Note a checked chunk's sequence number in the ledger (received from its producer)."""
+        """Note a checked chunk's sequence number in the ledger (received from its producer).
+        Without resend buffers the numbers below it that did not arrive never will
+        (``rlvla3/runtime/chunk_acks.py``): its producer's mark passes them."""
         self.role.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
+        if not self.resent:
+            below, released = self.marks.give_up_below(chunk.producer, chunk.chunk_id)
+            self._raised(chunk.producer, below, released)
 
     def drop_received(self, chunk: TrajectoryChunk, reason: str) -> None:
         """A recorded chunk is not held (too stale): dropped, with its samples."""

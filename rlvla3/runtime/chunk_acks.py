@@ -19,6 +19,13 @@ pipelined read of their producers' marks costs less than a socket per worker, it
 and its size limits.
 
 The marks assume that one trainer receives each producer's chunks (the run's one trainer).
+
+Without resend buffers (``resend_buffer_chunks`` 0) a chunk that did not arrive never will:
+each is pushed once, and a producer's chunks reach a trainer in the order they were numbered
+(one ZeroMQ pipe, first in first out). So when a trainer records chunk ``n``, the numbers below
+it that it neither holds nor settled died elsewhere (in a killed predecessor's buffer or
+queue, counted as lost there) and the mark passes them (``give_up_below``): otherwise it would
+wait for them for the rest of the run, every later chunk's fate uncounted until exit.
 """
 
 from __future__ import annotations
@@ -46,6 +53,23 @@ class _ProducerMarks(Generic[FateT]):
     """Settled above ``below`` (earlier chunks are still held or on their way), with what
     became of each: counted only once the mark passes it, so that a trainer killed before then
     has counted nothing its successor counts again."""
+    given_up_below: int = 0
+    """Numbers below this that are neither held nor settled will never arrive: the mark
+    passes them."""
+
+    def advance(self) -> list[FateT]:
+        """Raise ``below`` past every settled or given-up number; the fates it passes."""
+        released = []
+        while True:
+            if self.below in self.settled_above:
+                released.append(self.settled_above.pop(self.below))
+                self.below += 1
+            elif self.below < self.given_up_below and self.below not in self.held:
+                # jump the gap in one step (it may span thousands of numbers)
+                waiting = [n for n in (*self.held, *self.settled_above) if n > self.below]
+                self.below = min([self.given_up_below, *waiting])
+            else:
+                return released
 
 
 class SettledMarks(Generic[FateT]):
@@ -88,11 +112,20 @@ class SettledMarks(Generic[FateT]):
         if chunk_id < marks.below:
             return None, [fate]
         marks.settled_above[chunk_id] = fate
-        released = []
-        while marks.below in marks.settled_above:
-            released.append(marks.settled_above.pop(marks.below))
-            marks.below += 1
-        return (marks.below if released else None), released
+        start = marks.below
+        released = marks.advance()
+        return (marks.below if marks.below > start else None), released
+
+    def give_up_below(self, producer: str, chunk_id: int) -> tuple[int | None, list[FateT]]:
+        """Chunks of ``producer`` numbered below ``chunk_id`` that are neither held nor settled
+        will never arrive (no resend buffers, in-order delivery: see the module doc). Returns,
+        as ``settle`` does, the producer's new mark if it rose and the fates of the settled
+        chunks it passed (what it passes without a fate was counted where it died)."""
+        marks = self._of(producer)
+        marks.given_up_below = max(marks.given_up_below, chunk_id)
+        start = marks.below
+        released = marks.advance()
+        return (marks.below if marks.below > start else None), released
 
     def release_all(self) -> list[FateT]:
         """Every fate still waiting for an earlier chunk (the trainer stops: count them all)."""
