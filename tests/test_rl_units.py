@@ -160,6 +160,13 @@ def _with(base: TrajectoryChunk, **changes: object) -> TrajectoryChunk:
         ({"rewards": np.array([1, np.nan, 1, 1], np.float32)}, "rewards: not finite"),
         ({"values": np.full(4, np.inf, np.float32)}, "values: not finite"),
         ({"bootstrap_value": float("nan")}, "bootstrap_value: not finite"),
+        # finite, but its square overflows float32: would zero every other advantage
+        ({"rewards": np.array([1, 1e30, 1, 1], np.float32)}, "rewards: magnitude 1e.30, over"),
+        ({"values": np.full(4, -2e6, np.float32)}, "values: magnitude 2e.06, over 1e.06"),
+        ({"bootstrap_value": 1e20}, "bootstrap_value: magnitude 1e.20"),
+        ({"log_probs": np.array([-1e7, -1, -1, -1], np.float32)}, "log_probs: magnitude"),
+        ({"rewards": np.array([1, -1e5, 1e5, 1], np.float32)}, None),  # large, not absurd
+        ({"obs": {"state": np.full((4, 4), 1e12, np.float32)}}, r"obs\['state'\]: magnitude"),
         ({"terminated": np.zeros(4, np.float32)}, "terminated: float32"),
         ({"policy_versions": np.zeros(0, np.int64)}, r"policy_versions: int64\[0\]"),
         ({"obs": {"state": np.zeros((4, 7), np.float32)}}, r"obs\['state'\]: float32\[4, 7\]"),
@@ -184,6 +191,22 @@ def test_chunk_check_names_what_would_break_training(changes, problem) -> None:
         assert found is None
     else:
         assert found is not None and re.match(problem, found), found
+
+
+def test_continuous_actions_must_be_finite_and_of_sane_magnitude() -> None:
+    from rlvla3.algo.chunk_check import chunk_problem
+    from rlvla3.policy.base import ActionSpec
+
+    spec = ActionSpec(shape=(2,))
+    base = chunk([1, 1, 1, 1])
+
+    def problem(actions: np.ndarray) -> str | None:
+        return chunk_problem(_with(base, actions=actions), CARTPOLE_OBS, spec, chunk_len=4)
+
+    assert problem(np.full((4, 2), -3.5, np.float32)) is None  # outside [-1, 1]: a sample
+    assert problem(np.full((4, 2), np.inf, np.float32)) == "actions: not finite"
+    assert problem(np.full((4, 2), 1e30, np.float32)) == "actions: magnitude 1e+30, over 1e+06"
+    assert problem(np.zeros((4, 2), np.int64)) == "actions: expected finite floats, got int64"
 
 
 def test_a_chunk_longer_than_chunk_len_is_refused() -> None:

@@ -27,6 +27,16 @@ _PER_STEP = {  # field -> the kind of numbers it must hold
 }
 
 
+MAX_MAGNITUDE = 1e6
+"""Largest magnitude a chunk's rewards, values, log-probs and continuous actions may have. No
+env's reward or critic's value comes near it, and one far beyond it (1e20: finite, but its
+square overflows float32) would swamp the batch's advantage normalisation, zeroing every other
+sample's advantage, or turn the losses infinite."""
+
+MAX_OBS_MAGNITUDE = 1e9
+"""Largest magnitude of a float observation: simulators' declared bounds are often loose, so
+floats are held only to this (squares of anything below it stay finite in float32)."""
+
 _LOG_PROB_SLACK = 1e-3
 """How far above 0 a discrete action's log-prob may be (float32 sums of per-token log-probs
 round a certain action's to a few 1e-7 above it)."""
@@ -51,10 +61,13 @@ def chunk_problem(
         arr = getattr(chunk, name)
         if arr.shape != (steps,) or arr.dtype.kind not in kinds:
             return f"{name}: {arr.dtype}{list(arr.shape)}, expected [{steps}] of kind {kinds!r}"
-        if kinds == "f" and not np.isfinite(arr).all():
-            return f"{name}: not finite"
-    if not np.isfinite(chunk.bootstrap_value):
-        return "bootstrap_value: not finite"
+        if kinds == "f":
+            problem = _magnitude_problem(arr, MAX_MAGNITUDE)
+            if problem is not None:
+                return f"{name}: {problem}"
+    problem = _magnitude_problem(np.asarray(chunk.bootstrap_value), MAX_MAGNITUDE)
+    if problem is not None:
+        return f"bootstrap_value: {problem}"
     if action_spec.num_choices is not None and chunk.log_probs.max() > _LOG_PROB_SLACK:
         # a discrete action's probability is at most 1: a positive log-prob would make PPO's
         # ratio vanish, or an inf, for its whole minibatch
@@ -66,9 +79,24 @@ def chunk_problem(
     if problem is not None:
         return problem
     for key, arr in chunk.obs.items():
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            return f"obs[{key!r}]: not finite"
+        if arr.dtype.kind == "f":
+            problem = _magnitude_problem(arr, MAX_OBS_MAGNITUDE)
+            if problem is not None:
+                return f"obs[{key!r}]: {problem}"
     return _action_problem(chunk.actions, steps, action_spec)
+
+
+def _magnitude_problem(arr: np.ndarray, limit: float) -> str | None:
+    """Why float numbers cannot be trained on (not finite, or beyond ``limit`` in magnitude),
+    None if they can."""
+    if not arr.size:
+        return None
+    if not np.isfinite(arr).all():
+        return "not finite"
+    largest = float(np.abs(arr).max())
+    if largest > limit:
+        return f"magnitude {largest:.3g}, over {limit:.0e}"
+    return None
 
 
 def observation_bytes(observation_space: spaces.Dict) -> int:
@@ -131,9 +159,10 @@ def _action_problem(actions: np.ndarray, steps: int, spec: ActionSpec) -> str | 
     if actions.shape != (steps, *spec.shape):
         return f"actions: shape {list(actions.shape)}, expected {[steps, *spec.shape]}"
     if spec.num_choices is None:
-        if actions.dtype.kind != "f" or not np.isfinite(actions).all():
+        if actions.dtype.kind != "f":
             return f"actions: expected finite floats, got {actions.dtype}"
-        return None
+        problem = _magnitude_problem(actions, MAX_MAGNITUDE)
+        return None if problem is None else f"actions: {problem}"
     if actions.dtype.kind not in "iu":
         return f"actions: expected integers in [0, {spec.num_choices}), got {actions.dtype}"
     if actions.size and (actions.min() < 0 or actions.max() >= spec.num_choices):
