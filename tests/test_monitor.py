@@ -174,7 +174,7 @@ def test_prometheus_exporter_serves_every_counter_and_role_gauge(redis_url) -> N
     registry.heartbeat(
         "env_worker", 0, ttl_s=30, stats={"steps_per_s": 12.5, "env_steps": 40, "env_step_us": 2e6}
     )
-    registry.flush({"env_steps": 40, "action_wait_us": 3_000_000})
+    registry.flush({"env_steps": 40, "action_wait_us": 3_000_000}, flusher="w#0", number=0)
     server, port = serve(registry, 0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:

@@ -128,7 +128,7 @@ def test_every_registry_call_of_a_run_passes_the_acl(head_redis) -> None:
     assert registry.endpoints("trainer", "chunks") == ["tcp://127.0.0.1:1"]
     registry.publish_stats("trainer", 0, {"x": 1.0})
     registry.incr("env_steps", 3)
-    registry.flush({"env_steps": 2}, {"p#0": 1}, {"chunks_lost": 0})
+    registry.flush({"env_steps": 2}, {"p#0": 1}, {"chunks_lost": 0}, flusher="t#0", number=0)
     registry.set_trained_version(2)
     registry.set_weight_version(2)
     registry.append("metrics", [{"v": 1}])

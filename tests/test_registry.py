@@ -83,7 +83,7 @@ def test_an_unreadable_record_is_left_out_and_the_others_still_found(registry, c
 
 
 def test_counters_restarts_weights_and_stop(registry) -> None:
-    registry.flush({"env_steps": 5, "bad_frames": 1, "zero": 0})
+    registry.flush({"env_steps": 5, "bad_frames": 1, "zero": 0}, flusher="w#0", number=0)
     registry.incr("env_steps", 2)
     assert registry.counters() == {"env_steps": 7, "bad_frames": 1}
     registry.register("trainer", 0, node="n", host="h", pid=1)

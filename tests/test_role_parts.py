@@ -36,27 +36,55 @@ def test_an_outage_starts_once_and_ends_when_redis_answers() -> None:
 
 
 class _Registry:
-    def __init__(self, fail: bool) -> None:
-        self.fail, self.flushed = fail, []
+    """Applies each flush number once, as the Redis script does; ``fail``: the next call raises,
+    ``lose_reply``: the next call applies the flush and then raises (its reply lost)."""
 
-    def flush(self, amounts, highs, ledger) -> None:
+    def __init__(self) -> None:
+        self.fail = self.lose_reply = False
+        self.flushed: list[tuple[dict, dict, dict]] = []
+        self.last_number = -1
+
+    def flush(self, amounts, highs, ledger, *, flusher: str, number: int) -> bool:
+        assert flusher == "trainer/0#ab"
         if self.fail:
             raise ConnectionError("down")
-        self.flushed.append((amounts, highs, ledger))
+        applied = number > self.last_number
+        if applied:
+            self.flushed.append((amounts, highs, ledger))
+            self.last_number = number
+        if self.lose_reply:
+            self.lose_reply = False
+            raise ConnectionError("connection closed by server")
+        return applied
 
 
-def test_a_failed_flush_keeps_everything_for_the_next() -> None:
-    batch, log = CounterBatch(), logging.getLogger("test")
+def test_a_failed_flush_is_sent_again_before_anything_newer() -> None:
+    batch, log, registry = CounterBatch("trainer/0#ab"), logging.getLogger("test"), _Registry()
     batch.add("env_steps", 3)
     batch.raise_high("pushed", 5)
     batch.raise_high("pushed", 4)  # a high-water mark never falls
     batch.add_to_ledger("buffered", 2)
-    batch.flush(_Registry(fail=True), log)  # type: ignore[arg-type]
+    registry.fail = True
+    batch.flush(registry, log)  # type: ignore[arg-type]
     batch.add("env_steps", 1)
-    registry = _Registry(fail=False)
+    batch.flush(registry, log)  # type: ignore[arg-type]  (still down)
+    registry.fail = False
     batch.flush(registry, log)  # type: ignore[arg-type]
     batch.flush(registry, log)  # type: ignore[arg-type]  (nothing new: no write)
-    assert registry.flushed == [({"env_steps": 4}, {"pushed": 5}, {"buffered": 2})]
+    assert registry.flushed == [
+        ({"env_steps": 3}, {"pushed": 5}, {"buffered": 2}),
+        ({"env_steps": 1}, {}, {}),
+    ]
+
+
+def test_a_flush_whose_reply_was_lost_is_not_counted_twice() -> None:
+    batch, log, registry = CounterBatch("trainer/0#ab"), logging.getLogger("test"), _Registry()
+    batch.add("chunks_received", 4)
+    registry.lose_reply = True
+    batch.flush(registry, log)  # type: ignore[arg-type]  (applied; the role cannot know)
+    batch.add("chunks_received", 1)
+    batch.flush(registry, log)  # type: ignore[arg-type]  (the retry is skipped, then the 1)
+    assert registry.flushed == [({"chunks_received": 4}, {}, {}), ({"chunks_received": 1}, {}, {})]
 
 
 def test_drops_are_reported_at_most_once_per_period() -> None:

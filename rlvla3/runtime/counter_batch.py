@@ -13,18 +13,39 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlvla3.runtime.registry import Registry
 
 
-class CounterBatch:
-    """What a role counted since the last flush. Thread-safe: env threads count concurrently."""
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    """One numbered flush: what it adds and sets."""
 
-    def __init__(self) -> None:
+    number: int
+    counts: dict[str, int]
+    highs: dict[str, int]
+    ledger: dict[str, int]
+
+
+class CounterBatch:
+    """What a role counted since the last flush. Thread-safe: env threads count concurrently.
+
+    Args:
+        flusher: this process's name for its flushes in Redis (unique per process start):
+            a flush that failed is sent again under its number, and Redis applies each
+            number once (``rlvla3/runtime/flush_once.py``).
+    """
+
+    def __init__(self, flusher: str) -> None:
+        self.flusher = flusher
         self._lock = threading.Lock()
         self._counts: collections.Counter[str] = collections.Counter()
         self._highs: dict[str, int] = {}  # chunk ledger high-water marks
         self._ledger: collections.Counter[str] = collections.Counter()
+        self._next_number = 0
+        self._unsent: _Flush | None = None  # a failed flush: it may or may not have landed
+        self._flushing = threading.Lock()  # one flush at a time, in number order
 
     def add(self, counter: str, amount: int) -> None:
         """Add ``amount`` to run-wide counter ``counter``."""
@@ -34,7 +55,8 @@ class CounterBatch:
     def raise_high(self, field: str, value: int) -> None:
         """Raise chunk ledger high-water mark ``field`` to ``value`` (never lower it)."""
         with self._lock:
-            self._raise(field, value)
+            if value > self._highs.get(field, -1):
+                self._highs[field] = value
 
     def add_to_ledger(self, field: str, amount: int) -> None:
         """Add ``amount`` to chunk ledger field ``field``."""
@@ -42,27 +64,37 @@ class CounterBatch:
             self._ledger[field] += amount
 
     def flush(self, registry: Registry, log: logging.Logger) -> None:
-        """Send everything gathered in one transaction; when it fails, none of it landed, so all
-        of it is kept for the next flush."""
-        with self._lock:
-            counts, self._counts = self._counts, collections.Counter()
-            highs, self._highs = self._highs, {}
-            ledger, self._ledger = self._ledger, collections.Counter()
-        if not (counts or highs or ledger):
-            return
+        """Send everything gathered, in one atomic step. A flush that failed is sent again,
+        under its number, before anything newer: Redis skips it if the first try had landed
+        (its reply lost), so nothing is counted twice or lost."""
+        with self._flushing:
+            if self._unsent is not None and not self._send(self._unsent, registry, log):
+                return  # still down: what is gathered meanwhile waits for its turn
+            self._unsent = None
+            with self._lock:
+                counts, self._counts = self._counts, collections.Counter()
+                highs, self._highs = self._highs, {}
+                ledger, self._ledger = self._ledger, collections.Counter()
+            if not (counts or highs or ledger):
+                return
+            flush = _Flush(self._next_number, dict(counts), highs, dict(ledger))
+            self._next_number += 1
+            if not self._send(flush, registry, log):
+                self._unsent = flush
+
+    def _send(self, flush: _Flush, registry: Registry, log: logging.Logger) -> bool:
         try:
-            registry.flush(dict(counts), highs, dict(ledger))
+            registry.flush(
+                flush.counts,
+                flush.highs,
+                flush.ledger,
+                flusher=self.flusher,
+                number=flush.number,
+            )
         except Exception as err:
             log.warning("counter flush failed, will retry: %s", err)
-            with self._lock:
-                self._counts.update(counts)
-                self._ledger.update(ledger)
-                for field, value in highs.items():
-                    self._raise(field, value)
-
-    def _raise(self, field: str, value: int) -> None:
-        if value > self._highs.get(field, -1):
-            self._highs[field] = value
+            return False
+        return True
 
 
 class DropReports:

@@ -53,6 +53,12 @@ def chunk_ledger(run_id: str) -> str:
     return f"{run_prefix(run_id)}:chunk_ledger"
 
 
+def counter_flush(run_id: str, flusher: str) -> str:
+    """String: the number of the last counter flush applied for ``flusher`` (one role process),
+    so that a flush sent again after its reply was lost is not applied twice."""
+    return f"{run_prefix(run_id)}:counter_flush:{flusher}"
+
+
 def weights(run_id: str) -> str:
     """Hash: ``version`` and ``at`` (unix seconds) of the newest broadcast weights, and
     ``trained``, the newest version a trainer produced."""

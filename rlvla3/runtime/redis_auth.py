@@ -25,11 +25,11 @@ _PASSWORD_LABEL = b"rlvla3 redis password"
 RUN_USER_COMMANDS = (
     # connection set-up (redis-py sends HELLO; CLIENT SETINFO it tolerates being refused)
     "ping", "hello", "select",
-    # what rlvla3/runtime/registry.py sends, and MULTI/EXEC for its transactions
+    # what rlvla3/runtime/registry.py sends, and MULTI/EXEC/WATCH for its transactions
     "get", "set", "del", "exists", "scan",
     "hget", "hgetall", "hset", "hsetnx", "hincrby",
     "sadd", "smembers", "rpush", "lrange", "ltrim",
-    "multi", "exec", "discard",
+    "multi", "exec", "discard", "watch", "unwatch",
     # what rlvla3/runtime/eval_queue.py sends besides (a protocol evaluation's episode list)
     "llen", "lmove", "lrem", "lpush", "srem",
 )  # fmt: skip

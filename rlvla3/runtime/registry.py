@@ -17,6 +17,7 @@ import redis
 
 from rlvla3.config import redis_url
 from rlvla3.runtime import keys
+from rlvla3.runtime.flush_once import flush_once
 from rlvla3.runtime.redis_auth import RedisAuth, as_auth
 from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
@@ -182,21 +183,26 @@ class Registry:
         amounts: dict[str, int],
         ledger_highs: dict[str, int] | None = None,
         ledger_adds: dict[str, int] | None = None,
-    ) -> None:
+        *,
+        flusher: str,
+        number: int,
+    ) -> bool:
         """Add ``amounts`` to the counters, set the chunk ledger's ``ledger_highs`` fields
         (each a high-water mark its one writer only raises) and add ``ledger_adds`` to its
-        other fields, all in one transaction: a role killed at any moment leaves either all
-        of a flush or none of it, so counts and ledger always agree."""
-        pipe = self.redis.pipeline(transaction=True)
-        for name, amount in amounts.items():
-            if amount:
-                pipe.hincrby(keys.counters(self.run_id), name, amount)
-        if ledger_highs:
-            pipe.hset(keys.chunk_ledger(self.run_id), mapping=ledger_highs)
-        for name, amount in (ledger_adds or {}).items():
-            if amount:
-                pipe.hincrby(keys.chunk_ledger(self.run_id), name, amount)
-        pipe.execute()
+        other fields, in one atomic step: a role killed at any moment leaves all of a flush
+        or none of it, so counts and ledger always agree. ``flusher`` (one per role process)
+        numbers its flushes; one not numbered above the last applied is skipped, so a retry
+        whose first try landed unanswered counts once (``rlvla3/runtime/flush_once.py``).
+        Returns whether this call applied it."""
+        return flush_once(
+            self.redis,
+            self.run_id,
+            flusher=flusher,
+            number=number,
+            amounts=amounts,
+            ledger_highs=ledger_highs or {},
+            ledger_adds=ledger_adds or {},
+        )
 
     def chunk_ledger(self) -> dict[str, int]:
         """The chunk ledger's fields (see ``rlvla3/runtime/chunk_ledger.py``)."""

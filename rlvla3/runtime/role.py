@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -118,7 +119,8 @@ class Role(abc.ABC, Generic[SettingsT]):
         self.registry = Registry(cfg.run.redis_url, cfg.run.name, redis_password)
         self._outage = RedisOutage(cfg.run.head_timeout_s)
         self._gauges: dict[str, float] = {}
-        self._counters = CounterBatch()
+        # this process start's flushes (a restarted role numbers its own from 0)
+        self._counters = CounterBatch(f"{self.name}/{index}#{uuid.uuid4().hex[:8]}")
         self._drop_reports = DropReports()
         self._owned: list[Callable[[], object]] = []  # closers of what setup() opened
         self._set_up = False
