@@ -133,6 +133,17 @@ def test_a_one_node_yaml_on_several_hosts_and_two_tasks_per_node_are_refused() -
         find_seat(load_config(None, GROUPS), None, {**slurm_env(0), "SLURM_STEP_NUM_TASKS": "6"})
 
 
+@pytest.mark.parametrize("hosts", ["cpu01", "gpu01,cpu01,cpu02"])
+def test_a_second_task_on_a_host_stops_and_the_first_runs(hosts: str) -> None:
+    """`srun -n 2` on one host: local task 1 would be a second launcher of the whole run (a
+    second head, the same run dir); it is refused, task 0 runs."""
+    cfg = load_config(None, GROUPS)
+    with pytest.raises(ConfigError, match=r"task 1 of this host's step.*--ntasks-per-node=1"):
+        find_seat(cfg, None, {**slurm_env(0, hosts=hosts), "SLURM_LOCALID": "1"})
+    assert find_seat(cfg, None, {**slurm_env(0, hosts="cpu01"), "SLURM_LOCALID": "0"}).is_head
+    assert find_seat(cfg, None, {"SLURM_LOCALID": "1"}).node is None  # not in a step: no Slurm
+
+
 # --- addresses -----------------------------------------------------------------------------------
 def test_loopback_is_refused_in_a_multi_node_run_naming_the_node() -> None:
     cfg = load_config(

@@ -68,6 +68,14 @@ def find_seat(cfg: Config, node_arg: str | None, env: Mapping[str, str] = os.env
         step = SlurmStep.from_env(env)
     except HostListError as err:
         raise ConfigError(f"Slurm: {err}") from None
+    local_task = env.get("SLURM_LOCALID", "0")
+    if step is not None and local_task != "0":
+        # `srun -n 2` on one host: a second launcher of the whole run, a second head, into
+        # the same run dir. Local task 0 runs it; the others stop here, saying why.
+        raise ConfigError(
+            f"Slurm: this is task {local_task} of this host's step; one launcher runs per "
+            "host (its task 0): start the step with srun --ntasks-per-node=1"
+        )
     if step is None or len(step.hosts) == 1:  # no Slurm, or a one-host step (salloc, srun --pty)
         return Seat(node=None, multi_host=False, head=head, single_node=len(nodes) == 1)
     if len(step.hosts) != len(nodes):
