@@ -1,5 +1,5 @@
 """One batch of the rollout server's requests: their observations stacked into one policy batch,
-the requests whose observations are not finite taken out, and each request's reply cut from the
+the requests whose observations are not usable (NaN, inf, absurdly large) taken out, and each request's reply cut from the
 batch's actions.
 
 A batch mixes single-env requests (``ObsRequest``, one row) and group requests
@@ -9,38 +9,24 @@ batch order, so the batch's rows ``sum(rows[:i]) : sum(rows[:i + 1])`` belong to
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
+from rlvla3.algo.number_limits import usable_obs, usable_rows
 from rlvla3.policy.base import NumpyActOutput
 from transport.messages import ActionBatchReply, ActionReply, ObsBatchRequest, ObsRequest
 
 Batch = list[tuple[bytes, Any]]
 """``(sender identity, ObsRequest or ObsBatchRequest)`` pairs, in arrival order."""
 
-_SUMMED_MAX = 256
-"""Float observations up to this size are checked by summing them as Python floats."""
 
-
-def all_finite(obs: dict[str, np.ndarray]) -> bool:
-    """Whether no float observation holds NaN or inf (one check per array).
-
-    A small array of at most 32-bit floats is summed as Python floats (float64) instead of
-    ``np.isfinite(arr).all()``: a NaN or inf makes the sum non-finite, finite values this small
-    cannot overflow it, and at batch 1 the two numpy calls cost five times more.
-    """
-    for arr in obs.values():
-        if arr.dtype.kind != "f":
-            continue
-        if arr.size <= _SUMMED_MAX and arr.dtype.itemsize <= 4:
-            if not math.isfinite(sum(arr.ravel().tolist())):
-                return False
-        elif not np.isfinite(arr).all():
-            return False
-    return True
+def all_usable(obs: dict[str, np.ndarray]) -> bool:
+    """Whether every float observation is finite and of a sane magnitude
+    (``rlvla3/algo/number_limits.py``: a 3e38 observation overflows a model's activations
+    until its sampling fails)."""
+    return usable_obs(obs)
 
 
 def request_rows(req: ObsBatchRequest) -> int | None:
@@ -74,19 +60,19 @@ def stack_observations(
     return obs, rows
 
 
-def without_nonfinite(
+def without_unusable(
     batch: Batch, obs: dict[str, np.ndarray], rows: list[int]
 ) -> tuple[Batch, dict[str, np.ndarray], list[int], list[Any]]:
     """The batch, its observations and row counts without the requests any of whose float
-    observations hold NaN or inf (their actions would be NaN too), and those requests. One
-    check per batch; rows are only looked at when it fails."""
-    if all_finite(obs):
+    observations are not ``all_usable`` (NaN, inf or absurdly large: their actions would be NaN
+    too), and those requests. One check per batch; rows are only looked at when it fails."""
+    if all_usable(obs):
         return batch, obs, rows, []
-    floats = [arr for arr in obs.values() if arr.dtype.kind == "f"]
     total = sum(rows)
     bad = np.zeros(total, bool)
-    for arr in floats:
-        bad |= ~np.isfinite(arr.reshape(total, -1)).all(axis=1)
+    for arr in obs.values():
+        if arr.dtype.kind == "f":
+            bad |= ~usable_rows(arr, total)
     starts = np.cumsum([0, *rows])
     keep_requests, refused, keep_rows = [], [], np.ones(total, bool)
     for i, (start, n) in enumerate(zip(starts[:-1], rows, strict=True)):

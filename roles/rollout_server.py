@@ -42,11 +42,11 @@ from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role, main
 from roles.request_batch import (
-    all_finite,
+    all_usable,
     batch_replies,
     request_rows,
     stack_observations,
-    without_nonfinite,
+    without_unusable,
 )
 from transport.messages import ActionReply, ObsBatchRequest, ObsRequest
 from transport.socket_limits import request_limits
@@ -54,6 +54,7 @@ from transport.sockets import RouterSocket
 from transport.weight_auth import VersionGate, new_link_id
 from transport.weights import FlatLayout, LinkHeader, WeightLink, WeightTarget
 
+_UNUSABLE = "non-finite or absurdly large observation (rlvla3/algo/number_limits.py)"
 _RECEIVER_TIMEOUT_S = 24 * 3600.0  # a link waits as long as the trainer takes between versions
 _STORE_TIMEOUT_S = 60.0  # reaching the broadcaster's store, and each rendezvous step through it
 _RELINK_MIN_S, _RELINK_MAX_S = 0.1, 5.0  # backoff between relinks after a broken link
@@ -298,9 +299,9 @@ class RolloutServer(Role[RolloutServerSettings]):
         if len(batch) == 1 and type(batch[0][1]) is ObsRequest:
             return self._serve_one(*batch[0])
         obs, rows = stack_observations(batch, self.obs_space.spaces)
-        batch, obs, rows, refused = without_nonfinite(batch, obs, rows)
+        batch, obs, rows, refused = without_unusable(batch, obs, rows)
         for req in refused:
-            self.drop("bad_requests", f"request {req.env_key!r:.80}: non-finite observation")
+            self.drop("bad_requests", f"request {req.env_key!r:.80}: {_UNUSABLE}")
         if not batch:
             return 0
         out = self._act(obs)
@@ -313,8 +314,8 @@ class RolloutServer(Role[RolloutServerSettings]):
         """``_serve`` for a batch of one request (every request, when envs are few or slow):
         the same checks and reply with none of the batch's stacking and splitting."""
         obs = {key: req.obs[key][None] for key in self.obs_space.spaces}  # views, no copies
-        if not all_finite(obs):
-            self.drop("bad_requests", f"request {req.env_key!r:.80}: non-finite observation")
+        if not all_usable(obs):
+            self.drop("bad_requests", f"request {req.env_key!r:.80}: {_UNUSABLE}")
             return 0
         out = self._act(obs)
         reply = ActionReply(

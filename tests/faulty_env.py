@@ -1,5 +1,6 @@
 """Simulators that fail on demand (tests only). ``NaNCartPole``: every ``every``-th step returns a
-NaN observation, as an unstable physics step can, and every 4th reset does too.
+broken observation, as an unstable physics step can, NaN and 1e30 (finite, but absurd) in turn,
+and every 4th reset a NaN one.
 ``HangingCartPole``: one step never returns. Importing the module registers them, so a run uses
 them as ``env.id: tests.faulty_env:NaNCartPole-v0``."""
 
@@ -29,7 +30,7 @@ class NaNCartPole(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.steps += 1
         if self.steps % self.every == 0:
-            obs = np.full_like(obs, np.nan)
+            obs = np.full_like(obs, np.nan if (self.steps // self.every) % 2 else 1e30)
         return obs, reward, terminated, truncated, info
 
 

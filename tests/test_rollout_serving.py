@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rlvla3.config.run_config import config_from_dict
-from roles.request_batch import all_finite, stack_observations, without_nonfinite
+from roles.request_batch import all_usable, stack_observations, without_unusable
 from roles.rollout_server import RolloutServer
 from transport.codec import decode, encode
 from transport.messages import ActionReply, ObsBatchRequest, ObsRequest
@@ -66,9 +66,12 @@ def test_a_request_alone_gets_what_it_gets_in_a_batch(server, greedy) -> None:
         assert isinstance(wire, ActionReply) and wire.action == a.action
 
 
-def test_non_finite_observations_are_refused_alone_and_in_a_batch(server) -> None:
+@pytest.mark.parametrize("value", [np.nan, 3e38])
+def test_unusable_observations_are_refused_alone_and_in_a_batch(server, value) -> None:
+    """NaN, and a finite but absurd value (a blown-up simulator's 3e38 overflows a model's
+    activations until its sampling fails): refused and counted, the rest served."""
     role, sent = server
-    bad = (b"bad", _request(9, np.array([0.0, np.nan, 0.0, 0.0])))
+    bad = (b"bad", _request(9, np.array([0.0, value, 0.0, 0.0])))
     assert role._serve([bad]) == 0 and sent == []
     good = [(f"env{i}".encode(), _request(i, np.zeros(4))) for i in range(3)]
     assert role._serve([good[0], bad, *good[1:]]) == 3
@@ -91,20 +94,24 @@ def test_the_torch_path_serves_a_received_request_without_warnings(server) -> No
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-@pytest.mark.parametrize("size", [4, 1000])  # summed as Python floats, and np.isfinite
-def test_the_finite_check_sees_every_nan_and_inf_and_no_large_finite_value(dtype, size) -> None:
-    """``all_finite`` takes a Python-float sum of small float arrays: a NaN or inf anywhere, or
-    infinities that cancel, must still fail it; the largest finite values must not."""
-    big = np.full((1, size), np.finfo(dtype).max, dtype)
-    assert all_finite({"state": big, "image": np.full((1, 3), 255, np.uint8)})
-    assert all_finite({"state": -big})
-    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+@pytest.mark.parametrize("size", [4, 1000])  # checked as Python floats, and in numpy
+def test_the_usable_check_sees_every_nan_inf_and_absurd_value(dtype, size) -> None:
+    """``all_usable`` checks small float arrays as Python floats: a NaN, inf or value beyond
+    1e9 anywhere must fail it; values up to the limit must not."""
+    from rlvla3.algo.number_limits import MAX_OBS_MAGNITUDE
+
+    largest = min(MAX_OBS_MAGNITUDE, float(np.finfo(dtype).max))  # float16's: 65504
+    big = np.full((1, size), largest, dtype)
+    assert all_usable({"state": big, "image": np.full((1, 3), 255, np.uint8)})
+    assert all_usable({"state": -big})
+    absurd = [] if dtype is np.float16 else [[3e38], [-2e9]]
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf], *absurd):
         arr = np.zeros((1, size), dtype)
         arr[0, : len(bad)] = bad
-        assert not all_finite({"image": np.zeros((1, 3), np.uint8), "state": arr}), bad
+        assert not all_usable({"image": np.zeros((1, 3), np.uint8), "state": arr}), bad
 
 
-def test_a_mixed_batch_stacks_in_order_and_loses_only_the_non_finite_requests() -> None:
+def test_a_mixed_batch_stacks_in_order_and_loses_only_the_unusable_requests() -> None:
     """Single and group requests stack row after row; a group with one non-finite row is taken
     out whole, its rows with it, and the other requests keep their rows in order."""
     states = np.arange(6 * 2, dtype=np.float32).reshape(6, 2)
@@ -118,7 +125,7 @@ def test_a_mixed_batch_stacks_in_order_and_loses_only_the_non_finite_requests() 
     ]
     obs, rows = stack_observations(batch, ["state"])
     assert rows == [1, 2, 2, 1] and obs["state"].shape == (6, 2)
-    kept, obs, rows, refused = without_nonfinite(batch, obs, rows)
+    kept, obs, rows, refused = without_unusable(batch, obs, rows)
     assert [identity for identity, _ in kept] == [b"a", b"b", b"d"] and rows == [1, 2, 1]
     assert [req.request_id for req in refused] == [2]
     np.testing.assert_array_equal(obs["state"], states[[0, 1, 2, 5]])

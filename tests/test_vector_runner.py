@@ -226,7 +226,7 @@ def test_a_vector_group_that_starts_from_a_non_finite_observation_fails_its_work
 
 def test_a_fault_resets_only_its_env_in_a_gymnasium_vector_env() -> None:
     """NaNCartPole (tests/faulty_env.py) under gymnasium's sync vector env: every 40th step of
-    an env gives a NaN observation and every 4th reset a NaN first one. Each fault cuts that
+    an env gives a NaN or 1e30 observation and every 4th reset a NaN first one. Each fault cuts that
     env's episode and resets that env alone (again while its reset is broken); no NaN reaches
     a request or a chunk, and the other envs' episodes go on."""
     import tests.faulty_env  # noqa: F401  (registers NaNCartPole-v0)
@@ -235,7 +235,7 @@ def test_a_fault_resets_only_its_env_in_a_gymnasium_vector_env() -> None:
     assert host.counters["sim_faults"] >= 10
     assert len(host.chunks) >= 20 and len(host.episodes) >= 10
     for chunk in host.chunks:
-        assert np.isfinite(chunk.obs["state"]).all() and np.isfinite(chunk.rewards).all()
+        assert (np.abs(chunk.obs["state"]) < 1e9).all() and np.isfinite(chunk.rewards).all()
     # a fault-cut episode is a truncation; the env's next chunk starts a fresh episode
     assert sum(c.truncated.any() for c in host.chunks) >= 10
 

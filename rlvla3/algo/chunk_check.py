@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
+from rlvla3.algo.number_limits import MAX_MAGNITUDE, MAX_OBS_MAGNITUDE
 from rlvla3.policy.base import ActionSpec
 from transport.messages import TrajectoryChunk
 
@@ -26,16 +27,6 @@ _PER_STEP = {  # field -> the kind of numbers it must hold
     "policy_versions": "iu",
 }
 
-
-MAX_MAGNITUDE = 1e6
-"""Largest magnitude a chunk's rewards, values, log-probs and continuous actions may have. No
-env's reward or critic's value comes near it, and one far beyond it (1e20: finite, but its
-square overflows float32) would swamp the batch's advantage normalisation, zeroing every other
-sample's advantage, or turn the losses infinite."""
-
-MAX_OBS_MAGNITUDE = 1e9
-"""Largest magnitude of a float observation: simulators' declared bounds are often loose, so
-floats are held only to this (squares of anything below it stay finite in float32)."""
 
 _LOG_PROB_SLACK = 1e-3
 """How far above 0 a discrete action's log-prob may be (float32 sums of per-token log-probs

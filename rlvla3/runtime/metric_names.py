@@ -22,7 +22,7 @@ COUNTERS: dict[str, str] = {
     "request_timeouts": "action requests unanswered within request_timeout_s and re-sent",
     "bad_replies": "rollout servers' replies refused by an env worker: rows that do not match the request, non-finite log-probs or values, an impossible policy_version (the request is re-sent)",
     "backpressure_pauses": "times envs paused because too many chunks waited for a trainer",
-    "sim_faults": "simulator steps or resets that returned NaN/inf (episode cut, env reset)",
+    "sim_faults": "simulator steps or resets that returned NaN/inf or absurdly large numbers (rlvla3/algo/number_limits.py; episode cut, env reset)",
     # eval env worker (periodic evaluation, run.eval)
     "eval_env_steps": "simulator steps of periodic evaluation (not in env_steps)",
     "eval_episodes": "held-out episodes finished by periodic evaluation, or protocol episodes by `rlvla3 eval`",
@@ -31,7 +31,7 @@ COUNTERS: dict[str, str] = {
     "eval_rounds_void": "evaluations given up because the eval rollout server changed weights mid-round (it restarted)",
     # rollout servers
     "requests_served": "action requests answered",
-    "bad_requests": "requests refused: not an observation request, wrong shape or dtype, NaN/inf",
+    "bad_requests": "requests refused: not an observation request, wrong shape or dtype, NaN/inf or absurdly large floats",
     "weight_relinks": "times a rollout server re-formed its weight link",
     "weight_links_failed": "weight links the broadcaster could not form: no server joined within link_timeout_s (a stale record, or a server linked to another store), or the first send failed; not tried again under that id",
     "weight_sends_late": "weight sends to one rollout server that outlived the broadcaster's send_deadline_s (the server frozen or slow; its link waits aside until the send ends)",

@@ -3,7 +3,7 @@
 
 One policy call is one transition, a macro-action: the env executes the chunk's steps in order
 and stops at the step that ends its episode (a terminal state, a time limit, or a simulator
-fault: a non-finite observation or reward), dropping the rest of the chunk. An episode that
+fault: a non-finite or absurdly large observation or reward), dropping the rest of the chunk. An episode that
 ignores terminations (ManiSkill's fair evaluation, ``ignore_terminations``) plays on through a
 terminal state to its time limit, so its chunks do too. The transition's reward is the sum of
 the executed steps' rewards, its episode end and ``info`` the last executed step's, and
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from roles.env.env_slot import finite
+from rlvla3.algo.number_limits import usable_step
 from sim.adapter import Obs, SimAdapter
 from sim.env_group import EnvGroup, SeparateEnvs, Stepped
 
@@ -74,7 +74,7 @@ def execute_chunk(
         if info.get("success") is not None:
             succeeded = bool(succeeded) or bool(info["success"])
         ended = terminated and not ignore_terminations
-        if ended or truncated or not finite(obs, step_reward):
+        if ended or truncated or not usable_step(obs, step_reward):
             break  # the rest of the chunk is dropped
     if succeeded is not None:
         info = {**info, SUCCESS_IN_CHUNK: succeeded}

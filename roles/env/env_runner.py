@@ -9,9 +9,8 @@ each other, except in ``sync`` mode's lock-step (``Pacing``).
 
 from __future__ import annotations
 
-import math
-
-from roles.env.env_slot import EnvSlot, Step, finite, reset_until_finite, stacked
+from rlvla3.algo.number_limits import usable_obs, usable_reward, usable_step
+from roles.env.env_slot import EnvSlot, Step, reset_until_usable, stacked
 from roles.env.episode_queue import FinishedEpisode
 from roles.env.policy_client import Act
 from roles.env.runner_thread import RunnerParts
@@ -66,19 +65,19 @@ class EnvRunner:
 
     def _reset(self, slot: EnvSlot) -> Obs:
         parts = self.parts
-        return reset_until_finite(slot, self.envs, parts.meter, parts.counters, parts.env_id)
+        return reset_until_usable(slot, self.envs, parts.meter, parts.counters, parts.env_id)
 
     def _record(self, slot: EnvSlot, act: Act, res: Stepped) -> tuple[bool, bool]:
         """Record one env's step; returns (episode ended, by a simulator fault)."""
         reward, terminated, truncated = res.reward, res.terminated, res.truncated
-        fault = not finite(res.obs, reward)
-        if fault:  # a simulator blow-up (NaN/inf): cut the episode here, as a truncation
+        fault = not usable_step(res.obs, reward)
+        if fault:  # a simulator blow-up (NaN, inf, 1e30): cut the episode here, as a truncation
             self.parts.counters.drop(
                 "sim_faults",
                 f"env {slot.env_index}: the simulator returned a "
-                "non-finite observation or reward; episode cut there, env reset",
+                "non-finite (or absurdly large) observation or reward; episode cut there, env reset",
             )
-            reward = reward if math.isfinite(reward) else 0.0
+            reward = reward if usable_reward(reward) else 0.0
             terminated, truncated = False, True
         slot.add(Step(slot.obs, act, reward, terminated, truncated, res.sim_steps))
         return terminated or truncated, fault
@@ -123,7 +122,7 @@ class EnvRunner:
             )
         )
         slot.episode_return, slot.episode_len = 0.0, 0
-        if res.reset_obs is not None and not slot.grouped and finite(res.reset_obs, 0.0):
+        if res.reset_obs is not None and not slot.grouped and usable_obs(res.reset_obs):
             slot.obs = res.reset_obs  # a vector env reset it already
         else:
             slot.obs = self._reset(slot)

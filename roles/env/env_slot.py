@@ -3,12 +3,12 @@ so far, its unsent transitions, and its resets, which a broken simulator may nee
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from rlvla3.algo.grpo import GroupRounds
+from rlvla3.algo.number_limits import usable_obs
 from roles.env.chunk_sink import ChunkStream, Transitions
 from roles.env.policy_client import Act
 from roles.env.role_counters import RoleCounters
@@ -16,14 +16,8 @@ from roles.env.sim_meter import SimMeter
 from sim.env_group import EnvGroup
 
 RESET_TRIES = 10
-"""Resets in a row that may return a non-finite observation before the env fails its worker."""
-
-
-def finite(obs: dict[str, np.ndarray], reward: float) -> bool:
-    """True when the reward and every float observation are finite."""
-    if not math.isfinite(reward):
-        return False
-    return all(np.isfinite(v).all() for v in obs.values() if v.dtype.kind == "f")
+"""Resets in a row that may return an unusable observation (``rlvla3/algo/number_limits.py``)
+before the env fails its worker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +98,7 @@ class EnvSlot:
         return seed
 
 
-def reset_until_finite(
+def reset_until_usable(
     slot: EnvSlot,
     envs: EnvGroup,
     meter: SimMeter,
@@ -113,21 +107,23 @@ def reset_until_finite(
     seed: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Reset ``slot``'s env (``seed``: its next episode's), again (unseeded) while it returns a
-    non-finite observation (a broken state); an env that keeps doing so fails its worker."""
+    non-finite or absurdly large observation (a broken state); an env that keeps doing so fails
+    its worker."""
     for _ in range(RESET_TRIES):
         # (a group's envs meet the same broken start state and all move on to the next)
         if slot.grouped:
             seed = slot.next_group_seed()
         with meter.inside():
             obs = envs.reset(slot.position, seed=seed)
-        if finite(obs, 0.0):
+        if usable_obs(obs):
             return obs
         counters.drop(
             "sim_faults",
-            f"env {slot.env_index}: reset returned a non-finite observation; resetting again",
+            f"env {slot.env_index}: reset returned a non-finite or absurdly large observation; "
+            "resetting again",
         )
         seed = None
     raise RuntimeError(
         f"env {slot.env_index} ({env_id}): {RESET_TRIES} resets in a "
-        "row returned non-finite observations"
+        "row returned non-finite or absurdly large observations"
     )

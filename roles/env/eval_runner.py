@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from roles.env.env_slot import EnvSlot, finite, reset_until_finite
+from rlvla3.algo.number_limits import usable_step
+from roles.env.env_slot import EnvSlot, reset_until_usable
 from roles.env.eval_rounds import EvalEpisode, EvalRounds
 from roles.env.runner_thread import RunnerParts
 from sim.env_group import EnvGroup
@@ -38,7 +39,7 @@ class EvalRunner:
         """Play one held-out episode; None if its round ended or its weights changed."""
         parts = self.parts
         seed = self.seed + episode.index
-        obs = reset_until_finite(
+        obs = reset_until_usable(
             self.slot, self.envs, parts.meter, parts.counters, parts.env_id, seed
         )
         total, length = 0.0, 0
@@ -52,7 +53,7 @@ class EvalRunner:
             obs = res.obs
             total += res.reward
             length += res.sim_steps
-            if not finite(obs, res.reward):  # a simulator blow-up ends the episode, unsuccessful
+            if not usable_step(obs, res.reward):  # a simulator blow-up: the episode ends, failed
                 return {"return": total, "length": length, "success": False}
             if res.terminated or res.truncated:
                 result: dict[str, Any] = {"return": total, "length": length}

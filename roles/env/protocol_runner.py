@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from rlvla3.algo.number_limits import usable_obs, usable_step
 from rlvla3.runtime.eval_queue import EvalQueue
 from roles.env.action_chunks import SUCCESS_IN_CHUNK, ActionChunkEnvs
-from roles.env.env_slot import finite
 from roles.env.runner_thread import RunnerParts
 from sim.adapter import Obs
 from sim.env_group import EnvGroup, SeparateEnvs, Stepped
@@ -111,7 +111,7 @@ class ProtocolRunner:
             obs = envs.reset(0, seed=episode.seed)
         frames: list[np.ndarray] | None = [] if episode.index < self.num_videos else None
         outcome = _Outcome()
-        while finite(obs, 0.0):
+        while usable_obs(obs):
             if frames is not None and "image" in obs:
                 frames.append(obs["image"])
             if parts.stop_event.is_set():
@@ -152,7 +152,7 @@ class _Outcome:
             # an action chunk's info is its last step's: an earlier step's success is aside
             during = bool(res.info.get(SUCCESS_IN_CHUNK, success))
             self.success_once = self.success_once or self.success_at_end or during
-        if not finite(res.obs, res.reward):
+        if not usable_step(res.obs, res.reward):
             self.fault = True
             return True
         limit = episode.max_steps is not None and self.length >= episode.max_steps

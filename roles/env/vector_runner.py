@@ -8,16 +8,17 @@ whole-array writes; Python touches a single env only where that env's chunk or e
 
 What it records is what ``EnvRunner`` records for the same steps: chunks of ``env.chunk_len``
 transitions per env, cut at episode ends, numbered per env, with the bootstrap value of the
-observation that follows; a simulator fault (non-finite observation or reward) cuts the episode
-as a truncation and resets that env (where the vector env can reset one env:
-``VectorEnvs.reset_rows``); a native vector env's reset step (``VectorStep.restarted``) is no
-transition.
+observation that follows; a simulator fault (a non-finite or absurdly large observation or
+reward: ``rlvla3/algo/number_limits.py``) cuts the episode as a truncation and resets that
+env (where the vector env can reset one env: ``VectorEnvs.reset_rows``); a native vector
+env's reset step (``VectorStep.restarted``) is no transition.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rlvla3.algo.number_limits import MAX_MAGNITUDE, usable_rows
 from roles.env.chunk_sink import ChunkStream
 from roles.env.env_slot import RESET_TRIES
 from roles.env.episode_queue import FinishedEpisode
@@ -106,11 +107,11 @@ class VectorRunner:
     def _faults(
         self, step: VectorStep, recorded: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Rewards and episode ends with simulator faults (a non-finite observation or reward)
+        """Rewards and episode ends with simulator faults (a non-finite or absurd observation or reward)
         cut as truncations (reward 0 where it was not finite), and which rows faulted."""
         rewards, terminated, truncated = step.rewards, step.terminated, step.truncated
-        finite_rewards = np.isfinite(rewards)
-        finite_obs = np.isfinite(step.last_obs).all(axis=1)
+        finite_rewards = np.abs(rewards) <= np.float64(MAX_MAGNITUDE)  # (NaN fails it too)
+        finite_obs = usable_rows(step.last_obs, len(step.last_obs))
         faults = recorded & ~(finite_rewards & finite_obs)
         if not faults.any():
             return rewards, terminated, truncated, faults
@@ -118,7 +119,7 @@ class VectorRunner:
             self.parts.counters.drop(
                 "sim_faults",
                 f"env {self.streams[i].env_index}: the simulator returned a "
-                "non-finite observation or reward; episode cut there",
+                "non-finite (or absurdly large) observation or reward; episode cut there",
             )
         rewards = np.where(finite_rewards, rewards, 0.0)
         return rewards, terminated & ~faults, truncated | faults, faults
@@ -130,13 +131,13 @@ class VectorRunner:
         observation to start from, and every env a fault cut (rows ``faults``) was reset.
 
         Gymnasium's sync and async vector envs reset those envs alone, again (up to
-        ``RESET_TRIES`` times) while a reset gives a non-finite observation. A native vector
+        ``RESET_TRIES`` times) while a reset gives an unusable observation. A native vector
         env cannot reset one env: a fault-cut env goes on from where it was, and one that would
-        start from a non-finite observation fails the worker, which its supervisor restarts.
+        start from an unusable observation fails the worker, which its supervisor restarts.
         """
         redo = faults.copy()
         for attempt in range(RESET_TRIES + 1):
-            broken = starting & ~np.isfinite(obs).all(axis=1)
+            broken = starting & ~usable_rows(obs, len(obs))
             if not (redo | broken).any():
                 return obs
             if attempt == RESET_TRIES:
@@ -153,13 +154,13 @@ class VectorRunner:
             for i in np.flatnonzero(broken & ~redo):  # (a fault-cut env was counted already)
                 self.parts.counters.drop(
                     "sim_faults",
-                    f"env {self.streams[i].env_index}: non-finite observation to start an "
-                    "episode from; resetting again",
+                    f"env {self.streams[i].env_index}: non-finite (or absurdly large) "
+                    "observation to start an episode from; resetting again",
                 )
             obs, redo = fresh, np.zeros_like(faults)
         raise RuntimeError(
             f"envs {self._env_indices(broken)} ({self.parts.env_id}): {RESET_TRIES} resets in "
-            "a row returned non-finite observations"
+            "a row returned non-finite or absurdly large observations"
         )
 
     def _env_indices(self, rows: np.ndarray) -> list[int]:
