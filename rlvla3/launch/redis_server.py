@@ -155,11 +155,7 @@ class EmbeddedRedis:
         try:
             if self.host is not None and not self.port:
                 self.port = _free_port(self.host)
-            conf = self.directory / "redis.conf"
-            if self.tls is not None:
-                run_secret.write_private(self.directory / "tls.crt", self.tls.cert_pem)
-                run_secret.write_private(self.directory / "tls.key", self.tls.key_pem)
-            run_secret.write_private(conf, self._config_text())
+            conf = self._write_secret_files()
             args = [self.binary, str(conf)]
             setpriv = shutil.which("setpriv")
             if setpriv:  # dies with the launcher instead of outliving it (util-linux, Linux)
@@ -170,7 +166,27 @@ class EmbeddedRedis:
             self.stop()  # removes the directory, password file included
             raise
         self._wait_ready()
+        self._remove_secret_files()
         return self
+
+    def _write_secret_files(self) -> Path:
+        """Write the config (the run user's password is in it) and the TLS certificate and
+        key, each 0600, for redis-server to read at start; returns the config's path."""
+        assert self.directory is not None
+        if self.tls is not None:
+            run_secret.write_private(self.directory / "tls.crt", self.tls.cert_pem)
+            run_secret.write_private(self.directory / "tls.key", self.tls.key_pem)
+        conf = self.directory / "redis.conf"
+        run_secret.write_private(conf, self._config_text())
+        return conf
+
+    def _remove_secret_files(self) -> None:
+        """Remove what ``_write_secret_files`` wrote once redis-server has read it: a launcher
+        killed with SIGKILL never removes its directory, and its password and TLS key must not
+        stay behind in /tmp (the server keeps them in memory; ``restart`` writes them again)."""
+        assert self.directory is not None
+        for name in ("redis.conf", "tls.crt", "tls.key"):
+            (self.directory / name).unlink(missing_ok=True)
 
     def _spawn(self) -> None:
         with open(self.directory / "redis.log", "ab") as log:
@@ -196,8 +212,12 @@ class EmbeddedRedis:
         if self.process is not None:
             self.process.wait()
         (self.directory / "redis.sock").unlink(missing_ok=True)
-        self._spawn()
-        self._wait_ready(stop_on_failure=False)
+        self._write_secret_files()
+        try:
+            self._spawn()
+            self._wait_ready(stop_on_failure=False)
+        finally:
+            self._remove_secret_files()
 
     def _config_text(self) -> str:
         tcp = self.host is not None and self.tls is None
