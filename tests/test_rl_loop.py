@@ -227,7 +227,10 @@ def test_simulator_blow_ups_cut_episodes_and_lose_nothing(tmp_path, redis_url, m
     assert c["sim_faults"] >= 10 and c["updates"] >= 2
     assert not c.get("bad_chunks") and not c.get("bad_requests")
     assert_no_chunk_lost(registry, c)
-    assert "non-finite observation" in (run_dir / "logs" / "env_worker-0.log").read_text()
+    assert (
+        "non-finite (or absurdly large) observation"
+        in (run_dir / "logs" / "env_worker-0.log").read_text()
+    )
 
 
 def test_periodic_evaluation_runs_beside_training_on_held_out_episodes(tmp_path, redis_url) -> None:
