@@ -110,6 +110,27 @@ def test_a_batch_reply_is_held_to_the_rows_asked_for() -> None:
     assert reply_problem(batch(3, env_actions=np.zeros((4, 2))), 3).startswith("env_actions:")
     assert reply_problem(batch(3, values=np.zeros((3, 1), np.float32)), 3).startswith("values:")
     assert reply_problem(batch(3, policy_version=-1), 3).startswith("policy_version -1")
+    # absurd numbers: the trainer would refuse every chunk holding one (data lost)
+    huge = np.array([0, 1e30, 0], np.float32)
+    assert reply_problem(batch(3, values=huge), 3).startswith("values: float32[3], expected 3")
+    continuous = np.zeros((3, 2), np.float32)
+    assert reply_problem(batch(3, actions=continuous), 3) is None
+    continuous[1, 0] = np.nan
+    assert reply_problem(batch(3, actions=continuous), 3) == "actions: not finite or beyond 1e+06"
+    assert reply_problem(batch(3, env_actions=np.full((3, 2), 2e6)), 3).startswith("env_actions")
+
+
+def test_a_single_reply_is_held_to_sane_numbers() -> None:
+    from roles.env.policy_client import reply_problem
+
+    good = _reply(1, action=2)
+    assert reply_problem(good, None) is None
+    for changes in ({"value": 1e30}, {"log_prob": -float("inf")}, {"log_prob": float("nan")}):
+        assert reply_problem(msgspec.structs.replace(good, **changes), None).startswith(
+            "log_prob, value: not finite or beyond"
+        )
+    sampled = msgspec.structs.replace(good, action=np.full(2, 3e38, np.float32))
+    assert reply_problem(sampled, None) == "action: not finite or beyond 1e+06"
 
 
 def test_pacing_holds_runners_during_back_pressure_and_asks_again_after() -> None:

@@ -20,7 +20,7 @@ COUNTERS: dict[str, str] = {
     "action_wait_us": "time envs waited for actions, in µs (÷ action_requests: the mean round trip)",
     "env_step_us": "time spent in the simulators' step, in µs",
     "request_timeouts": "action requests unanswered within request_timeout_s and re-sent",
-    "bad_replies": "rollout servers' replies refused by an env worker: rows that do not match the request, non-finite log-probs or values, an impossible policy_version (the request is re-sent)",
+    "bad_replies": "rollout servers' replies refused by an env worker: rows that do not match the request, non-finite or absurd (beyond 1e6) log-probs, values or continuous actions, an impossible policy_version (the request is re-sent)",
     "backpressure_pauses": "times envs paused because too many chunks waited for a trainer",
     "sim_faults": "simulator steps or resets that returned NaN/inf or absurdly large numbers (rlvla3/algo/number_limits.py; episode cut, env reset)",
     # eval env worker (periodic evaluation, run.eval)

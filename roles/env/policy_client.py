@@ -4,13 +4,13 @@ until a live server answers it."""
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlvla3.algo.number_limits import MAX_MAGNITUDE, usable
 from roles.env.peers import Peers
 from roles.env.role_counters import RoleCounters
 from transport import sockets
@@ -42,15 +42,20 @@ MAX_POLICY_VERSION = 2**62
 would overflow the chunks' int64 version arrays."""
 
 
+def usable_number(value: float) -> bool:
+    """Whether a log-prob or value is finite and within ``MAX_MAGNITUDE``."""
+    return -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE
+
+
 def reply_problem(reply: ActionReply | ActionBatchReply, rows: int | None) -> str | None:
     """Why a rollout server's reply to a request of ``rows`` observations (None: one) cannot
     be acted on, naming the field; None if it can."""
     if not 0 <= reply.policy_version <= MAX_POLICY_VERSION:
         return f"policy_version {reply.policy_version}: outside [0, 2**62]"
     if isinstance(reply, ActionReply):
-        if not (math.isfinite(reply.log_prob) and math.isfinite(reply.value)):
-            return "log_prob, value: not finite"
-        return None
+        if not (usable_number(reply.log_prob) and usable_number(reply.value)):
+            return f"log_prob, value: not finite or beyond {MAX_MAGNITUDE:.0e}"
+        return _float_actions_problem({"action": reply.action, "env_action": reply.env_action})
     fields = {"actions": reply.actions, "log_probs": reply.log_probs, "values": reply.values}
     if reply.env_actions is not None:
         fields["env_actions"] = reply.env_actions
@@ -59,8 +64,20 @@ def reply_problem(reply: ActionReply | ActionBatchReply, rows: int | None) -> st
             return f"{name}: {arr.dtype}{list(arr.shape)} for {rows} observations"
     for name in ("log_probs", "values"):
         arr = fields[name]
-        if arr.ndim != 1 or arr.dtype.kind != "f" or not np.isfinite(arr).all():
-            return f"{name}: {arr.dtype}{list(arr.shape)}, expected {rows} finite floats"
+        if arr.ndim != 1 or arr.dtype.kind != "f" or not usable(arr, MAX_MAGNITUDE):
+            return (
+                f"{name}: {arr.dtype}{list(arr.shape)}, expected {rows} finite floats "
+                f"within {MAX_MAGNITUDE:.0e}"
+            )
+    return _float_actions_problem({"actions": reply.actions, "env_actions": reply.env_actions})
+
+
+def _float_actions_problem(actions: dict[str, np.ndarray | None]) -> str | None:
+    """Why continuous actions cannot be stepped and trained on (NaN, inf, or beyond
+    ``MAX_MAGNITUDE``: the trainer would refuse the whole chunk), None if they can."""
+    for name, arr in actions.items():
+        if arr is not None and arr.dtype.kind == "f" and not usable(arr, MAX_MAGNITUDE):
+            return f"{name}: not finite or beyond {MAX_MAGNITUDE:.0e}"
     return None
 
 
