@@ -142,6 +142,9 @@ def test_a_second_task_on_a_host_stops_and_the_first_runs(hosts: str) -> None:
         find_seat(cfg, None, {**slurm_env(0, hosts=hosts), "SLURM_LOCALID": "1"})
     assert find_seat(cfg, None, {**slurm_env(0, hosts="cpu01"), "SLURM_LOCALID": "0"}).is_head
     assert find_seat(cfg, None, {"SLURM_LOCALID": "1"}).node is None  # not in a step: no Slurm
+    # `rlvla3 eval`: several evaluations of one step may share a host, each its own --out
+    second_eval = {**slurm_env(0, hosts="cpu01"), "SLURM_LOCALID": "1"}
+    assert find_seat(cfg, None, second_eval, alone_on_host=False).node is None
 
 
 # --- addresses -----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def test_an_outage_starts_once_and_ends_when_redis_answers() -> None:
 
 
 class _Registry:
-    """Applies each flush number once, as the Redis script does; ``fail``: the next call raises,
+    """Applies each flush number once, as ``rlvla3/runtime/flush_once.py`` does; ``fail``: the next call raises,
     ``lose_reply``: the next call applies the flush and then raises (its reply lost)."""
 
     def __init__(self) -> None:

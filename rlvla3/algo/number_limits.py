@@ -10,6 +10,8 @@ trainer refuses a chunk that holds one (``bad_chunks``); all three use these lim
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 MAX_MAGNITUDE = 1e6
@@ -20,23 +22,33 @@ MAX_OBS_MAGNITUDE = 1e9
 """Largest magnitude of a float observation: simulators' declared bounds are often loose, so
 floats are held only to this (squares of anything below it stay finite in float32)."""
 
-_SUMMED_MAX = 256
+_PYTHON_MAX = 32
 """Float arrays up to this size are checked as Python floats (at a rollout server's batch of
-one, numpy's per-call overhead costs five times more)."""
+one, numpy's per-call overhead costs more; beyond about 32 values numpy is faster)."""
 
 
 def usable(arr: np.ndarray, limit: float = MAX_OBS_MAGNITUDE) -> bool:
     """Whether every number of a float array is finite and at most ``limit`` in magnitude."""
-    if arr.size <= _SUMMED_MAX:
-        # (a NaN fails every comparison, so it fails this one too)
-        return all(-limit <= value <= limit for value in arr.ravel().tolist())
-    # (a float64 limit: a Python float would be cast to the array's dtype, float16's 1e9 = inf)
-    return bool((np.abs(arr) <= np.float64(limit)).all())
+    if arr.size <= _PYTHON_MAX:
+        values = arr.ravel().tolist()
+        # a NaN or inf makes the sum non-finite (finite values this few cannot overflow it)
+        return math.isfinite(sum(values)) and -limit <= min(values) and max(values) <= limit
+    return bool((np.abs(arr) <= _bound(arr, limit)).all())
 
 
 def usable_rows(arr: np.ndarray, rows: int, limit: float = MAX_OBS_MAGNITUDE) -> np.ndarray:
-    """bool[rows]: which of ``arr``'s leading ``rows`` rows are ``usable``."""
-    return (np.abs(arr.reshape(rows, -1)) <= np.float64(limit)).all(axis=1)
+    """bool[rows]: which of ``arr``'s leading ``rows`` rows are ``usable`` (all of them for an
+    array that is not float: integers are exact)."""
+    if arr.dtype.kind != "f":
+        return np.ones(rows, bool)
+    return (np.abs(arr.reshape(rows, -1)) <= _bound(arr, limit)).all(axis=1)
+
+
+def _bound(arr: np.ndarray, limit: float) -> np.generic:
+    """``limit`` as the scalar to compare ``arr`` with: in the array's own float type (no
+    upcast of a large float32 array), float64 for float16 (whose largest is 65504: a Python
+    float would be cast to inf)."""
+    return np.float64(limit) if arr.dtype.itemsize < 4 else arr.dtype.type(limit)
 
 
 def usable_reward(reward: float) -> bool:

@@ -51,9 +51,17 @@ class Seat:
         return self.node.name if self.node is not None else "local"
 
 
-def find_seat(cfg: Config, node_arg: str | None, env: Mapping[str, str] = os.environ) -> Seat:
+def find_seat(
+    cfg: Config,
+    node_arg: str | None,
+    env: Mapping[str, str] = os.environ,
+    *,
+    alone_on_host: bool = True,
+) -> Seat:
     """This launcher's seat: ``--node`` when given, else Slurm's node id for a multi-node YAML,
-    else every node on this host.
+    else every node on this host. ``alone_on_host``: a second task of a Slurm step on this host
+    is refused (``rlvla3 launch``: it would be a second head of the same run); ``rlvla3 eval``
+    passes False, several evaluations into their own ``--out`` sharing a host being fine.
 
     Raises:
         ConfigError: an unknown node, or an allocation that does not fit the YAML's nodes (one
@@ -69,7 +77,7 @@ def find_seat(cfg: Config, node_arg: str | None, env: Mapping[str, str] = os.env
     except HostListError as err:
         raise ConfigError(f"Slurm: {err}") from None
     local_task = env.get("SLURM_LOCALID", "0")
-    if step is not None and local_task != "0":
+    if alone_on_host and step is not None and local_task != "0":
         # `srun -n 2` on one host: a second launcher of the whole run, a second head, into
         # the same run dir. Local task 0 runs it; the others stop here, saying why.
         raise ConfigError(

@@ -117,7 +117,9 @@ def evaluate(request: EvalRequest, echo: Callable[[str], None] = print) -> int:
         listed = [e.to_dict() for e in todo]
         hooks = ProtocolHooks(protocol, run_dir / EPISODES_FILE, listed, request.workers)
         hooks.count_earlier(done.values())
-        code = Launcher(cfg, run_dir, find_seat(cfg, None), echo=echo, hooks=hooks).run()
+        code = Launcher(
+            cfg, run_dir, find_seat(cfg, None, alone_on_host=False), echo=echo, hooks=hooks
+        ).run()
     report = build_report(protocol, read_episodes(run_dir / EPISODES_FILE), meta)
     path = write_report(run_dir, report)
     echo(table(report))
