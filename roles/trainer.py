@@ -91,7 +91,9 @@ class Trainer(TrainingRole[TrainerSettings]):
             return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
-        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent)
+        self.accounting = ChunkAccounting(
+            self, self._flush_counters, resent=resent, together=self._counters.together
+        )
         self.accounting.write_off_dead_buffer()
         self.chunks = self.own(
             sockets.pull(

@@ -97,3 +97,33 @@ def test_drops_are_reported_at_most_once_per_period() -> None:
     assert reports.due("bad_frames") is None  # still inside the period
     now[0] += 0.2
     assert reports.due("bad_frames") == 3
+
+
+def test_what_is_counted_together_lands_in_one_flush() -> None:
+    """A chunk's fate and the settled mark that releases it are counted in one ``together``
+    block: a flush from another thread (the heartbeat's) never takes one without the other."""
+    import threading
+
+    batch, log, registry = CounterBatch("trainer/0#ab"), logging.getLogger("test"), _Registry()
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.is_set():
+            batch.flush(registry, log)  # type: ignore[arg-type]
+
+    flusher = threading.Thread(target=heartbeat)
+    flusher.start()
+    try:
+        for settled in range(1, 30_001):
+            with batch.together():
+                batch.add("chunks_consumed", 1)
+                batch.raise_high("settled|p", settled)
+    finally:
+        done.set()
+        flusher.join()
+    batch.flush(registry, log)  # type: ignore[arg-type]
+    consumed = 0
+    for counts, highs, _ in registry.flushed:
+        consumed += counts.get("chunks_consumed", 0)
+        assert highs.get("settled|p") == consumed  # every flush: counts and mark agree
+    assert consumed == 30_000 and len(registry.flushed) > 1

@@ -12,9 +12,11 @@ as pushed that never arrived.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 
@@ -81,14 +83,22 @@ class ChunkAccounting:
             backlog there, which must not lag behind this trainer's own counts).
         resent: env workers keep resend buffers (``resend_buffer_chunks`` > 0), so a killed
             trainer's buffer is delivered again rather than lost.
+        together: a block whose counts and ledger changes go into one flush
+            (``CounterBatch.together``): what settles a chunk lands whole or not at all.
     """
 
     def __init__(
-        self, role: Role, flush_counters: Callable[[], None], *, resent: bool = True
+        self,
+        role: Role,
+        flush_counters: Callable[[], None],
+        *,
+        resent: bool = True,
+        together: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.role = role
         self.me = f"{role.name}/{role.index}"
         self._flush_counters = flush_counters
+        self._together = together
         self._last_arrival = time.monotonic()
         self.resent = resent
         self.marks: SettledMarks[str] = SettledMarks.from_ledger(role.registry.chunk_ledger())
@@ -103,8 +113,9 @@ class ChunkAccounting:
         held = self.role.registry.chunk_ledger().get(buffered_field(self.me), 0)
         if held > 0:
             fate = "chunks_returned" if self.resent else "chunks_lost_in_trainer"
-            self.role.count(fate, held)
-            self.role.ledger_add(buffered_field(self.me), -held)
+            with self._together():
+                self.role.count(fate, held)
+                self.role.ledger_add(buffered_field(self.me), -held)
             self._flush_counters()
             self.role.log.warning(
                 "%d chunks were in the buffer of the trainer before this one: %s",
@@ -149,9 +160,10 @@ class ChunkAccounting:
         if not isinstance(message, TrajectoryChunk):
             self.role.drop("bad_frames", f"dropped a {type(message).__name__} on the chunk queue")
             return None
-        if self._duplicate(message):
-            return None
-        self.role.count("chunks_received")  # env workers' back-pressure reads this
+        with self._together():  # received and in the buffer's count: one flush
+            if self._duplicate(message):
+                return None
+            self.role.count("chunks_received")  # env workers' back-pressure reads this
         return message
 
     def _duplicate(self, chunk: TrajectoryChunk) -> bool:
@@ -174,8 +186,9 @@ class ChunkAccounting:
     def _settle_number(self, producer: str, chunk_id: int, fate: str) -> None:
         """Settle one chunk: once its producer's mark passes it, its fate is counted and it
         leaves the buffer, in the same flush as the raised mark that acknowledges it."""
-        below, released = self.marks.settle(producer, chunk_id, fate)
-        self._raised(producer, below, released)
+        with self._together():
+            below, released = self.marks.settle(producer, chunk_id, fate)
+            self._raised(producer, below, released)
 
     def _raised(self, producer: str, below: int | None, released: Sequence[str]) -> None:
         """Count the fates a raised mark released and flush the mark with them (``below``:
@@ -206,29 +219,32 @@ class ChunkAccounting:
         self._report(
             f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}"
         )
-        self.role.count("bad_chunks")
-        self.role.count("samples_dropped", int(np.size(chunk.rewards)))
-        if producer_problem(chunk) is None:
-            self._settle([chunk], "chunks_dropped")
-            self.role.ledger_add(refused_field(chunk.producer), 1)
-        else:
-            self.role.count("chunks_dropped")
-            self.role.count("bad_chunks_unattributed")
+        with self._together():
+            self.role.count("bad_chunks")
+            self.role.count("samples_dropped", int(np.size(chunk.rewards)))
+            if producer_problem(chunk) is None:
+                self._settle([chunk], "chunks_dropped")
+                self.role.ledger_add(refused_field(chunk.producer), 1)
+            else:
+                self.role.count("chunks_dropped")
+                self.role.count("bad_chunks_unattributed")
 
     def record(self, chunk: TrajectoryChunk) -> None:
         """Note a checked chunk's sequence number in the ledger (received from its producer).
         Without resend buffers the numbers below it that did not arrive never will
         (``rlvla3/runtime/chunk_acks.py``): its producer's mark passes them."""
-        self.role.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
-        if not self.resent:
-            below, released = self.marks.give_up_below(chunk.producer, chunk.chunk_id)
-            self._raised(chunk.producer, below, released)
+        with self._together():
+            self.role.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
+            if not self.resent:
+                below, released = self.marks.give_up_below(chunk.producer, chunk.chunk_id)
+                self._raised(chunk.producer, below, released)
 
     def drop_received(self, chunk: TrajectoryChunk, reason: str) -> None:
         """A recorded chunk is not held (too stale): dropped, with its samples."""
         self._report(reason)
-        self.role.count("samples_dropped", len(chunk.rewards))
-        self._settle([chunk], "chunks_dropped")
+        with self._together():
+            self.role.count("samples_dropped", len(chunk.rewards))
+            self._settle([chunk], "chunks_dropped")
 
     def hold(self) -> None:
         """A recorded chunk goes to the learner (it stays in the buffer's count, which every
@@ -238,8 +254,9 @@ class ChunkAccounting:
     def drop_held(self, chunks: Sequence[TrajectoryChunk], reason: str) -> None:
         """Drop chunks the trainer holds (buffered, or waiting for their group), counted."""
         self._report(reason)
-        self.role.count("samples_dropped", sum(len(c.rewards) for c in chunks))
-        self._settle(chunks, "chunks_dropped")
+        with self._together():
+            self.role.count("samples_dropped", sum(len(c.rewards) for c in chunks))
+            self._settle(chunks, "chunks_dropped")
 
     def trained(
         self, chunks: Sequence[TrajectoryChunk], samples: int, left_out: int, lags: np.ndarray
@@ -247,14 +264,15 @@ class ChunkAccounting:
         """An update consumed ``chunks``: ``samples`` env steps trained, ``left_out`` left out
         as too stale, ``lags`` the trained steps' versions behind the trainer (the monitor's
         staleness distribution)."""
-        if left_out:
-            self.role.count("samples_dropped", left_out)
-        for lag, name in enumerate(_STALENESS_COUNTERS):
-            n = int((lags == lag).sum()) if lag < 3 else int((lags >= 3).sum())
-            if n:
-                self.role.count(name, n)
-        self.role.count("samples_consumed", samples)
-        self._settle(chunks, "chunks_consumed")
+        with self._together():
+            if left_out:
+                self.role.count("samples_dropped", left_out)
+            for lag, name in enumerate(_STALENESS_COUNTERS):
+                n = int((lags == lag).sum()) if lag < 3 else int((lags >= 3).sum())
+                if n:
+                    self.role.count(name, n)
+            self.role.count("samples_consumed", samples)
+            self._settle(chunks, "chunks_consumed")
 
     # --- at exit -------------------------------------------------------------------------------
     def drain(self, queue: MessageSocket, held: int) -> None:
@@ -264,17 +282,21 @@ class ChunkAccounting:
         workers still pushing, and what it leaves queued its successor writes off."""
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline and (chunk := queue.recv(timeout_s=0.5)) is not None:
-            if not isinstance(chunk, TrajectoryChunk) or self._duplicate(chunk):
+            if not isinstance(chunk, TrajectoryChunk):
                 continue
-            # received now, so a restarted trainer does not write them off a second time
-            self.role.count("chunks_received")
-            if producer_problem(chunk) is None:
-                self.record(chunk)
-            else:
-                self.role.count("chunks_in_flight_at_exit")  # not in the ledger's buffer
+            with self._together():
+                if self._duplicate(chunk):
+                    continue
+                # received now, so a restarted trainer does not write them off a second time
+                self.role.count("chunks_received")
+                if producer_problem(chunk) is None:
+                    self.record(chunk)
+                else:
+                    self.role.count("chunks_in_flight_at_exit")  # not in the ledger's buffer
         still_held = self.marks.held()
         if len(still_held) < held:
             self.role.log.warning("the learner holds %d chunks the marks miss", held)
-        for producer, chunk_id in still_held:
-            self._settle_number(producer, chunk_id, "chunks_in_flight_at_exit")
-        self._count_fates(self.marks.release_all())
+        with self._together():
+            for producer, chunk_id in still_held:
+                self._settle_number(producer, chunk_id, "chunks_in_flight_at_exit")
+            self._count_fates(self.marks.release_all())

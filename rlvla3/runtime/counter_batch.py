@@ -9,10 +9,11 @@ the chunk ledger (``rlvla3/runtime/chunk_ledger.py``) always move together.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rlvla3.runtime.registry import Registry
@@ -39,7 +40,8 @@ class CounterBatch:
 
     def __init__(self, flusher: str) -> None:
         self.flusher = flusher
-        self._lock = threading.Lock()
+        # reentrant: ``together`` holds it while the counting calls inside take it again
+        self._lock = threading.RLock()
         self._counts: collections.Counter[str] = collections.Counter()
         self._highs: dict[str, int] = {}  # chunk ledger high-water marks
         self._ledger: collections.Counter[str] = collections.Counter()
@@ -62,6 +64,15 @@ class CounterBatch:
         """Add ``amount`` to chunk ledger field ``field``."""
         with self._lock:
             self._ledger[field] += amount
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Counts and ledger changes made inside go into the same flush (a flush in another
+        thread waits for the block to end): a chunk's fate and the settled mark that releases
+        it, say, must not land in two flushes with a kill between them. Never flush inside
+        (the flush would wait for its own thread's block in the other lock order)."""
+        with self._lock:
+            yield
 
     def flush(self, registry: Registry, log: logging.Logger) -> None:
         """Send everything gathered, in one atomic step. A flush that failed is sent again,
