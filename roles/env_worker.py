@@ -22,7 +22,8 @@ import uuid
 from rlvla3.algo.grpo import GroupRounds
 from rlvla3.config.role_settings import EnvWorkerSettings
 from rlvla3.runtime.rate_meter import RateMeter
-from rlvla3.runtime.role import Role, main
+from rlvla3.runtime.role import Role
+from rlvla3.runtime.role_main import main
 from roles.env.chunk_sink import ChunkSink, ChunkStream
 from roles.env.env_runner import EnvRunner
 from roles.env.env_slot import EnvSlot

@@ -24,7 +24,7 @@ import numpy as np
 from rlvla3.runtime.eval_queue import EvalQueue
 from rlvla3.runtime.keys import role_id
 from rlvla3.runtime.metrics_log import MetricsLog
-from rlvla3.runtime.role import main
+from rlvla3.runtime.role_main import main
 from roles.env.env_slot import EnvSlot
 from roles.env.eval_rounds import EvalRounds
 from roles.env.eval_runner import EvalRunner

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from rlvla3.runtime.role import main
+from rlvla3.runtime.role_main import main
 from roles.rollout_server import RolloutServer
 
 _ROUND_CHECK_S = 0.2  # how often a held version looks at the round's state in Redis

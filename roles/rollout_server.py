@@ -40,7 +40,8 @@ from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.policy.lora import load_init_weights
 from rlvla3.policy.memory_check import check_role_memory
 from rlvla3.runtime.rate_meter import RateMeter
-from rlvla3.runtime.role import Role, main
+from rlvla3.runtime.role import Role
+from rlvla3.runtime.role_main import main
 from roles.request_batch import (
     all_usable,
     batch_replies,

@@ -45,7 +45,7 @@ from rlvla3.policy.sft_tokens import frame_tokens
 from rlvla3.runtime.group_watch import GroupWatch
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
-from rlvla3.runtime.role import main
+from rlvla3.runtime.role_main import main
 from rlvla3.runtime.train_group import (
     POLL_IDLE_S,
     STOP,

@@ -47,7 +47,7 @@ from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
 from rlvla3.runtime.group_watch import GroupWatch
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
-from rlvla3.runtime.role import main
+from rlvla3.runtime.role_main import main
 from rlvla3.runtime.train_group import join_group
 from rlvla3.runtime.training_role import TrainingRole
 from roles.trainer_rank import FollowerRank
@@ -91,9 +91,7 @@ class Trainer(TrainingRole[TrainerSettings]):
             return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
-        self.accounting = ChunkAccounting(
-            self, self._flush_counters, resent=resent, together=self._counters.together
-        )
+        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent)
         self.accounting.write_off_dead_buffer()
         self.chunks = self.own(
             sockets.pull(

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from rlvla3.config.role_settings import WeightBroadcasterSettings
-from rlvla3.runtime.role import Role, main
+from rlvla3.runtime.role import Role
+from rlvla3.runtime.role_main import main
 from transport import sockets
 from transport.messages import WeightsRequest, WeightsUpdate
 from transport.socket_limits import CONTROL_LIMITS, MIB, weights_limits

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 
 class RecordingCounters:
     """A role's counting side (``roles.env.role_counters.RoleCounters``) that keeps the counts
@@ -21,3 +23,6 @@ class RecordingCounters:
 
     def ledger_high(self, field: str, value: int) -> None:
         pass
+
+    def counting_together(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()

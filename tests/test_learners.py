@@ -4,6 +4,7 @@ accounting (counters and ledger entries for each fate of a chunk), without proce
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 
 import gymnasium as gym
@@ -119,6 +120,9 @@ class FakeTrainer:
 
     def flush(self) -> None:
         self.flushes += 1
+
+    def counting_together(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def _accounting(role: FakeTrainer) -> ChunkAccounting:

@@ -12,11 +12,9 @@ as pushed that never arrived.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 
 import numpy as np
 
@@ -83,8 +81,8 @@ class ChunkAccounting:
             backlog there, which must not lag behind this trainer's own counts).
         resent: env workers keep resend buffers (``resend_buffer_chunks`` > 0), so a killed
             trainer's buffer is delivered again rather than lost.
-        together: a block whose counts and ledger changes go into one flush
-            (``CounterBatch.together``): what settles a chunk lands whole or not at all.
+    What settles or receives a chunk is counted in one ``role.counting_together()`` block, so
+    that a flush from the heartbeat thread never takes half of it.
     """
 
     def __init__(
@@ -93,12 +91,11 @@ class ChunkAccounting:
         flush_counters: Callable[[], None],
         *,
         resent: bool = True,
-        together: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.role = role
         self.me = f"{role.name}/{role.index}"
         self._flush_counters = flush_counters
-        self._together = together
+        self._together = role.counting_together
         self._last_arrival = time.monotonic()
         self.resent = resent
         self.marks: SettledMarks[str] = SettledMarks.from_ledger(role.registry.chunk_ledger())

@@ -28,12 +28,8 @@ secret is no outage: the role stops at once.
 from __future__ import annotations
 
 import abc
-import argparse
-import faulthandler
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 import uuid
@@ -45,18 +41,15 @@ from typing import ClassVar, Generic, TypeVar, cast
 import redis
 
 from rlvla3.config.role_table import RunKey
-from rlvla3.config.run_config import Config, load_config
+from rlvla3.config.run_config import Config
 from rlvla3.runtime import role_keys
 from rlvla3.runtime.counter_batch import CounterBatch, DropReports
-from rlvla3.runtime.cpu_pinning import pin_to_cpus
 from rlvla3.runtime.heartbeat import Heartbeat, Liveness, RedisOutage
 from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.metric_names import COUNTERS, GAUGES
 from rlvla3.runtime.redis_auth import RedisAuth
 from rlvla3.runtime.registry import Registry
-from rlvla3.runtime.role_redis import run_redis
 from rlvla3.runtime.signals import install_stop_signals
-from transport import security
 from transport.codec import CodecError
 from transport.sockets import MessageSocket
 
@@ -192,6 +185,11 @@ class Role(abc.ABC, Generic[SettingsT]):
     def ledger_add(self, field: str, amount: int) -> None:
         """Add to a chunk ledger field; flushed with the counters, in the same transaction."""
         self._counters.add_to_ledger(field, amount)
+
+    def counting_together(self) -> AbstractContextManager[None]:
+        """A block whose counts and ledger changes land in one flush, whole or not at all
+        (``CounterBatch.together``; never flush inside it)."""
+        return self._counters.together()
 
     def count_bad_frame(self, err: CodecError) -> None:
         """Count and log a message that failed to decode; the role carries on."""
@@ -339,62 +337,3 @@ class Role(abc.ABC, Generic[SettingsT]):
             self.stop_event.set()
 
         install_stop_signals(on_signal)
-
-
-def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
-    """Command-line entry of a role process (what the launcher runs)."""
-    parser = argparse.ArgumentParser(prog=f"python -m roles.{role_cls.name}")
-    parser.add_argument("--config", required=True, help="resolved run config YAML")
-    parser.add_argument("--index", type=int, default=0, help="instance index within the role")
-    parser.add_argument("--node", default=None, help="node name (default: the first node)")
-    parser.add_argument("--run-dir", default=None, help="run directory (default: config's dir)")
-    parser.add_argument(
-        "--address", default=None, help="address to bind and advertise (default: the node's host)"
-    )
-    parser.add_argument("--device", default=None, help="where it runs (the launcher's plan)")
-    parser.add_argument(
-        "--secret-fd",
-        type=int,
-        default=None,
-        help="a pipe holding this role's keys (the launcher's)",
-    )
-    args = parser.parse_args(argv)
-    keys = role_keys.take(args.secret_fd, role_cls.name)  # first: nothing started later inherits
-    # the launcher asks a stalled role where it is stuck: every thread's stack to the log
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    cfg = load_config(args.config)
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {role_cls.name}/{args.index} %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
-    run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
-    cfg, redis_password = run_redis(cfg, run_dir, keys)
-    if role_cls.name in cfg.roles:
-        pin_to_cpus(cfg.roles[role_cls.name].cpus, f"roles.{role_cls.name}.cpus")
-    node = args.node or cfg.all_nodes()[0].name
-    role = role_cls(
-        cfg,
-        args.index,
-        node=node,
-        run_dir=run_dir,
-        address=args.address,
-        redis_password=redis_password,
-        device=args.device,
-    )
-    if keys is not None:  # a multi-host run: only the run's peers may talk to us
-        role.weights_key = keys.weights
-        security.enable(
-            keys.curve,
-            on_refused=lambda what: role.drop(
-                "auth_refused", f"refused a peer without the run's secret: {what}"
-            ),
-        )
-    code = role.run()
-    # Everything is stopped, flushed and closed by now. Exit without running interpreter
-    # teardown: a daemon thread still blocked inside a C++ call (a gloo receive, a TCPStore
-    # wait) would otherwise end the process with "terminate called without an active exception".
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -105,8 +105,9 @@ class ChunkSink:
             self.counters.count("chunks_resent")
         if not self._deliver(chunk):
             return  # never sent: not counted as produced, its number not used
-        self.counters.count("chunks_produced")
-        self.counters.ledger_high(pushed_field(stream.producer), stream.chunk_id)
+        with self.counters.counting_together():  # the counter and the ledger's mark agree
+            self.counters.count("chunks_produced")
+            self.counters.ledger_high(pushed_field(stream.producer), stream.chunk_id)
         stream.chunk_id += 1
         overflow = self.resend.add(chunk)
         if overflow:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from transport.codec import CodecError
@@ -25,4 +26,8 @@ class RoleCounters(Protocol):
 
     def ledger_high(self, field: str, value: int) -> None:
         """Raise a chunk ledger high-water mark (``rlvla3/runtime/chunk_ledger.py``)."""
+        ...
+
+    def counting_together(self) -> AbstractContextManager[None]:
+        """A block whose counts and ledger marks land in one flush (never flush inside)."""
         ...
