@@ -225,9 +225,12 @@ class SftTrainer(TrainingRole[SftTrainerSettings]):
         self.steps += 1
         if self._publish_due():
             self._publish()
+        # logged before the checkpoint: a kill between them would leave a checkpoint of this
+        # step and no record of it (the successor resumes after it); this way round it is
+        # recorded twice at worst, as every step after the last checkpoint is
+        self.metrics.log(self.steps, {**metrics, "step": self.steps, "version": self.version})
         if self._checkpoint_due():
             self._checkpoint()
-        self.metrics.log(self.steps, {**metrics, "step": self.steps, "version": self.version})
         self.gauge("steps", self.steps)
         self.gauge("loss", metrics["loss"])
         self.gauge("tokens_per_s", self.token_rate.rate())

@@ -218,13 +218,15 @@ class Trainer(TrainingRole[TrainerSettings]):
         self.count("updates")
         if self.updates % self.cfg.algo.publish_every == 0:
             self._publish()
+        # before the checkpoint, so that a kill between them cannot leave the update
+        # checkpointed and unrecorded (the SFT trainer's order too)
+        self._log_metrics(metrics, taken, lr=self.cfg.algo.lr * scale, started=started)
         if self.updates % self.cfg.algo.checkpoint_every == 0:
             self._checkpoint()
         for_good = self.learner.evict_stale(self.version)
         if for_good:
             reason = f"dropped {len(for_good)} chunks of incomplete GRPO groups: too stale"
             self.accounting.drop_held(for_good, reason)
-        self._log_metrics(metrics, taken, lr=self.cfg.algo.lr * scale, started=started)
 
     def _lr_scale(self) -> float:
         """The learning rates' share of their full value (linear annealing, if configured)."""
