@@ -51,9 +51,10 @@ def _bound(arr: np.ndarray, limit: float) -> np.generic:
     return np.float64(limit) if arr.dtype.itemsize < 4 else arr.dtype.type(limit)
 
 
-def usable_reward(reward: float) -> bool:
-    """Whether a reward is finite and at most ``MAX_MAGNITUDE`` in magnitude."""
-    return -MAX_MAGNITUDE <= reward <= MAX_MAGNITUDE
+def usable_number(value: float) -> bool:
+    """Whether a reward, log-prob or value is finite and at most ``MAX_MAGNITUDE`` in
+    magnitude."""
+    return -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE
 
 
 def usable_obs(obs: dict[str, np.ndarray]) -> bool:
@@ -64,4 +65,4 @@ def usable_obs(obs: dict[str, np.ndarray]) -> bool:
 def usable_step(obs: dict[str, np.ndarray], reward: float) -> bool:
     """Whether an env step's observation and reward can be acted and trained on (else the
     simulator faulted)."""
-    return usable_reward(reward) and usable_obs(obs)
+    return usable_number(reward) and usable_obs(obs)

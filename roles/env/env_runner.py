@@ -9,7 +9,7 @@ each other, except in ``sync`` mode's lock-step (``Pacing``).
 
 from __future__ import annotations
 
-from rlvla3.algo.number_limits import usable_obs, usable_reward, usable_step
+from rlvla3.algo.number_limits import usable_number, usable_obs, usable_step
 from roles.env.env_slot import EnvSlot, Step, reset_until_usable, stacked
 from roles.env.episode_queue import FinishedEpisode
 from roles.env.policy_client import Act
@@ -77,7 +77,7 @@ class EnvRunner:
                 f"env {slot.env_index}: the simulator returned a "
                 "non-finite (or absurdly large) observation or reward; episode cut there, env reset",
             )
-            reward = reward if usable_reward(reward) else 0.0
+            reward = reward if usable_number(reward) else 0.0
             terminated, truncated = False, True
         slot.add(Step(slot.obs, act, reward, terminated, truncated, res.sim_steps))
         return terminated or truncated, fault

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlvla3.algo.number_limits import MAX_MAGNITUDE, usable
+from rlvla3.algo.number_limits import MAX_MAGNITUDE, usable, usable_number
 from roles.env.peers import Peers
 from roles.env.role_counters import RoleCounters
 from transport import sockets
@@ -40,11 +40,6 @@ class Act:
 MAX_POLICY_VERSION = 2**62
 """Above any version a run reaches (the weight path refuses more, too): a reply claiming one
 would overflow the chunks' int64 version arrays."""
-
-
-def usable_number(value: float) -> bool:
-    """Whether a log-prob or value is finite and within ``MAX_MAGNITUDE``."""
-    return -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE
 
 
 def reply_problem(reply: ActionReply | ActionBatchReply, rows: int | None) -> str | None:
