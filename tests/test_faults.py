@@ -443,8 +443,10 @@ def test_the_sft_job_survives(tmp_path, name: str) -> None:
     metrics = (run_dir / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in metrics]
     assert steps[-1] == _SFT_STEPS and set(steps) == set(range(1, _SFT_STEPS + 1))
-    redone = len(steps) - len(set(steps))  # logged by the victim and again by its successor
-    assert 0 <= redone < 10  # checkpoint_every
+    # Logged by the victim and again by its successor. A step's metrics are logged before its
+    # checkpoint is written, so a kill between the two redoes a whole checkpoint_every steps.
+    redone = len(steps) - len(set(steps))
+    assert 0 <= redone <= 10  # checkpoint_every
     summary = json.loads((run_dir / "summary.json").read_text())
     assert f"sft finished {_SFT_STEPS} steps" in summary["stop_reason"], summary["stop_reason"]
     assert summary["evaluation"]["version"] == summary["weight_version"]
