@@ -260,6 +260,25 @@ def test_without_resend_buffers_a_successor_passes_the_numbers_that_died_before_
     assert accounting.receive(numbered(5)) is None  # given up: a duplicate were it to come
 
 
+def test_the_mark_passes_what_a_full_resend_buffer_let_go_and_waits_for_what_it_keeps() -> None:
+    """A killed trainer held chunks 3-7; the producer's buffer, full, let 3-5 go and keeps
+    6 and 7 (chunk 8 says ``resend_from`` 6). The successor's mark passes 3-5 and waits for the
+    resent 6 and 7."""
+    role = FakeTrainer(ledger={settled_field("0/0#x"): 3})
+    accounting = _accounting(role)
+    newest = accounting.receive(msgspec.structs.replace(numbered(8), resend_from=6))
+    assert newest is not None
+    accounting.record(newest)
+    assert role.highs[settled_field("0/0#x")] == 6
+    resent = [accounting.receive(numbered(i)) for i in (6, 7)]
+    for again in resent:
+        assert again is not None
+        accounting.record(again)
+    accounting.trained([newest, *resent], samples=3, left_out=0, lags=np.array([0]))
+    assert role.highs[settled_field("0/0#x")] == 9 and role.counters["chunks_consumed"] == 3
+    assert accounting.receive(numbered(4)) is None  # given up: a duplicate were it to come
+
+
 def test_with_resend_buffers_the_mark_waits_for_a_resent_chunk() -> None:
     role = FakeTrainer(ledger={settled_field("0/0#x"): 3})
     accounting = _accounting(role)  # resent: chunks 3-7 come again

@@ -3,11 +3,12 @@ resends over a real socket (``roles/env/resend_buffer.py``, ``roles/env/chunk_si
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import msgspec
 
-from roles.env.chunk_sink import ChunkSink, ChunkStream
+from roles.env.chunk_sink import ChunkSink, ChunkStream, Transitions
 from roles.env.peers import Peers
 from roles.env.resend_buffer import ResendBuffer
 from tests.env_fakes import RecordingCounters
@@ -18,6 +19,12 @@ from transport.messages import TrajectoryChunk
 
 def numbered(chunk_id: int, producer: str = "0/0#a") -> TrajectoryChunk:
     return msgspec.structs.replace(chunk(producer, "", [0.0], ends=False), chunk_id=chunk_id)
+
+
+def steps() -> Transitions:
+    """One step's transitions, as an env group hands them to the sink."""
+    one = numbered(0)
+    return Transitions(**{f.name: getattr(one, f.name) for f in dataclasses.fields(Transitions)})
 
 
 def test_the_buffer_is_bounded_and_lets_the_oldest_go() -> None:
@@ -52,6 +59,21 @@ def test_settled_marks_trim_each_producer_oldest_first() -> None:
 def test_a_buffer_of_zero_keeps_nothing() -> None:
     buffer = ResendBuffer(0)
     assert buffer.add(numbered(0)) == 0 and len(buffer) == 0
+    assert buffer.resend_from("0/0#a", 7) == 7  # nothing older can go out again
+
+
+def test_resend_from_is_each_producers_oldest_kept_chunk() -> None:
+    """What a trainer may give up: below the oldest chunk kept, per producer, through
+    overflow and acknowledgements; a producer with none kept resends nothing older."""
+    buffer = ResendBuffer(4)
+    for i in range(3):
+        buffer.add(numbered(i, "0/0#a"))
+        buffer.add(numbered(i, "0/1#a"))
+    # 6 pushed into room for 4: chunks 0 of both producers let go
+    assert buffer.resend_from("0/0#a", 3) == 1 and buffer.resend_from("0/1#a", 3) == 1
+    buffer.acknowledge({"0/0#a": 3, "0/1#a": 2})
+    assert buffer.resend_from("0/0#a", 3) == 3 and buffer.resend_from("0/1#a", 3) == 2
+    assert buffer.resend_from("9/9#z", 5) == 5
 
 
 def test_the_sink_pushes_kept_chunks_again_before_the_next_one() -> None:
@@ -71,11 +93,13 @@ def test_the_sink_pushes_kept_chunks_again_before_the_next_one() -> None:
     try:
         stream = ChunkStream(0, "0/0#a")
         for _ in range(3):
-            sink.send(stream, numbered(stream.chunk_id))
+            sink.push(stream, steps(), bootstrap_value=0.0)
         sink.resend.request_resend()
-        sink.send(stream, numbered(stream.chunk_id))
+        sink.push(stream, steps(), bootstrap_value=0.0)
         got = [receiver.recv(timeout_s=5.0) for _ in range(6)]
         assert [c.chunk_id for c in got] == [0, 1, 2, 1, 2, 3]  # 0 let go (the bound is 2)
+        # each its producer's oldest kept when it was pushed (resent ones keep theirs)
+        assert [c.resend_from for c in got] == [0, 0, 0, 0, 0, 1]
         assert counters.counters == {
             "chunks_produced": 4,
             "chunks_resent": 2,

@@ -118,11 +118,12 @@ def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) ->
     assert_no_chunk_lost(registry, c)
 
 
-@pytest.mark.parametrize("resend", [256, 0])
+@pytest.mark.parametrize("resend", [256, 1, 0])
 def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url, resend: int) -> None:
     """With resend buffers the killed trainer's chunks come again; without (0) they are lost,
-    and its successor's settled marks pass them: either way every producer's mark goes past
-    what was pushed before the kill, each chunk counted as it settles, not at exit."""
+    and so are those a buffer of one chunk per env let go (it overflows at every push), and
+    its successor's settled marks pass them: either way every producer's mark goes past what
+    was pushed before the kill, each chunk counted as it settles, not at exit."""
     name = f"cp_resume_{resend}"
     cfg = cartpole_config(name, redis_url, "async")
     cfg["run"]["stop"] = {"max_wall_s": 200}

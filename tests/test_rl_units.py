@@ -168,6 +168,10 @@ def _with(base: TrajectoryChunk, **changes: object) -> TrajectoryChunk:
         ({"rewards": np.array([1, -1e5, 1e5, 1], np.float32)}, None),  # large, not absurd
         ({"obs": {"state": np.full((4, 4), 1e12, np.float32)}}, r"obs\['state'\]: magnitude"),
         ({"terminated": np.zeros(4, np.float32)}, "terminated: float32"),
+        # above its own number it would give up chunks not pushed yet
+        ({"chunk_id": 5, "resend_from": 6}, r"resend_from: 6, expected -1 to chunk_id \(5\)"),
+        ({"resend_from": -2}, "resend_from: -2"),
+        ({"chunk_id": 5, "resend_from": 5}, None),
         ({"policy_versions": np.zeros(0, np.int64)}, r"policy_versions: int64\[0\]"),
         ({"obs": {"state": np.zeros((4, 7), np.float32)}}, r"obs\['state'\]: float32\[4, 7\]"),
         ({"obs": {"state": np.full((4, 4), np.nan, np.float32)}}, r"obs\['state'\]: not finite"),

@@ -150,6 +150,10 @@ class TrajectoryChunk(Message):
             (``rlvla3/runtime/chunk_ledger.py``).
         group: GRPO only (``algo.kind: grpo``): the group of the episode these steps belong to,
             shared by the ``algo.group_size`` episodes started from the same state; "" otherwise.
+        resend_from: the lowest of the producer's numbers it could still push again when this
+            chunk was pushed (its resend buffer's oldest, else ``chunk_id``): one below it
+            that a trainer neither holds nor settled will never arrive
+            (``rlvla3/runtime/chunk_acks.py``); -1: not said.
     """
 
     worker_index: int
@@ -166,6 +170,7 @@ class TrajectoryChunk(Message):
     bootstrap_value: float
     producer: str = ""  # last: defaults follow the required fields
     group: str = ""
+    resend_from: int = -1
 
 
 class WeightsUpdate(Message):

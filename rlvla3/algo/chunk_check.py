@@ -43,6 +43,9 @@ def chunk_problem(
     """Why ``chunk`` cannot be trained on, naming the field; None if it can. A chunk has at
     most ``chunk_len`` steps (``env.chunk_len``): a longer one, however consistent, would
     stall an update for as long as its sender pleased."""
+    if not -1 <= chunk.resend_from <= chunk.chunk_id:
+        # above its own number it would give up chunks its producer has not pushed yet
+        return f"resend_from: {chunk.resend_from}, expected -1 to chunk_id ({chunk.chunk_id})"
     steps = np.shape(chunk.rewards)[0] if np.ndim(chunk.rewards) == 1 else -1
     if steps < 1:
         return f"rewards: shape {np.shape(chunk.rewards)}, expected [T] with T >= 1"

@@ -228,12 +228,14 @@ class ChunkAccounting:
 
     def record(self, chunk: TrajectoryChunk) -> None:
         """Note a checked chunk's sequence number in the ledger (received from its producer).
-        Without resend buffers the numbers below it that did not arrive never will
-        (``rlvla3/runtime/chunk_acks.py``): its producer's mark passes them."""
+        The numbers below its ``resend_from`` (below its own number without resend buffers)
+        that did not arrive never will (``rlvla3/runtime/chunk_acks.py``): its producer's mark
+        passes them."""
         with self._together():
             self.role.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
-            if not self.resent:
-                below, released = self.marks.give_up_below(chunk.producer, chunk.chunk_id)
+            never_again = chunk.resend_from if self.resent else chunk.chunk_id
+            if never_again > 0:
+                below, released = self.marks.give_up_below(chunk.producer, never_again)
                 self._raised(chunk.producer, below, released)
 
     def drop_received(self, chunk: TrajectoryChunk, reason: str) -> None:

@@ -20,12 +20,15 @@ and its size limits.
 
 The marks assume that one trainer receives each producer's chunks (the run's one trainer).
 
-Without resend buffers (``resend_buffer_chunks`` 0) a chunk that did not arrive never will:
-each is pushed once, and a producer's chunks reach a trainer in the order they were numbered
-(one ZeroMQ pipe, first in first out). So when a trainer records chunk ``n``, the numbers below
-it that it neither holds nor settled died elsewhere (in a killed predecessor's buffer or
-queue, counted as lost there) and the mark passes them (``give_up_below``): otherwise it would
-wait for them for the rest of the run, every later chunk's fate uncounted until exit.
+A chunk that its producer can no longer push again, and that did not arrive, never will: each
+chunk says the lowest number its producer could still push again (``resend_from``: the oldest
+chunk its resend buffer keeps, or the chunk's own number when it keeps none: without resend
+buffers, ``resend_buffer_chunks`` 0, or after the buffer let the older ones go). A producer's
+chunks reach a trainer in the order they were pushed (one ZeroMQ pipe, first in first out), so
+when a trainer records a chunk, the numbers below its ``resend_from`` that the trainer neither
+holds nor settled died elsewhere (in a killed predecessor's buffer or queue, counted as lost
+there) and the mark passes them (``give_up_below``): otherwise it would wait for them for the
+rest of the run, every later chunk's fate uncounted until exit.
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ class SettledMarks(Generic[FateT]):
 
     def give_up_below(self, producer: str, chunk_id: int) -> tuple[int | None, list[FateT]]:
         """Chunks of ``producer`` numbered below ``chunk_id`` that are neither held nor settled
-        will never arrive (no resend buffers, in-order delivery: see the module doc). Returns,
+        will never arrive (its producer cannot push them again: see the module doc). Returns,
         as ``settle`` does, the producer's new mark if it rose and the fates of the settled
         chunks it passed (what it passes without a fate was counted where it died)."""
         marks = self._of(producer)

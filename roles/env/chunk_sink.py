@@ -91,6 +91,7 @@ class ChunkSink:
             bootstrap_value=bootstrap_value,
             producer=stream.producer,
             group=stream.group,
+            resend_from=self.resend.resend_from(stream.producer, stream.chunk_id),
             **{f.name: getattr(steps, f.name) for f in fields(Transitions)},
         )
         self.send(stream, chunk)

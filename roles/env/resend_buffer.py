@@ -29,11 +29,23 @@ class ResendBuffer:
         self.limit = limit
         self._lock = threading.Lock()
         self._chunks: collections.deque[TrajectoryChunk] = collections.deque()
+        self._kept: collections.Counter[str] = collections.Counter()
+        """Chunks kept per producer: the numbers right below its next one (a producer's
+        chunks are numbered in push order and let go from the oldest)."""
         self._resend_due = False
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._chunks)
+
+    def resend_from(self, producer: str, chunk_id: int) -> int:
+        """The lowest of ``producer``'s numbers that can still go out again once its chunk
+        ``chunk_id`` (its next) is pushed: the oldest it keeps, else ``chunk_id`` itself.
+        Read before the chunks are trimmed at worst, so it errs low, never high."""
+        if self.limit == 0:
+            return chunk_id
+        with self._lock:
+            return chunk_id - self._kept[producer]
 
     def add(self, chunk: TrajectoryChunk) -> int:
         """Keep a chunk just pushed; returns how many older ones were let go to make room."""
@@ -41,9 +53,10 @@ class ResendBuffer:
             return 0
         with self._lock:
             self._chunks.append(chunk)
+            self._kept[chunk.producer] += 1
             overflow = max(0, len(self._chunks) - self.limit)
             for _ in range(overflow):
-                self._chunks.popleft()
+                self._kept[self._chunks.popleft().producer] -= 1
         return overflow
 
     def acknowledge(self, settled: dict[str, int]) -> None:
@@ -53,6 +66,7 @@ class ResendBuffer:
             self._chunks = collections.deque(
                 c for c in self._chunks if c.chunk_id >= settled.get(c.producer, 0)
             )
+            self._kept = collections.Counter(c.producer for c in self._chunks)
 
     def request_resend(self) -> None:
         """A trainer restarted: what is kept now goes out again before the next new chunk."""
