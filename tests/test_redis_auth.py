@@ -126,11 +126,14 @@ def test_a_restarted_server_reads_its_secrets_again_and_leaves_none(tmp_path) ->
         registry = Registry(server.url, "r", auth)
         registry.flush({"env_steps": 3}, flusher="w#0", number=0)
         assert not (server.directory / "redis.conf").exists()
+        assert server.log_path == tmp_path / "aof" / "redis.log"  # with the run, not in /tmp
+        assert sorted(p.name for p in server.directory.iterdir()) == ["redis.sock"]
         server.process.kill()
         server.process.wait()
         server.restart()
         assert Registry(server.url, "r", auth).counters() == {"env_steps": 3}
         assert not (server.directory / "redis.conf").exists()
+        assert server.log_path.read_text().count("Redis is starting") == 2
 
 
 def test_every_registry_call_of_a_run_passes_the_acl(head_redis) -> None:

@@ -188,8 +188,17 @@ class EmbeddedRedis:
         for name in ("redis.conf", "tls.crt", "tls.key"):
             (self.directory / name).unlink(missing_ok=True)
 
+    @property
+    def log_path(self) -> Path:
+        """redis-server's output: beside its append-only file when it keeps one (it stays with
+        the run, and a launcher killed with SIGKILL leaves nothing in its temporary directory
+        once the server exits), else in the temporary directory."""
+        if self.directory is None:
+            raise RedisServerError("embedded redis is not started")
+        return (self.data_dir or self.directory) / "redis.log"
+
     def _spawn(self) -> None:
-        with open(self.directory / "redis.log", "ab") as log:
+        with open(self.log_path, "ab") as log:  # (the config's writing made data_dir)
             self.process = subprocess.Popen(
                 self._args, stdout=log, stderr=subprocess.STDOUT, env=_without_secret()
             )
@@ -269,7 +278,7 @@ class EmbeddedRedis:
                     time.sleep(0.02)  # readiness poll of an external process, bounded by deadline
         finally:
             client.close()
-        log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+        log = self.log_path.read_text(errors="replace")[-2000:]
         if stop_on_failure:
             self.stop()
         raise RedisServerError(f"redis-server did not start within {self.start_timeout_s}s:\n{log}")
