@@ -125,7 +125,10 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url, resend: int
     its successor's settled marks pass them: either way every producer's mark goes past what
     was pushed before the kill, each chunk counted as it settles, not at exit."""
     name = f"cp_resume_{resend}"
-    cfg = cartpole_config(name, redis_url, "async")
+    # Buffers of one chunk per env: updates of 32 chunks (not one round's 4) make the killed
+    # trainer hold far more unsettled chunks than the env workers keep.
+    algo = {"batch_steps": 1024} if resend == 1 else {}
+    cfg = cartpole_config(name, redis_url, "async", **algo)
     cfg["run"]["stop"] = {"max_wall_s": 200}
     # Back-pressure on: the chunks lost in the killed trainer's queue must not stall the envs.
     cfg["roles"]["env_worker"]["settings"] = {
