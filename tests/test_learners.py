@@ -270,7 +270,9 @@ def test_the_mark_passes_what_a_full_resend_buffer_let_go_and_waits_for_what_it_
     assert newest is not None
     accounting.record(newest)
     assert role.highs[settled_field("0/0#x")] == 6
-    resent = [accounting.receive(numbered(i)) for i in (6, 7)]
+    resent = [
+        accounting.receive(msgspec.structs.replace(numbered(i), resend_from=6)) for i in (6, 7)
+    ]
     for again in resent:
         assert again is not None
         accounting.record(again)
@@ -307,6 +309,22 @@ def test_draining_counts_queued_and_held_chunks_in_flight() -> None:
     assert received_field("0/0#x", "trainer/0") in role.highs  # not the producerless
     assert role.highs[settled_field("0/0#x")] == 5  # settled: not resent to a successor
     assert role.ledger[buffered_field("trainer/0")] == 0
+
+
+def test_a_chunk_drained_at_exit_gives_up_nothing_above_itself() -> None:
+    """The drain records chunks no check has seen: a forged ``resend_from`` far above the
+    chunk's number must not lift its producer's mark past it (a successor would take every
+    later chunk of that producer for a duplicate)."""
+    role = FakeTrainer()
+    accounting = _accounting(role)
+    queue = collections.deque([msgspec.structs.replace(numbered(4), resend_from=2**62), None])
+
+    class Queue:
+        def recv(self, timeout_s: float) -> object:
+            return queue.popleft()
+
+    accounting.drain(Queue(), held=0)  # type: ignore[arg-type]
+    assert role.highs[settled_field("0/0#x")] == 5  # 0-3 given up, 4 in flight at exit
 
 
 @pytest.mark.parametrize(

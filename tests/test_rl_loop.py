@@ -181,7 +181,11 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url, resend: int
     rec = next(r for r in registry.roles() if r.role == "trainer")
     assert rec.restarts == 1 and rec.status == "done" and pid_gone(trainer.pid)
     chunks = balance(registry.chunk_ledger(), registry.counters())
-    assert chunks.balanced and chunks.buffered == 0, chunks  # the killed trainer's: lost
+    assert chunks.balanced and chunks.buffered == 0, chunks
+    if resend == 256:
+        assert chunks.lost == 0, chunks  # the killed trainer's chunks all came again
+    if resend == 1:
+        assert chunks.lost > 0, chunks  # some were let go by the full buffers: the case tested
 
 
 def test_trainer_killed_before_any_checkpoint_continues_from_the_broadcasters_weights(

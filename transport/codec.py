@@ -1,6 +1,6 @@
 """Message codec: one msgpack header frame, plus one raw frame per large array. Never pickle.
 
-Wire format (``transport.messages.SCHEMA_VERSION`` 7)::
+Wire format (``transport.messages.SCHEMA_VERSION`` 8)::
 
     frame 0:  msgpack [version, [message_name, value of each field, in schema order]]
     frame 1+: raw bytes of each array of at least ZERO_COPY_MIN_BYTES (sent without copying)

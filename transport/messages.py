@@ -5,7 +5,8 @@ Messages are frozen, slotted, keyword-only structs (``Message``). Array fields a
 in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERSION`` whenever a
 field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
 3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``, ``TrajectoryChunk.producer``;
-5: ``TrajectoryChunk.group``; 6: ``ObsBatchRequest``, ``ActionBatchReply``; 7: ``WeightsUpdate.tag``).
+5: ``TrajectoryChunk.group``; 6: ``ObsBatchRequest``, ``ActionBatchReply``; 7: ``WeightsUpdate.tag``;
+8: ``TrajectoryChunk.resend_from``).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -19,7 +20,7 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 Obs = dict[str, np.ndarray]
 

@@ -234,6 +234,8 @@ class ChunkAccounting:
         with self._together():
             self.role.ledger_high(received_field(chunk.producer, self.me), chunk.chunk_id)
             never_again = chunk.resend_from if self.resent else chunk.chunk_id
+            # the exit drain records chunks the checks never saw: never past the chunk itself
+            never_again = min(never_again, chunk.chunk_id)
             if never_again > 0:
                 below, released = self.marks.give_up_below(chunk.producer, never_again)
                 self._raised(chunk.producer, below, released)

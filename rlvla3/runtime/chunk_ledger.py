@@ -19,8 +19,9 @@ From that ledger:
   back to its producers (they resend what it held, ``rlvla3/runtime/chunk_acks.py``), so its
   chunks count as received again only when a trainer takes them a second time. A resent chunk
   a trainer already settled is a duplicate (``chunks_duplicate``), never received twice.
-- **lost**: produced minus received (chunks that died in a socket queue, or with a lost node,
-  and whose producer died before resending them), plus ``chunks_lost_in_trainer`` (a killed
+- **lost**: produced minus received (chunks that died in a socket queue, with a lost node or
+  in a killed trainer's buffer, and that their producer could not resend: it died, or its
+  full resend buffer had let them go), plus ``chunks_lost_in_trainer`` (a killed
   trainer's buffer when env workers keep no resend buffer, ``resend_buffer_chunks`` 0).
 - **balance**: produced = consumed + dropped + in flight at exit + buffered + lost.
 

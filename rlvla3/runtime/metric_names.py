@@ -41,7 +41,7 @@ COUNTERS: dict[str, str] = {
     "chunks_dropped": "chunks dropped: too stale, or refused by the chunk checks",
     "chunks_in_flight_at_exit": "chunks still buffered or queued when a trainer stopped",
     "chunks_lost_in_trainer": "chunks in a killed trainer's buffer that no resend buffer keeps (env workers' resend_buffer_chunks 0; its successor writes them off)",
-    "chunks_returned": "chunks in a killed trainer's buffer, handed back to their producers to resend (its successor counts them; they count as received again when they arrive)",
+    "chunks_returned": "chunks in a killed trainer's buffer, handed back to their producers to resend (its successor counts them; they count as received again when they arrive, and as lost if their producer's full resend buffer had let them go)",
     "chunks_duplicate": "resent chunks a trainer had already received or settled: dropped, each once",
     "chunks_written_off": "chunks counted as pushed that a trainer found would never arrive",
     "bad_chunks": "chunks refused by the chunk checks (also in chunks_dropped)",
