@@ -118,17 +118,22 @@ def test_backpressure_pauses_envs_while_the_trainer_lags(tmp_path, redis_url) ->
     assert_no_chunk_lost(registry, c)
 
 
-@pytest.mark.parametrize("resend", [256, 1, 0])
-def test_trainer_killed_resumes_from_checkpoint(tmp_path, redis_url, resend: int) -> None:
+@pytest.mark.parametrize(
+    ("mode", "resend"), [("async", 256), ("async", 1), ("async", 0), ("sync", 256)]
+)
+def test_trainer_killed_resumes_from_checkpoint(
+    tmp_path, redis_url, mode: str, resend: int
+) -> None:
     """With resend buffers the killed trainer's chunks come again; without (0) they are lost,
     and so are those a buffer of one chunk per env let go (it overflows at every push), and
     its successor's settled marks pass them: either way every producer's mark goes past what
-    was pushed before the kill, each chunk counted as it settles, not at exit."""
-    name = f"cp_resume_{resend}"
+    was pushed before the kill, each chunk counted as it settles, not at exit. In ``sync``
+    mode the envs paused for the killed trainer's next version go on with its successor's."""
+    name = f"cp_resume_{mode}_{resend}"
     # Buffers of one chunk per env: updates of 32 chunks (not one round's 4) make the killed
     # trainer hold far more unsettled chunks than the env workers keep.
     algo = {"batch_steps": 1024} if resend == 1 else {}
-    cfg = cartpole_config(name, redis_url, "async", **algo)
+    cfg = cartpole_config(name, redis_url, mode, **algo)
     cfg["run"]["stop"] = {"max_wall_s": 200}
     # Back-pressure on: the chunks lost in the killed trainer's queue must not stall the envs.
     cfg["roles"]["env_worker"]["settings"] = {
