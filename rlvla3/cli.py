@@ -288,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     # sim.tabletop.OBS_MODES, copied: building the parser imports no simulator (a test checks
     # that every mode is accepted)
-    p.add_argument("--obs-mode", default="rgb", choices=("rgb", "state", "rgb+state", "rgb+goal"))
+    p.add_argument(
+        "--obs-mode", default="rgb", choices=("rgb", "state", "rgb+state", "rgb+goal", "rgb+scene")
+    )
     p.add_argument(
         "--expert-noise",
         type=float,

@@ -49,7 +49,8 @@ MAX_STEP = MAX_SPEED / CONTROL_HZ  # table units per step
 CONTACT = PUSHER_RADIUS + BLOCK_RADIUS
 W_BLOCK, W_PUSHER, STEP_COST, SUCCESS_BONUS = 3.0, 0.5, 0.01, 5.0
 STATE_DIM = 4 + 4 * NUM_OBJECTS + 2 * NUM_OBJECTS
-OBS_MODES = ("rgb", "state", "rgb+state", "rgb+goal")
+SCENE_DIM = 4 + 4 * NUM_OBJECTS  # the state up to its one-hots
+OBS_MODES = ("rgb", "state", "rgb+state", "rgb+goal", "rgb+scene")
 GOAL_DIM = 4  # the named block's (x, y), then the named target's
 
 TABLE_RGB = np.array([168, 150, 120], np.uint8)
@@ -64,8 +65,9 @@ class TableTopConfig:
 
     Attributes:
         obs_mode: ``"rgb"`` (image + instruction tokens + proprio), ``"state"``,
-            ``"rgb+state"`` (both: the state for a critic) or ``"rgb+goal"`` (the named block's
-            and target's positions beside the ``"rgb"`` keys: a plan's labels).
+            ``"rgb+state"`` (both: the state for a critic), ``"rgb+goal"`` (the named block's
+            and target's positions beside the ``"rgb"`` keys: a plan's labels) or
+            ``"rgb+scene"`` (every object's position beside them, no one-hots).
         image_size: side S of the square RGB image, pixels.
         instruction_max_len: token length L of the encoded instruction.
         max_episode_steps: episodes are truncated after this many steps.
@@ -199,7 +201,8 @@ class TableTopEnv(SimAdapter):
             return spaces.Dict(state)
         s, n = cfg.image_size, cfg.instruction_max_len
         goal = {"goal": spaces.Box(-1.0, 1.0, (GOAL_DIM,), np.float32)}
-        extra = {"rgb+state": state, "rgb+goal": goal}.get(cfg.obs_mode, {})
+        scene = {"scene": spaces.Box(low[:SCENE_DIM], high[:SCENE_DIM], dtype=np.float32)}
+        extra = {"rgb+state": state, "rgb+goal": goal, "rgb+scene": scene}.get(cfg.obs_mode, {})
         return spaces.Dict(
             extra
             | {
@@ -330,6 +333,8 @@ class TableTopEnv(SimAdapter):
         elif self.config.obs_mode == "rgb+goal":
             named = (self._blocks[self._block_idx], self._targets[self._target_idx])
             obs["goal"] = np.concatenate(named).astype(np.float32)
+        elif self.config.obs_mode == "rgb+scene":
+            obs["scene"] = self._state_vector()[:SCENE_DIM]
         return obs
 
     def _state_vector(self) -> np.ndarray:

@@ -22,6 +22,7 @@ from sim.tabletop import (
     COLOURS,
     NUM_OBJECTS,
     OBS_MODES,
+    SCENE_DIM,
     STATE_DIM,
     TableTopConfig,
     TableTopEnv,
@@ -195,6 +196,22 @@ def test_tabletop_rgb_plus_goal_mode_says_where_the_named_block_and_target_are()
     assert moved
 
 
+def test_tabletop_rgb_plus_scene_mode_says_where_everything_is_but_not_what_is_named() -> None:
+    """``rgb+scene``: the camera keys plus the state without its one-hots, so which block and
+    target count is only in the instruction."""
+    scene = make_env("rlvla3/TableTopEasy-v0", seed=4, obs_mode="rgb+scene")
+    state = make_env("rlvla3/TableTopEasy-v0", seed=4, obs_mode="rgb+state")
+    assert set(scene.observation_space.spaces) == {"image", "instruction", "proprio", "scene"}
+    obs = [env.reset(seed=4)[0] for env in (scene, state)]
+    for _ in range(3):
+        _check_obs(scene, obs[0])
+        assert obs[0]["scene"].shape == (SCENE_DIM,)
+        np.testing.assert_array_equal(obs[0]["scene"], obs[1]["state"][:SCENE_DIM])
+        np.testing.assert_array_equal(obs[0]["instruction"], obs[1]["instruction"])
+        obs = [env.step(np.array([0.7, 0.2], np.float32))[0] for env in (scene, state)]
+    assert np.abs(obs[0]["scene"][2:4]).max() > 0  # the pusher's velocity
+
+
 def test_rlvla3_demos_offers_every_tabletop_obs_mode() -> None:
     """The CLI keeps its own copy of the modes (it imports no simulator to build its parser)."""
     from rlvla3.cli import build_parser
@@ -204,7 +221,7 @@ def test_rlvla3_demos_offers_every_tabletop_obs_mode() -> None:
         assert parser.parse_args(["demos", "--out", "d", "--obs-mode", mode]).obs_mode == mode
 
 
-@pytest.mark.parametrize("obs_mode", ["rgb", "state", "rgb+state", "rgb+goal"])
+@pytest.mark.parametrize("obs_mode", OBS_MODES)
 def test_tabletop_deterministic_under_seed(obs_mode: str) -> None:
     actions = list(np.random.default_rng(5).uniform(-1, 1, size=(30, 2)))
     a = make_env("rlvla3/TableTop-v0", seed=7, obs_mode=obs_mode)
