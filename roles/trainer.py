@@ -308,7 +308,11 @@ class Trainer(TrainingRole[TrainerSettings]):
             self.log.info("trained %d updates as rank %d", self.follower.done, self.index)
             return
         self._last_checkpoint_and_stop(clean=not self.failed)
-        self.accounting.drain(self.chunks, held=self.learner.held)
+        if self.failed and not self.stop_event.is_set() and self.accounting.resent:
+            # a successor takes over: it gets what this one held resent, as after a kill
+            self.accounting.hand_back()
+        else:
+            self.accounting.drain(self.chunks, held=self.learner.held)
 
     def _last_checkpoint_and_stop(self, clean: bool) -> None:
         """The last checkpoint, and (a clean stop) ``stop`` to the other ranks as soon as they

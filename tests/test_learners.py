@@ -95,15 +95,35 @@ class FakeTrainer:
 
     name, index = "trainer", 0
 
-    def __init__(self, ledger: dict[str, int] | None = None, backlog: int = 0) -> None:
+    def __init__(
+        self,
+        ledger: dict[str, int] | None = None,
+        backlog: int = 0,
+        handed_back: set[tuple[str, int]] | None = None,
+    ) -> None:
+        """``handed_back``: the run's chunks handed back by failed trainers (shared by the
+        trainers of one test, as the run's Redis set is)."""
         self.counters: collections.Counter[str] = collections.Counter()
         self.ledger: collections.Counter[str] = collections.Counter()
         self.highs: dict[str, int] = {}
         self.flushes = 0
         self.log = logging.getLogger("fake-trainer")
         stored = dict(ledger or {})
+        returned = set() if handed_back is None else handed_back
+
+        def hand_back_chunks(_, chunks: list[tuple[str, int]]) -> set[tuple[str, int]]:
+            again = returned & set(chunks)
+            returned.update(chunks)
+            return again
+
         self.registry = type(
-            "Registry", (), {"chunk_ledger": lambda _: stored, "chunk_backlog": lambda _: backlog}
+            "Registry",
+            (),
+            {
+                "chunk_ledger": lambda _: stored,
+                "chunk_backlog": lambda _: backlog,
+                "hand_back_chunks": hand_back_chunks,
+            },
         )()
 
     def count(self, name: str, amount: int = 1) -> None:
@@ -228,6 +248,49 @@ def test_a_killed_trainers_buffer_goes_back_to_its_producers() -> None:
     assert role.ledger[buffered_field("trainer/0")] == -5
     accounting.write_off_lost_chunks()
     assert role.counters["chunks_written_off"] == 7 and role.flushes == 2
+
+
+def _successor_ledger(role: FakeTrainer) -> dict[str, int]:
+    """The ledger a trainer's successor reads: its predecessor's additions and marks."""
+    return {**role.ledger, **role.highs}
+
+
+def test_a_failed_trainer_hands_its_buffer_back_as_a_killed_one_would() -> None:
+    """Chunk 0 held, 1 trained (its fate waits for 0), 2-3 held: nothing is settled or
+    counted, so the successor counts all four returned and takes them again when resent."""
+    role = FakeTrainer()
+    accounting = _accounting(role)
+    chunks = [accounting.receive(numbered(i)) for i in range(4)]
+    accounting.trained([chunks[1]], samples=1, left_out=0, lags=np.array([0]))
+    accounting.hand_back()
+    assert "chunks_in_flight_at_exit" not in role.counters
+    assert "chunks_consumed" not in role.counters and settled_field("0/0#x") not in role.highs
+    successor = FakeTrainer(ledger=_successor_ledger(role))
+    following = _accounting(successor)
+    following.write_off_dead_buffer()
+    assert successor.counters["chunks_returned"] == 4
+    assert all(following.receive(numbered(i)) is not None for i in range(4))
+
+
+def test_a_chunk_handed_back_twice_is_settled_in_flight_the_second_time() -> None:
+    """A chunk that two trainers held when they failed may be what fails them: the second
+    settles it (and what it holds for the first time goes back)."""
+    handed_back: set[tuple[str, int]] = set()
+    first = FakeTrainer(handed_back=handed_back)
+    accounting = _accounting(first)
+    for i in range(2):
+        accounting.receive(numbered(i))
+    accounting.hand_back()
+    second = FakeTrainer(ledger=_successor_ledger(first), handed_back=handed_back)
+    following = _accounting(second)
+    following.write_off_dead_buffer()
+    for i in range(3):  # 0 and 1 resent, 2 new
+        assert following.receive(numbered(i)) is not None
+    following.hand_back()
+    assert second.counters["chunks_in_flight_at_exit"] == 2
+    assert second.highs[settled_field("0/0#x")] == 2  # 2 goes back: its successor takes it
+    third = _accounting(FakeTrainer(ledger=_successor_ledger(second), handed_back=handed_back))
+    assert third.receive(numbered(1)) is None and third.receive(numbered(2)) is not None
 
 
 def test_without_resend_buffers_a_killed_trainers_buffer_is_lost() -> None:

@@ -98,14 +98,22 @@ def test_counters_restarts_weights_and_stop(registry) -> None:
     assert registry.stop_reason() == "first"
 
 
+def test_chunks_handed_back_twice_are_told_apart(registry) -> None:
+    assert registry.hand_back_chunks([]) == set()
+    assert registry.hand_back_chunks([("0/0#a", 3), ("0/0#a", 4)]) == set()
+    again = registry.hand_back_chunks([("0/0#a", 4), ("0/0#a", 5), ("1/0#b", 3)])
+    assert again == {("0/0#a", 4)}
+
+
 def test_every_key_has_the_run_prefix(registry) -> None:
     registry.register("demo_sink", 0, node="local", host="h", pid=1)
     registry.heartbeat("demo_sink", 0, 5, {"a": 1})
     registry.incr("x")
     registry.append("episodes", [{"return": 1.0}])
+    registry.hand_back_chunks([("0/0#a", 1)])
     names = list(registry.redis.scan_iter("*"))
     mine = [n for n in names if n.startswith(keys.run_prefix(registry.run_id) + ":")]
-    assert len(mine) == 6
+    assert len(mine) == 7
     registry.clear_run()
     assert not [n for n in registry.redis.scan_iter("*") if n in mine]
 

@@ -6,8 +6,8 @@ The trainer reports what happens to each chunk; this component turns that into c
 chunk ledger entries (the highest sequence number received per producer, the chunks held in
 the trainer's buffer, the settled mark that acknowledges chunks to their producers:
 ``rlvla3/runtime/chunk_acks.py``), drops resent chunks it already has as duplicates, hands a
-killed predecessor's buffer back to the producers that resend it, and writes off chunks counted
-as pushed that never arrived.
+killed or failed predecessor's buffer back to the producers that resend it, and writes off
+chunks counted as pushed that never arrived.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ class ChunkAccounting:
 
     # --- at start ------------------------------------------------------------------------------
     def write_off_dead_buffer(self) -> None:
-        """Chunks an earlier process of this trainer held in its buffer when it was killed go
-        back to their producers, which resend them (``chunks_returned``: they count as received
+        """Chunks an earlier process of this trainer held in its buffer when it was killed (or
+        failed: ``hand_back``) go back to their producers, which resend them (``chunks_returned``: they count as received
         again when they arrive); without resend buffers they are lost
         (``chunks_lost_in_trainer``)."""
         held = self.role.registry.chunk_ledger().get(buffered_field(self.me), 0)
@@ -276,11 +276,35 @@ class ChunkAccounting:
             self._settle(chunks, "chunks_consumed")
 
     # --- at exit -------------------------------------------------------------------------------
+    def hand_back(self) -> None:
+        """A trainer that failed (a successor takes over) leaves the chunks it holds unsettled,
+        as a killed one does: its successor counts them returned (``write_off_dead_buffer``)
+        and their producers resend them, with what was still queued here (that dies with this
+        process). A chunk that a failed trainer handed back before is settled as in flight at
+        exit instead: it may be what makes trainers fail, and handed back again it would fail
+        each successor in turn until the launcher gives the run up."""
+        held = self.marks.held()
+        again = self.role.registry.hand_back_chunks(held)
+        with self._together():
+            for producer, chunk_id in held:
+                if (producer, chunk_id) in again:
+                    self._settle_number(producer, chunk_id, "chunks_in_flight_at_exit")
+        self.role.log.warning(
+            "failed holding %d chunks: %d go back to their producers, which resend them to "
+            "the next trainer; %d were handed back by a failed trainer before, counted in "
+            "flight at exit",
+            len(held),
+            len(held) - len(again),
+            len(again),
+        )
+
     def drain(self, queue: MessageSocket, held: int) -> None:
         """Take the chunks still queued at exit and count them with the ``held`` ones as in
         flight, so produced = consumed + dropped + these (+ lost); they are settled, so no
-        producer resends them. Bounded in time: a trainer that stops alone (it failed) has env
-        workers still pushing, and what it leaves queued its successor writes off."""
+        producer resends them (a failed trainer without resend buffers, or one that failed
+        stopping, drains too: ``hand_back`` is for a failure a successor takes over). Bounded
+        in time: a trainer that stops alone has env workers still pushing, and what it leaves
+        queued its successor writes off."""
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline and (chunk := queue.recv(timeout_s=0.5)) is not None:
             if not isinstance(chunk, TrajectoryChunk):

@@ -53,6 +53,13 @@ def chunk_ledger(run_id: str) -> str:
     return f"{run_prefix(run_id)}:chunk_ledger"
 
 
+def handed_back_chunks(run_id: str) -> str:
+    """Set of ``producer chunk_id``: the chunks a failed trainer left unsettled for its
+    successor (``ChunkAccounting.hand_back``); a chunk handed back a second time is settled
+    instead."""
+    return f"{run_prefix(run_id)}:handed_back_chunks"
+
+
 def counter_flush(run_id: str, flusher: str) -> str:
     """String: the number of the last counter flush applied for ``flusher`` (one role process),
     so that a flush sent again after its reply was lost is not applied twice."""
