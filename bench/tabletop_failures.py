@@ -87,10 +87,17 @@ def load_policy(args: argparse.Namespace) -> tuple[Config, torch.nn.Module, str]
 
 
 @torch.no_grad()
-def play(cfg: Config, policy: torch.nn.Module, episodes: int, seed: int, max_steps: int | None):
-    """Greedy episodes stepped as one batch: per episode its states (the one each action was
-    taken in), success, final block-to-target distance, and the env actions and pusher speeds
-    it produced."""
+def play(
+    cfg: Config,
+    policy: torch.nn.Module,
+    episodes: int,
+    seed: int,
+    max_steps: int | None,
+    deterministic: bool = True,
+):
+    """Greedy episodes (sampled ones: ``deterministic`` False) stepped as one batch: per
+    episode its states (the one each action was taken in), success, final block-to-target
+    distance, and the env actions and pusher speeds it produced."""
     kwargs = dict(cfg.env.kwargs)
     if max_steps is not None:
         kwargs["max_episode_steps"] = max_steps
@@ -103,7 +110,8 @@ def play(cfg: Config, policy: torch.nn.Module, episodes: int, seed: int, max_ste
     live = list(range(episodes))
     while live:
         batch = {k: torch.from_numpy(np.stack([obs[i][k] for i in live])) for k in obs[live[0]]}
-        out = policy.to_env_action(policy.act(batch, deterministic=True).action).numpy()
+        out = policy.to_env_action(policy.act(batch, deterministic=deterministic).action)
+        out = out.numpy()
         still = []
         for i, action in zip(live, out, strict=True):
             states[i].append(envs[i].privileged_state())

@@ -29,6 +29,7 @@ FROM_SCRATCH = [
 BENCHMARKS = {
     "async_vs_sync.py": [],
     "async_vs_sync_sim.py": ["--sims", "libero"],
+    "checkpoint_curve.py": [],
     "codec_sockets.py": [],
     "critic_probe.py": ["launch/vla_tabletop.yaml", *FROM_SCRATCH],
     "data_parallel.py": [],
