@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from harness.launch_run import REPO
 from harness.provenance import write_result
-from harness.report import Table, benchmark_parser
-from tabletop_failures import play
+from harness.report import Table
+from tabletop_failures import episodes_parser, play
 
 from rlvla3.config.run_config import Config, load_config
 from rlvla3.policy.factory import build_policy
@@ -37,12 +37,7 @@ TABLE = Table.from_layout("checkpoint:<44 | version:>8 | greedy:>7.3f | sampled:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = benchmark_parser(__doc__, smoke_help="4 short episodes, untrained policy (CI)")
-    p.add_argument("run_dir", nargs="?", help="a run directory (config.yaml, checkpoints/)")
-    p.add_argument("--episodes", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=500_000, help="seed of the first episode")
-    p.add_argument("--threads", type=int, default=2, help="torch threads")
-    return p.parse_args(argv)
+    return episodes_parser(__doc__, episodes=1000, seed=500_000, threads=2).parse_args(argv)
 
 
 def points(args: argparse.Namespace, tmp: Path) -> tuple[Config, list[tuple[str, Path]]]:

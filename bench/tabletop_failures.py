@@ -54,18 +54,25 @@ FITS_DEG, MISSES_DEG = 30.0, 45.0
 BY_INSTRUCTION = Table.from_layout("instruction:<33 | episodes:>7 | success:>8.2f")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = benchmark_parser(__doc__, smoke_help="4 short episodes, untrained policy (CI)")
+def episodes_parser(doc: str, episodes: int, seed: int, threads: int) -> argparse.ArgumentParser:
+    """The flags of a script that plays fresh episodes with a run's policy (this one's and
+    ``bench/checkpoint_curve.py``'s): the run dir, ``--episodes``, ``--seed``, ``--threads``."""
+    p = benchmark_parser(doc, smoke_help="4 short episodes, untrained policy (CI)")
     p.add_argument("run_dir", nargs="?", help="a run directory (config.yaml, checkpoints/)")
-    p.add_argument("--episodes", type=int, default=300)
-    p.add_argument("--seed", type=int, default=900_000, help="seed of the first episode")
+    p.add_argument("--episodes", type=int, default=episodes)
+    p.add_argument("--seed", type=int, default=seed, help="seed of the first episode")
+    p.add_argument("--threads", type=int, default=threads, help="torch threads")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = episodes_parser(__doc__, episodes=300, seed=900_000, threads=1)
     p.add_argument("--tail", type=int, default=20, help="last steps of a failure classified")
     p.add_argument(
         "--max-episode-steps",
         type=int,
         help="the episodes' time limit (default: the run's env.kwargs, else the env's own)",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
     return p.parse_args(argv)
 
 

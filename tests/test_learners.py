@@ -90,6 +90,24 @@ def test_grpo_takes_a_batch_of_nothing_when_every_step_is_too_stale() -> None:
     assert taken.batch is None and taken.left_out == 1 and taken.samples == 0
 
 
+class _RedisSets:
+    """The Redis calls of ``chunk_acks.hand_back_chunks``: ``SADD`` in a pipeline, one set."""
+
+    def __init__(self, members: set[str]) -> None:
+        self.members, self.replies = members, []
+
+    def pipeline(self, transaction: bool = True) -> _RedisSets:
+        self.replies = []
+        return self
+
+    def sadd(self, key: str, member: str) -> None:
+        self.replies.append(int(member not in self.members))
+        self.members.add(member)
+
+    def execute(self) -> list[int]:
+        return self.replies
+
+
 class FakeTrainer:
     """The part of a Role the accounting uses, recording what it was told."""
 
@@ -99,7 +117,7 @@ class FakeTrainer:
         self,
         ledger: dict[str, int] | None = None,
         backlog: int = 0,
-        handed_back: set[tuple[str, int]] | None = None,
+        handed_back: set[str] | None = None,
     ) -> None:
         """``handed_back``: the run's chunks handed back by failed trainers (shared by the
         trainers of one test, as the run's Redis set is)."""
@@ -109,20 +127,14 @@ class FakeTrainer:
         self.flushes = 0
         self.log = logging.getLogger("fake-trainer")
         stored = dict(ledger or {})
-        returned = set() if handed_back is None else handed_back
-
-        def hand_back_chunks(_, chunks: list[tuple[str, int]]) -> set[tuple[str, int]]:
-            again = returned & set(chunks)
-            returned.update(chunks)
-            return again
-
         self.registry = type(
             "Registry",
             (),
             {
                 "chunk_ledger": lambda _: stored,
                 "chunk_backlog": lambda _: backlog,
-                "hand_back_chunks": hand_back_chunks,
+                "run_id": "fake",
+                "redis": _RedisSets(set() if handed_back is None else handed_back),
             },
         )()
 
@@ -275,7 +287,7 @@ def test_a_failed_trainer_hands_its_buffer_back_as_a_killed_one_would() -> None:
 def test_a_chunk_handed_back_twice_is_settled_in_flight_the_second_time() -> None:
     """A chunk that two trainers held when they failed may be what fails them: the second
     settles it (and what it holds for the first time goes back)."""
-    handed_back: set[tuple[str, int]] = set()
+    handed_back: set[str] = set()
     first = FakeTrainer(handed_back=handed_back)
     accounting = _accounting(first)
     for i in range(2):

@@ -9,6 +9,7 @@ import redis
 
 from rlvla3.launch.redis_server import EmbeddedRedis, find_redis_server
 from rlvla3.runtime import keys
+from rlvla3.runtime.chunk_acks import hand_back_chunks
 from tests.conftest import wait_until
 
 
@@ -99,9 +100,9 @@ def test_counters_restarts_weights_and_stop(registry) -> None:
 
 
 def test_chunks_handed_back_twice_are_told_apart(registry) -> None:
-    assert registry.hand_back_chunks([]) == set()
-    assert registry.hand_back_chunks([("0/0#a", 3), ("0/0#a", 4)]) == set()
-    again = registry.hand_back_chunks([("0/0#a", 4), ("0/0#a", 5), ("1/0#b", 3)])
+    assert hand_back_chunks(registry, []) == set()
+    assert hand_back_chunks(registry, [("0/0#a", 3), ("0/0#a", 4)]) == set()
+    again = hand_back_chunks(registry, [("0/0#a", 4), ("0/0#a", 5), ("1/0#b", 3)])
     assert again == {("0/0#a", 4)}
 
 
@@ -110,7 +111,7 @@ def test_every_key_has_the_run_prefix(registry) -> None:
     registry.heartbeat("demo_sink", 0, 5, {"a": 1})
     registry.incr("x")
     registry.append("episodes", [{"return": 1.0}])
-    registry.hand_back_chunks([("0/0#a", 1)])
+    hand_back_chunks(registry, [("0/0#a", 1)])
     names = list(registry.redis.scan_iter("*"))
     mine = [n for n in names if n.startswith(keys.run_prefix(registry.run_id) + ":")]
     assert len(mine) == 7

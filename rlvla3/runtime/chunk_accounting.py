@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rlvla3.runtime.chunk_acks import SettledMarks, count_trainer_start
+from rlvla3.runtime.chunk_acks import SettledMarks, count_trainer_start, hand_back_chunks
 from rlvla3.runtime.chunk_ledger import (
     buffered_field,
     received_field,
@@ -104,9 +104,9 @@ class ChunkAccounting:
     # --- at start ------------------------------------------------------------------------------
     def write_off_dead_buffer(self) -> None:
         """Chunks an earlier process of this trainer held in its buffer when it was killed (or
-        failed: ``hand_back``) go back to their producers, which resend them (``chunks_returned``: they count as received
-        again when they arrive); without resend buffers they are lost
-        (``chunks_lost_in_trainer``)."""
+        failed: ``hand_back``) go back to their producers, which resend them
+        (``chunks_returned``: they count as received again when they arrive); without resend
+        buffers they are lost (``chunks_lost_in_trainer``)."""
         held = self.role.registry.chunk_ledger().get(buffered_field(self.me), 0)
         if held > 0:
             fate = "chunks_returned" if self.resent else "chunks_lost_in_trainer"
@@ -284,7 +284,7 @@ class ChunkAccounting:
         exit instead: it may be what makes trainers fail, and handed back again it would fail
         each successor in turn until the launcher gives the run up."""
         held = self.marks.held()
-        again = self.role.registry.hand_back_chunks(held)
+        again = hand_back_chunks(self.role.registry, held)
         with self._together():
             for producer, chunk_id in held:
                 if (producer, chunk_id) in again:

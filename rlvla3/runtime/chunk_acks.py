@@ -33,7 +33,7 @@ rest of the run, every later chunk's fate uncounted until exit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -168,3 +168,16 @@ def read_acks(registry: Registry, producers: Iterable[str]) -> Acks:
 def count_trainer_start(registry: Registry) -> None:
     """Say that a trainer started and can take chunks (its endpoint is published)."""
     registry.redis.hincrby(keys.chunk_ledger(registry.run_id), TRAINER_STARTS, 1)
+
+
+def hand_back_chunks(registry: Registry, chunks: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Record ``chunks`` (producer, number) as handed back by a failed trainer, in one round
+    trip; returns those a failed trainer had handed back before (``keys.handed_back_chunks``)."""
+    if not chunks:
+        return set()
+    key = keys.handed_back_chunks(registry.run_id)
+    pipe = registry.redis.pipeline(transaction=True)
+    for producer, chunk_id in chunks:
+        pipe.sadd(key, f"{producer} {chunk_id}")
+    added = pipe.execute()
+    return {chunk for chunk, new in zip(chunks, added, strict=True) if not new}

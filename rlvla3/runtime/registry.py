@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -207,18 +207,6 @@ class Registry:
     def chunk_ledger(self) -> dict[str, int]:
         """The chunk ledger's fields (see ``rlvla3/runtime/chunk_ledger.py``)."""
         return {k: int(v) for k, v in self.redis.hgetall(keys.chunk_ledger(self.run_id)).items()}
-
-    def hand_back_chunks(self, chunks: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
-        """Record ``chunks`` (producer, number) as handed back by a failed trainer, in one
-        round trip; returns those a failed trainer had handed back before."""
-        if not chunks:
-            return set()
-        key = keys.handed_back_chunks(self.run_id)
-        pipe = self.redis.pipeline(transaction=True)
-        for producer, chunk_id in chunks:
-            pipe.sadd(key, f"{producer} {chunk_id}")
-        added = pipe.execute()
-        return {chunk for chunk, new in zip(chunks, added, strict=True) if not new}
 
     def counters(self) -> dict[str, int]:
         """All run-wide counters."""
