@@ -160,6 +160,7 @@ class EnvWorker(Role[EnvWorkerSettings]):
             peers=self.peers,
             queue_hwm=self.settings.chunk_queue_hwm,
             resend=resend,
+            tag_key=self.chunk_key if self.trains else b"",
             counters=self,
             stop_event=self.stop_event,
         )

@@ -43,7 +43,7 @@ from rlvla3.policy.base import ActorCritic
 from rlvla3.policy.factory import build_policy, env_spaces
 from rlvla3.policy.lora import load_init_weights
 from rlvla3.policy.memory_check import check_role_memory
-from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
+from rlvla3.runtime.chunk_accounting import ChunkAccounting
 from rlvla3.runtime.group_watch import GroupWatch
 from rlvla3.runtime.metrics_log import MetricsLog
 from rlvla3.runtime.rate_meter import RateMeter
@@ -52,6 +52,7 @@ from rlvla3.runtime.train_group import join_group
 from rlvla3.runtime.training_role import TrainingRole
 from roles.trainer_rank import FollowerRank
 from transport import sockets
+from transport.chunk_auth import ChunkTagCheck
 from transport.messages import TrajectoryChunk
 from transport.socket_limits import chunk_limits
 
@@ -91,7 +92,8 @@ class Trainer(TrainingRole[TrainerSettings]):
             return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
-        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent)
+        tags = ChunkTagCheck(self.chunk_key) if self.chunk_key else None
+        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent, tags=tags)
         self.accounting.write_off_dead_buffer()
         self.chunks = self.own(
             sockets.pull(
@@ -155,7 +157,7 @@ class Trainer(TrainingRole[TrainerSettings]):
     def _accept(self, chunk: TrajectoryChunk) -> None:
         """Check a received chunk, then hand it to the learner if it is fresh enough."""
         problem = (
-            producer_problem(chunk)
+            self.accounting.attribution_problem(chunk)
             or chunk_problem(
                 chunk, self.obs_space, self.action_spec, chunk_len=self.cfg.env.chunk_len
             )

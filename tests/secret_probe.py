@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--secret-fd", type=int, default=None)
     args, _ = parser.parse_known_args()
-    keys = role_keys.take(args.secret_fd, "env_worker")
+    keys = role_keys.take(args.secret_fd, "env_worker", 0)
     child = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True)
     report = {
         "bundle": None if keys is None else keys.to_text(),

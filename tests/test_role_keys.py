@@ -29,6 +29,7 @@ from rlvla3.runtime.role import Role
 from tests.conftest import wait_until
 from tests.launching import REPO, launcher_output, start_launcher, write_yaml
 from tests.test_rl_loop import cartpole_config
+from transport.chunk_auth import chunk_check_key, producer_key
 from transport.derived_keys import MissingKeyError
 from transport.security import CurveSecurity, run_keys
 from transport.weight_auth import VersionGate, weights_key
@@ -45,6 +46,8 @@ def secret_texts(secret: str) -> dict[str, str]:
         "the weights key": weights_key(secret).hex(),
         "the CURVE server secret key": curve.server_secret.decode(),
         "the CURVE client secret key": curve.client_secret.decode(),
+        "the chunk check key": chunk_check_key(secret).hex(),
+        "env worker 0's chunk-tag key": producer_key(chunk_check_key(secret), 0).hex(),
     }
 
 
@@ -62,17 +65,29 @@ def test_each_role_is_handed_the_keys_its_row_names_and_no_other() -> None:
         assert role_keys.from_text(keys.to_text(), "test") == keys
         assert secret not in keys.to_text()
     env = role_keys.keys_for("env_worker", secret)
-    assert env.names() == {RunKey.REDIS, RunKey.CURVE_CLIENT}
-    assert env.weights is None and env.curve.server_secret is None
+    assert env.names() == {RunKey.REDIS, RunKey.CURVE_CLIENT, RunKey.CHUNK_SIGN}
+    assert env.weights is None and env.curve.server_secret is None and env.chunk_check is None
     assert_holds_none(
         env.to_text(),
         secret,
         "an env worker's bundle",
+        but=("the Redis password", "the CURVE client secret key", "env worker 0's chunk-tag key"),
+    )
+    # another env worker's bundle: its own chunk-tag key, not worker 0's
+    other = role_keys.keys_for("env_worker", secret, index=1)
+    assert other.chunk_sign == producer_key(chunk_check_key(secret), 1) != env.chunk_sign
+    assert_holds_none(
+        other.to_text(),
+        secret,
+        "env worker 1's bundle",
         but=("the Redis password", "the CURVE client secret key"),
     )
+    assert role_keys.keys_for("eval_env_worker", secret).chunk_sign is None  # sends no chunks
     server = role_keys.keys_for("rollout_server", secret)
     assert server.curve.client_secret is None  # it connects to nothing
-    assert role_keys.keys_for("trainer", secret).names() == set(RunKey)
+    trainer = role_keys.keys_for("trainer", secret)
+    assert trainer.names() == set(RunKey) - {RunKey.CHUNK_SIGN}
+    assert trainer.chunk_check == chunk_check_key(secret)
 
 
 def test_what_is_no_bundle_is_refused_naming_the_pipe() -> None:
@@ -83,6 +98,7 @@ def test_what_is_no_bundle_is_refused_naming_the_pipe() -> None:
         json.dumps({**good, "server_public": None}),
         json.dumps({**good, "client_secret": "short"}),
         json.dumps({**good, "weights": "not hex"}),
+        json.dumps({**good, "chunk_sign": 7}),
         json.dumps([1, 2]),
     ):
         with pytest.raises(run_secret.SecretError, match=r"^--secret-fd 7: not a key bundle"):
@@ -93,8 +109,8 @@ def test_a_role_started_by_hand_derives_its_keys_and_keeps_no_secret(monkeypatch
     secret = run_secret.new_secret()
     monkeypatch.setattr(run_secret, "_taken", None)
     monkeypatch.setenv(run_secret.SECRET_ENV, secret)
-    keys = role_keys.take(None, "env_worker")
-    assert keys == role_keys.keys_for("env_worker", secret)
+    keys = role_keys.take(None, "env_worker", 3)
+    assert keys == role_keys.keys_for("env_worker", secret, 3)
     assert run_secret.SECRET_ENV not in os.environ  # processes it starts do not inherit it
     assert run_secret.from_env() is None  # and this process does not keep it
 
@@ -210,8 +226,8 @@ def test_a_role_gets_its_keys_through_a_pipe_and_its_environment_holds_none(
     processes.spawn(proc, ctx)
     assert proc.popen.wait(timeout=60) == 0, (tmp_path / "probe.log").read_text()
     report = json.loads((tmp_path / "probe.json").read_text())
-    assert report["keys"] == ["curve_client", "redis"]
-    assert report["bundle"] == role_keys.keys_for("env_worker", secret).to_text()
+    assert report["keys"] == ["chunk_sign", "curve_client", "redis"]
+    assert report["bundle"] == role_keys.keys_for("env_worker", secret, 0).to_text()
     for where in ("os_environ", "proc_environ", "cmdline", "child_environ"):
         assert_holds_none(report[where], secret, where)
     assert not report["secret_fd_still_open"]
@@ -258,6 +274,8 @@ def test_a_run_bound_beyond_loopback_trains_with_each_role_holding_only_its_keys
         if launcher.poll() is None:
             launcher.kill()
     assert {r.status for r in registry.roles()} == {"done"}
+    counters = registry.counters()  # every chunk carried its env worker's tag and passed
+    assert counters["chunks_consumed"] > 0 and counters.get("bad_chunks", 0) == 0, counters
     assert {r.host for r in registry.roles()} == {address}  # every socket beyond loopback
     counters = registry.counters()
     assert counters["updates"] >= 2 and counters.get("auth_refused", 0) == 0

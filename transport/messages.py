@@ -6,7 +6,7 @@ in the msgpack header and large ones as raw zero-copy frames. Bump ``SCHEMA_VERS
 field changes meaning or shape, or the wire layout changes (2: positional fields, inline arrays;
 3: ``ActionReply.env_action`` optional; 4: ``WeightsRequest``, ``TrajectoryChunk.producer``;
 5: ``TrajectoryChunk.group``; 6: ``ObsBatchRequest``, ``ActionBatchReply``; 7: ``WeightsUpdate.tag``;
-8: ``TrajectoryChunk.resend_from``).
+8: ``TrajectoryChunk.resend_from``; 9: ``TrajectoryChunk.tag``).
 
 Observation dicts (``Obs``) use the same keys as ``rlvla3/policy/base.py``: ``state`` for classic
 control; ``image`` (uint8[H, W, 3]), ``instruction`` (int32[L] byte tokens, 0 = pad) and
@@ -20,7 +20,7 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 Obs = dict[str, np.ndarray]
 
@@ -155,6 +155,9 @@ class TrajectoryChunk(Message):
             chunk was pushed (its resend buffer's oldest, else ``chunk_id``): one below it
             that a trainer neither holds nor settled will never arrive
             (``rlvla3/runtime/chunk_acks.py``); -1: not said.
+        tag: HMAC-SHA256 of the names and numbers above under the producing env worker's key
+            (``transport/chunk_auth.py``): the trainer of a multi-host run refuses a chunk
+            without its producer's tag. Empty in a one-host run (no keys).
     """
 
     worker_index: int
@@ -172,6 +175,7 @@ class TrajectoryChunk(Message):
     producer: str = ""  # last: defaults follow the required fields
     group: str = ""
     resend_from: int = -1
+    tag: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 
 class WeightsUpdate(Message):

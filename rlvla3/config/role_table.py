@@ -37,6 +37,12 @@ class RunKey(StrEnum):
     WEIGHTS = "weights"
     """The weights key: sign weight versions and check their tags (HMAC: a key that checks
     can sign, so only roles that take weights in hold it)."""
+    CHUNK_CHECK = "chunk_check"
+    """The chunk check key: check every env worker's chunk tags (``transport/chunk_auth.py``;
+    each worker's key derives from it, so it could tag as any of them)."""
+    CHUNK_SIGN = "chunk_sign"
+    """An env worker's own chunk-tag key (derived from the check key and its index): it tags
+    its chunks as itself and as no other worker."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,20 +70,24 @@ class RoleSpec(Generic[SettingsT]):
 
 
 _SERVED = ("requests_served", "req/s")
-_ENV_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_CLIENT})
-"""Env workers connect to rollout servers and trainers, bind nothing, and take no weights."""
+_EVAL_ENV_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_CLIENT})
+"""Evaluation env workers connect to rollout servers, bind nothing, take no weights and send
+no chunks."""
+_ENV_KEYS = _EVAL_ENV_KEYS | {RunKey.CHUNK_SIGN}
+"""Env workers also send chunks to the trainers, tagged with their own key."""
 _SERVING_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_SERVER, RunKey.WEIGHTS})
 """Rollout servers and the broadcaster bind sockets, connect to none (weight links are
 torch's), and check the tags of the weights they take."""
-_TRAINER_KEYS = frozenset(RunKey)
-"""The trainer binds its chunk socket, connects to the broadcaster, signs the versions it
-publishes and checks the broadcaster's copy when it restarts."""
+_TRAINER_KEYS = frozenset(RunKey) - {RunKey.CHUNK_SIGN}
+"""The trainer binds its chunk socket and checks every chunk's tag, connects to the
+broadcaster, signs the versions it publishes and checks the broadcaster's copy when it
+restarts."""
 _SFT_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_CLIENT, RunKey.WEIGHTS})
 """The SFT trainer is the trainer less the chunk socket: it binds nothing."""
 
 # name, settings, stop stage, evaluation role, headline rate, keys: one row per role
 _ROWS = (
-    ("eval_env_worker", EnvWorkerSettings, 0, True, ("eval_env_steps", "steps/s"), _ENV_KEYS),
+    ("eval_env_worker", EnvWorkerSettings, 0, True, ("eval_env_steps", "steps/s"), _EVAL_ENV_KEYS),
     ("env_worker", EnvWorkerSettings, 1, False, ("env_steps", "steps/s"), _ENV_KEYS),
     ("eval_rollout_server", RolloutServerSettings, 2, True, _SERVED, _SERVING_KEYS),
     ("rollout_server", RolloutServerSettings, 3, False, _SERVED, _SERVING_KEYS),

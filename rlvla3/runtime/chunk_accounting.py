@@ -28,6 +28,7 @@ from rlvla3.runtime.chunk_ledger import (
 from rlvla3.runtime.counter_batch import DropReports
 from rlvla3.runtime.log_text import loggable
 from rlvla3.runtime.role import Role
+from transport.chunk_auth import ChunkTagCheck
 from transport.messages import TrajectoryChunk
 from transport.sockets import MessageSocket
 
@@ -81,6 +82,8 @@ class ChunkAccounting:
             backlog there, which must not lag behind this trainer's own counts).
         resent: env workers keep resend buffers (``resend_buffer_chunks`` > 0), so a killed
             trainer's buffer is delivered again rather than lost.
+        tags: the check of every chunk's producer tag (a multi-host run's); None: a one-host
+            run's, whose chunks carry none.
     What settles or receives a chunk is counted in one ``role.counting_together()`` block, so
     that a flush from the heartbeat thread never takes half of it.
     """
@@ -91,6 +94,7 @@ class ChunkAccounting:
         flush_counters: Callable[[], None],
         *,
         resent: bool = True,
+        tags: ChunkTagCheck | None = None,
     ) -> None:
         self.role = role
         self.me = f"{role.name}/{role.index}"
@@ -98,8 +102,19 @@ class ChunkAccounting:
         self._together = role.counting_together
         self._last_arrival = time.monotonic()
         self.resent = resent
+        self.tags = tags
         self.marks: SettledMarks[str] = SettledMarks.from_ledger(role.registry.chunk_ledger())
         self._drop_reports = DropReports()
+
+    def attribution_problem(self, chunk: TrajectoryChunk) -> str | None:
+        """Why the chunk cannot be counted for the producer it names (None: it can): a name
+        or number the ledger cannot hold (``producer_problem``), or, in a multi-host run, a
+        tag that is not its env worker's (``transport/chunk_auth.py``). Such a chunk never
+        enters the settled marks, so it cannot move a genuine producer's."""
+        problem = producer_problem(chunk)
+        if problem is None and self.tags is not None:
+            problem = self.tags.problem(chunk)
+        return problem
 
     # --- at start ------------------------------------------------------------------------------
     def write_off_dead_buffer(self) -> None:
@@ -166,7 +181,7 @@ class ChunkAccounting:
     def _duplicate(self, chunk: TrajectoryChunk) -> bool:
         """Whether ``chunk`` was received before (then counted as a duplicate). A chunk that was
         not is in this trainer's buffer (the ledger's count) until it is settled."""
-        if producer_problem(chunk) is not None:
+        if self.attribution_problem(chunk) is not None:
             return False  # refused by the checks, never in the marks
         if self.marks.is_duplicate(chunk.producer, chunk.chunk_id):
             self.role.count("chunks_duplicate")
@@ -219,7 +234,7 @@ class ChunkAccounting:
         with self._together():
             self.role.count("bad_chunks")
             self.role.count("samples_dropped", int(np.size(chunk.rewards)))
-            if producer_problem(chunk) is None:
+            if self.attribution_problem(chunk) is None:
                 self._settle([chunk], "chunks_dropped")
                 self.role.ledger_add(refused_field(chunk.producer), 1)
             else:
@@ -314,7 +329,7 @@ class ChunkAccounting:
                     continue
                 # received now, so a restarted trainer does not write them off a second time
                 self.role.count("chunks_received")
-                if producer_problem(chunk) is None:
+                if self.attribution_problem(chunk) is None:
                     self.record(chunk)
                 else:
                     self.role.count("chunks_in_flight_at_exit")  # not in the ledger's buffer

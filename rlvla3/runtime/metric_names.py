@@ -45,7 +45,7 @@ COUNTERS: dict[str, str] = {
     "chunks_duplicate": "resent chunks a trainer had already received or settled: dropped, each once",
     "chunks_written_off": "chunks counted as pushed that a trainer found would never arrive",
     "bad_chunks": "chunks refused by the chunk checks (also in chunks_dropped)",
-    "bad_chunks_unattributed": "refused chunks whose producer or number could not go into the chunk ledger (of bad_chunks; produced and dropped each itself)",
+    "bad_chunks_unattributed": "refused chunks whose producer or number could not go into the chunk ledger, or (multi-host) whose tag is not their env worker's (of bad_chunks; produced and dropped each itself)",
     "samples_consumed": "env steps trained on",
     "samples_dropped": "env steps in dropped chunks",
     "updates": "PPO updates",

@@ -40,7 +40,7 @@ from typing import ClassVar, Generic, TypeVar, cast
 
 import redis
 
-from rlvla3.config.role_table import RunKey
+from rlvla3.config.role_table import RunKey, role_spec
 from rlvla3.config.run_config import Config
 from rlvla3.runtime import role_keys
 from rlvla3.runtime.counter_batch import CounterBatch, DropReports
@@ -81,6 +81,27 @@ class Role(abc.ABC, Generic[SettingsT]):
     @weights_key.setter
     def weights_key(self, key: bytes | None) -> None:
         self._weights_key = key
+
+    _chunk_key: bytes | None = b""  # b"": a one-host run's (none); None: not handed to us
+
+    @property
+    def chunk_key(self) -> bytes:
+        """This role's key of the chunk tags (``transport/chunk_auth.py``): a trainer's checks
+        every env worker's chunks, an env worker's tags its own. ``main`` sets it from the
+        role's keys; b"" in a one-host run, which tags nothing.
+
+        Raises:
+            MissingKeyError: this role was not handed one (the role table's ``keys``).
+        """
+        if self._chunk_key is None:
+            checks = RunKey.CHUNK_CHECK in role_spec(self.name).keys
+            wanted = RunKey.CHUNK_CHECK if checks else RunKey.CHUNK_SIGN
+            raise role_keys.missing_key(self.name, wanted)
+        return self._chunk_key
+
+    @chunk_key.setter
+    def chunk_key(self, key: bytes | None) -> None:
+        self._chunk_key = key
 
     def __init__(
         self,

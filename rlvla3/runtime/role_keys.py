@@ -3,9 +3,11 @@
 The launcher holds the run secret; a role never does. For each role it starts, the launcher
 derives the keys the role table names for it (``RoleSpec.keys``, ``rlvla3/config/role_table.py``)
 and hands them over as a small JSON bundle through a pipe (``--secret-fd``,
-``run_secret.hand_over``). An env worker so holds the Redis credentials and the CURVE client
-key pair, and neither the weights key nor the CURVE server secret key, nor anything from which
-to derive them: a compromised simulator process cannot sign weights or pose as a server.
+``run_secret.hand_over``). An env worker so holds the Redis credentials, the CURVE client
+key pair and its own chunk-tag key (``transport/chunk_auth.py``, derived for its index), and
+neither the weights key, the CURVE server secret key, another worker's chunk-tag key nor
+anything from which to derive them: a compromised simulator process cannot sign weights, pose
+as a server or send chunks under another worker's name.
 
 A role asked to do something it holds no key for fails with ``MissingKeyError`` naming the
 key. A role started by hand with ``RLVLA3_RUN_SECRET`` derives its bundle the same way and
@@ -22,11 +24,13 @@ from rlvla3.config.role_table import RunKey, role_spec
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.redis_auth import RUN_USER, RedisAuth, run_password
 from rlvla3.runtime.redis_tls import redis_tls_identity
+from transport.chunk_auth import chunk_check_key, producer_key
 from transport.derived_keys import MissingKeyError
 from transport.security import RunKeys, run_keys
 from transport.weight_auth import weights_key
 
 _TEXT_FIELDS = ("redis_password", "redis_cert_pem")
+_HEX_FIELDS = ("weights", "chunk_check", "chunk_sign")
 _Z85_FIELDS = ("server_public", "server_secret", "client_public", "client_secret")
 _Z85_KEY_CHARS = 40  # a 32-byte Curve25519 key in Z85
 
@@ -45,6 +49,10 @@ class RoleKeys:
     """The CURVE keys: both public keys, and the secret keys of the sides its role uses."""
     weights: bytes | None
     """The weights key (``RunKey.WEIGHTS``)."""
+    chunk_check: bytes | None = None
+    """The chunk check key (``RunKey.CHUNK_CHECK``): a trainer's."""
+    chunk_sign: bytes | None = None
+    """This env worker's own chunk-tag key (``RunKey.CHUNK_SIGN``)."""
 
     def redis_auth(self) -> RedisAuth:
         """The run user's credentials on the run's Redis."""
@@ -59,12 +67,15 @@ class RoleKeys:
             RunKey.CURVE_CLIENT: self.curve.client_secret is not None,
             RunKey.CURVE_SERVER: self.curve.server_secret is not None,
             RunKey.WEIGHTS: self.weights is not None,
+            RunKey.CHUNK_CHECK: self.chunk_check is not None,
+            RunKey.CHUNK_SIGN: self.chunk_sign is not None,
         }
         return frozenset(name for name, present in held.items() if present)
 
     def to_text(self) -> str:
         """The bundle as JSON, for the pipe."""
-        fields: dict[str, Any] = {"role": self.role, "weights": _hex(self.weights)}
+        fields: dict[str, Any] = {"role": self.role}
+        fields.update({name: _hex(getattr(self, name)) for name in _HEX_FIELDS})
         fields.update({name: getattr(self, name) for name in _TEXT_FIELDS})
         for name in _Z85_FIELDS:
             value = getattr(self.curve, name)
@@ -72,9 +83,9 @@ class RoleKeys:
         return json.dumps(fields)
 
 
-def keys_for(role: str, secret: str) -> RoleKeys:
-    """The bundle of ``role``: the keys its row of the role table names, derived from
-    ``secret`` (the launcher's)."""
+def keys_for(role: str, secret: str, index: int = 0) -> RoleKeys:
+    """The bundle of process ``index`` of ``role``: the keys its row of the role table names,
+    derived from ``secret`` (the launcher's); an env worker's chunk-tag key is its index's."""
     wanted = role_spec(role).keys
     curve = run_keys(secret).only(
         server=RunKey.CURVE_SERVER in wanted, client=RunKey.CURVE_CLIENT in wanted
@@ -86,6 +97,10 @@ def keys_for(role: str, secret: str) -> RoleKeys:
         redis_cert_pem=redis_tls_identity(secret).cert_pem if redis else None,
         curve=curve,
         weights=weights_key(secret) if RunKey.WEIGHTS in wanted else None,
+        chunk_check=chunk_check_key(secret) if RunKey.CHUNK_CHECK in wanted else None,
+        chunk_sign=(
+            producer_key(chunk_check_key(secret), index) if RunKey.CHUNK_SIGN in wanted else None
+        ),
     )
 
 
@@ -103,7 +118,7 @@ def from_text(text: str, where: str) -> RoleKeys:
             redis_password=_text(fields["redis_password"]),
             redis_cert_pem=_text(fields["redis_cert_pem"]),
             curve=RunKeys(**curve),
-            weights=None if fields["weights"] is None else bytes.fromhex(fields["weights"]),
+            **{name: _unhex(fields[name]) for name in _HEX_FIELDS},
         )
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise run_secret.SecretError(
@@ -111,14 +126,14 @@ def from_text(text: str, where: str) -> RoleKeys:
         ) from None
 
 
-def take(fd: int | None, role: str) -> RoleKeys | None:
+def take(fd: int | None, role: str, index: int) -> RoleKeys | None:
     """A role's keys: the bundle in the pipe ``fd`` (its launcher's), read and closed; without
     one, derived from ``RLVLA3_RUN_SECRET`` (a role started by hand), which then leaves
     ``os.environ`` and is not kept; None in a one-host run (neither)."""
     if fd is not None:
         return from_text(run_secret.read_pipe(fd), f"--secret-fd {fd}")
     secret = run_secret.pop_env()
-    return None if secret is None else keys_for(role, secret)
+    return None if secret is None else keys_for(role, secret, index)
 
 
 def missing_key(role: str, key: RunKey) -> MissingKeyError:
@@ -131,6 +146,10 @@ def missing_key(role: str, key: RunKey) -> MissingKeyError:
 
 def _hex(value: bytes | None) -> str | None:
     return None if value is None else value.hex()
+
+
+def _unhex(value: object) -> bytes | None:
+    return None if value is None else bytes.fromhex(_text(value) or "")
 
 
 def _text(value: object) -> str | None:

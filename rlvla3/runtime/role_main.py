@@ -43,7 +43,9 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         help="a pipe holding this role's keys (the launcher's)",
     )
     args = parser.parse_args(argv)
-    keys = role_keys.take(args.secret_fd, role_cls.name)  # first: nothing started later inherits
+    keys = role_keys.take(
+        args.secret_fd, role_cls.name, args.index
+    )  # first: nothing started later inherits
     # the launcher asks a stalled role where it is stuck: every thread's stack to the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = load_config(args.config)
@@ -68,6 +70,7 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
     )
     if keys is not None:  # a multi-host run: only the run's peers may talk to us
         role.weights_key = keys.weights
+        role.chunk_key = keys.chunk_check if keys.chunk_check is not None else keys.chunk_sign
         security.enable(
             keys.curve,
             on_refused=lambda what: role.drop(

@@ -14,6 +14,7 @@ from roles.env.peers import Peers
 from roles.env.resend_buffer import ResendBuffer
 from roles.env.role_counters import RoleCounters
 from transport import sockets
+from transport.chunk_auth import chunk_tag, tagged_header
 from transport.messages import TrajectoryChunk
 
 
@@ -71,6 +72,8 @@ class ChunkSink:
     """Chunks queued towards the trainers before a send blocks (``chunk_queue_hwm``)."""
     resend: ResendBuffer
     """The chunks pushed and not settled yet, pushed again when a trainer restarts."""
+    tag_key: bytes = b""
+    """The worker's chunk-tag key (``transport/chunk_auth.py``); b"": a one-host run's, no tags."""
     socket: sockets.MessageSocket | None = field(default=None, init=False)
 
     def open(self) -> None:
@@ -84,14 +87,19 @@ class ChunkSink:
 
     def push(self, stream: ChunkStream, steps: Transitions, bootstrap_value: float) -> None:
         """Send ``stream``'s next chunk: ``steps`` and the value of the observation after them."""
+        names = {
+            "worker_index": self.worker_index,
+            "env_index": stream.env_index,
+            "producer": stream.producer,
+            "group": stream.group,
+            "chunk_id": stream.chunk_id,
+            "resend_from": self.resend.resend_from(stream.producer, stream.chunk_id),
+        }
+        tag = chunk_tag(self.tag_key, tagged_header(**names)) if self.tag_key else b""
         chunk = TrajectoryChunk(
-            worker_index=self.worker_index,
-            env_index=stream.env_index,
-            chunk_id=stream.chunk_id,
+            **names,
             bootstrap_value=bootstrap_value,
-            producer=stream.producer,
-            group=stream.group,
-            resend_from=self.resend.resend_from(stream.producer, stream.chunk_id),
+            tag=tag,
             **{f.name: getattr(steps, f.name) for f in fields(Transitions)},
         )
         self.send(stream, chunk)
