@@ -14,9 +14,10 @@ An env worker holds only its own key (``rlvla3/runtime/role_keys.py``): it can t
 itself, which it could fill with anything anyway, but as no other worker.
 
 The tag covers the chunk's names and numbers (``tagged_header``), not its steps: what the
-accounting trusts, for about 2 µs a chunk whatever its size. A peer cannot take a genuine
-tag off another worker's chunk to reuse it: CURVE encrypts every connection, and only the
-trainers (which hold the check key anyway) see the chunks.
+accounting trusts, at a cost that does not grow with the chunk (on the 2-core CPU machine
+about 4 µs to tag and 6 µs to check). A peer cannot take a genuine tag off another worker's
+chunk to reuse it: CURVE encrypts every connection, and only the trainers (which hold the
+check key anyway) see the chunks.
 
 A one-host run has no keys (its peers are the host's own processes, trusted on every socket):
 its env workers tag nothing and its trainers check nothing.
@@ -91,7 +92,7 @@ class ChunkTagCheck:
 
     def problem(self, chunk: TrajectoryChunk) -> str | None:
         """Why ``chunk`` is not attributable to the producer it names (None: it is). Not cached
-        per worker: ``worker_index`` is the sender's to choose, and HMAC costs a microsecond."""
+        per worker: ``worker_index`` is the sender's to choose, and an HMAC costs microseconds."""
         own = f"{chunk.worker_index}/"
         for field in ("producer", "group"):
             name = getattr(chunk, field)
