@@ -52,7 +52,6 @@ from rlvla3.runtime.train_group import join_group
 from rlvla3.runtime.training_role import TrainingRole
 from roles.trainer_rank import FollowerRank
 from transport import sockets
-from transport.chunk_auth import ChunkTagCheck
 from transport.messages import TrajectoryChunk
 from transport.socket_limits import chunk_limits
 
@@ -92,8 +91,7 @@ class Trainer(TrainingRole[TrainerSettings]):
             return
         self.version = self.catch_up_weights(self.policy, self.version)
         resent = self.cfg.role_settings("env_worker").resend_buffer_chunks > 0
-        tags = ChunkTagCheck(self.chunk_key) if self.chunk_key else None
-        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent, tags=tags)
+        self.accounting = ChunkAccounting(self, self._flush_counters, resent=resent)
         self.accounting.write_off_dead_buffer()
         self.chunks = self.own(
             sockets.pull(
@@ -156,13 +154,9 @@ class Trainer(TrainingRole[TrainerSettings]):
 
     def _accept(self, chunk: TrajectoryChunk) -> None:
         """Check a received chunk, then hand it to the learner if it is fresh enough."""
-        problem = (
-            self.accounting.attribution_problem(chunk)
-            or chunk_problem(
-                chunk, self.obs_space, self.action_spec, chunk_len=self.cfg.env.chunk_len
-            )
-            or self.learner.chunk_problem(chunk)
-        )
+        problem = chunk_problem(
+            chunk, self.obs_space, self.action_spec, chunk_len=self.cfg.env.chunk_len
+        ) or self.learner.chunk_problem(chunk)
         if problem is not None:
             self.accounting.refuse(chunk, problem)
             return

@@ -17,7 +17,13 @@ from rlvla3.algo.learners import GrpoLearner, PpoLearner, build_learner
 from rlvla3.config.run_config import AlgoConfig
 from rlvla3.policy.mlp import MLPPolicy
 from rlvla3.runtime.chunk_accounting import ChunkAccounting, producer_problem
-from rlvla3.runtime.chunk_ledger import buffered_field, received_field, settled_field
+from rlvla3.runtime.chunk_ledger import (
+    balance,
+    buffered_field,
+    pushed_field,
+    received_field,
+    settled_field,
+)
 from tests.test_grpo import chunk
 from transport.messages import TrajectoryChunk
 
@@ -112,6 +118,7 @@ class FakeTrainer:
     """The part of a Role the accounting uses, recording what it was told."""
 
     name, index = "trainer", 0
+    chunk_key = b""  # a one-host run's: no chunk tags
 
     def __init__(
         self,
@@ -204,9 +211,8 @@ def test_a_refused_chunk_is_produced_once_whoever_its_producer_is() -> None:
     accounting = _accounting(role)
     chunks = [accounting.receive(numbered(i)) for i in range(3)]
     accounting.refuse(chunks[0], "obs: not finite")
-    forged = accounting.receive(numbered(0, producer="no producer id"))
-    assert forged is not None
-    accounting.refuse(forged, "obs: not finite")
+    # refused as it arrives: its producer cannot go into the ledger
+    assert accounting.receive(numbered(0, producer="no producer id")) is None
     for kept in chunks[1:]:
         accounting.record(kept)
     accounting.trained(chunks[1:], samples=2, left_out=0, lags=np.array([0]))
@@ -380,10 +386,15 @@ def test_draining_counts_queued_and_held_chunks_in_flight() -> None:
 
     accounting.drain(Queue(), held=4)  # type: ignore[arg-type]
     assert role.counters["chunks_received"] == 6 and role.counters["chunks_duplicate"] == 1
-    assert role.counters["chunks_in_flight_at_exit"] == 6
+    assert role.counters["chunks_in_flight_at_exit"] == 5
+    # the producerless one is refused as on arrival: produced and dropped by its own count
+    assert role.counters["bad_chunks_unattributed"] == 1 and role.counters["chunks_dropped"] == 1
     assert received_field("0/0#x", "trainer/0") in role.highs  # not the producerless
     assert role.highs[settled_field("0/0#x")] == 5  # settled: not resent to a successor
     assert role.ledger[buffered_field("trainer/0")] == 0
+    role.flush()
+    result = balance({**role.ledger, **role.highs, pushed_field("0/0#x"): 4}, role.counters)
+    assert result.lost == 0 and result.balanced, result
 
 
 def test_a_chunk_drained_at_exit_gives_up_nothing_above_itself() -> None:

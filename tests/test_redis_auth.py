@@ -195,7 +195,7 @@ def test_an_env_workers_keys_reach_the_runs_redis_over_tls(head_redis) -> None:
     """The Redis part of a role's bundle (the run user's password and the pinned certificate,
     not the TLS key or the secret) is all a role needs to join the run's Redis."""
     server, secret = head_redis
-    keys = role_keys.keys_for("env_worker", secret)
+    keys = role_keys.keys_for("env_worker", secret, index=0)
     assert keys.redis_cert_pem == redis_tls_identity(secret).cert_pem
     assert redis_tls_identity(secret).key_pem not in keys.to_text()
     registry = Registry(server.url, "bundle_run", keys.redis_auth())

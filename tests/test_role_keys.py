@@ -60,11 +60,11 @@ def assert_holds_none(text: str, secret: str, where: str, but: tuple[str, ...] =
 def test_each_role_is_handed_the_keys_its_row_names_and_no_other() -> None:
     secret = run_secret.new_secret()
     for spec in ROLES:
-        keys = role_keys.keys_for(spec.name, secret)
+        keys = role_keys.keys_for(spec.name, secret, index=0)
         assert keys.names() == spec.keys, spec.name
         assert role_keys.from_text(keys.to_text(), "test") == keys
         assert secret not in keys.to_text()
-    env = role_keys.keys_for("env_worker", secret)
+    env = role_keys.keys_for("env_worker", secret, index=0)
     assert env.names() == {RunKey.REDIS, RunKey.CURVE_CLIENT, RunKey.CHUNK_SIGN}
     assert env.weights is None and env.curve.server_secret is None and env.chunk_check is None
     assert_holds_none(
@@ -82,23 +82,26 @@ def test_each_role_is_handed_the_keys_its_row_names_and_no_other() -> None:
         "env worker 1's bundle",
         but=("the Redis password", "the CURVE client secret key"),
     )
-    assert role_keys.keys_for("eval_env_worker", secret).chunk_sign is None  # sends no chunks
-    server = role_keys.keys_for("rollout_server", secret)
+    assert (
+        role_keys.keys_for("eval_env_worker", secret, index=0).chunk_sign is None
+    )  # sends no chunks
+    server = role_keys.keys_for("rollout_server", secret, index=0)
     assert server.curve.client_secret is None  # it connects to nothing
-    trainer = role_keys.keys_for("trainer", secret)
+    trainer = role_keys.keys_for("trainer", secret, index=0)
     assert trainer.names() == set(RunKey) - {RunKey.CHUNK_SIGN}
     assert trainer.chunk_check == chunk_check_key(secret)
 
 
 def test_what_is_no_bundle_is_refused_naming_the_pipe() -> None:
     secret = run_secret.new_secret()
-    good = json.loads(role_keys.keys_for("env_worker", secret).to_text())
+    good = json.loads(role_keys.keys_for("env_worker", secret, index=0).to_text())
     for text in (
         secret,  # the secret itself, as an older launcher handed it
         json.dumps({**good, "server_public": None}),
         json.dumps({**good, "client_secret": "short"}),
         json.dumps({**good, "weights": "not hex"}),
         json.dumps({**good, "chunk_sign": 7}),
+        json.dumps({**good, "chunk_sign": ""}),  # (b"" would turn the tags off)
         json.dumps([1, 2]),
     ):
         with pytest.raises(run_secret.SecretError, match=r"^--secret-fd 7: not a key bundle"):
@@ -110,7 +113,7 @@ def test_a_role_started_by_hand_derives_its_keys_and_keeps_no_secret(monkeypatch
     monkeypatch.setattr(run_secret, "_taken", None)
     monkeypatch.setenv(run_secret.SECRET_ENV, secret)
     keys = role_keys.take(None, "env_worker", 3)
-    assert keys == role_keys.keys_for("env_worker", secret, 3)
+    assert keys == role_keys.keys_for("env_worker", secret, index=3)
     assert run_secret.SECRET_ENV not in os.environ  # processes it starts do not inherit it
     assert run_secret.from_env() is None  # and this process does not keep it
 
@@ -150,12 +153,12 @@ def curve_guard(keys: role_keys.RoleKeys) -> Iterator[tuple[CurveSecurity, zmq.C
 
 def test_keys_a_role_was_not_handed_fail_naming_the_key(tmp_path, redis_url) -> None:
     secret = run_secret.new_secret()
-    env = role_keys.keys_for("env_worker", secret)
+    env = role_keys.keys_for("env_worker", secret, index=0)
     with curve_guard(env) as (guard, context):
         with pytest.raises(MissingKeyError, match="no CURVE server secret key"):
             guard.server(context.socket(zmq.ROUTER))
         guard.client(context.socket(zmq.DEALER))  # what it holds works
-    with curve_guard(role_keys.keys_for("rollout_server", secret)) as (guard, context):
+    with curve_guard(role_keys.keys_for("rollout_server", secret, index=0)) as (guard, context):
         with pytest.raises(MissingKeyError, match="no CURVE client secret key"):
             guard.client(context.socket(zmq.DEALER))
         guard.server(context.socket(zmq.ROUTER))
@@ -188,7 +191,7 @@ def test_a_role_process_handed_too_few_keys_exits_naming_the_missing_key(
             "roles": {"trainer": {"count": 1}, "weight_broadcaster": {"count": 1}},
         },
     )
-    bundle = role_keys.keys_for("env_worker", run_secret.new_secret()).to_text()
+    bundle = role_keys.keys_for("env_worker", run_secret.new_secret(), index=0).to_text()
     fd = run_secret.hand_over(bundle)
     try:
         role = subprocess.run(
@@ -227,7 +230,7 @@ def test_a_role_gets_its_keys_through_a_pipe_and_its_environment_holds_none(
     assert proc.popen.wait(timeout=60) == 0, (tmp_path / "probe.log").read_text()
     report = json.loads((tmp_path / "probe.json").read_text())
     assert report["keys"] == ["chunk_sign", "curve_client", "redis"]
-    assert report["bundle"] == role_keys.keys_for("env_worker", secret, 0).to_text()
+    assert report["bundle"] == role_keys.keys_for("env_worker", secret, index=0).to_text()
     for where in ("os_environ", "proc_environ", "cmdline", "child_environ"):
         assert_holds_none(report[where], secret, where)
     assert not report["secret_fd_still_open"]
@@ -274,11 +277,11 @@ def test_a_run_bound_beyond_loopback_trains_with_each_role_holding_only_its_keys
         if launcher.poll() is None:
             launcher.kill()
     assert {r.status for r in registry.roles()} == {"done"}
-    counters = registry.counters()  # every chunk carried its env worker's tag and passed
-    assert counters["chunks_consumed"] > 0 and counters.get("bad_chunks", 0) == 0, counters
     assert {r.host for r in registry.roles()} == {address}  # every socket beyond loopback
     counters = registry.counters()
     assert counters["updates"] >= 2 and counters.get("auth_refused", 0) == 0
+    # every chunk carried its env worker's tag and passed the trainer's check
+    assert counters["chunks_consumed"] > 0 and counters.get("bad_chunks", 0) == 0, counters
     assert registry.weight_version() >= 2
     registry.close()
 

@@ -16,8 +16,10 @@ itself, which it could fill with anything anyway, but as no other worker.
 The tag covers the chunk's names and numbers (``tagged_header``), not its steps: what the
 accounting trusts, at a cost that does not grow with the chunk (on the 2-core CPU machine
 about 4 µs to tag and 6 µs to check). A peer cannot take a genuine tag off another worker's
-chunk to reuse it: CURVE encrypts every connection, and only the trainers (which hold the
-check key anyway) see the chunks.
+chunk on the wire: CURVE encrypts every connection. A role that receives genuine chunks (a
+trainer; or a peer that published itself as one in the run's Redis) could send their names
+again with other steps: the same numbers of the same producer, so each but the first
+received is a duplicate.
 
 A one-host run has no keys (its peers are the host's own processes, trusted on every socket):
 its env workers tag nothing and its trainers check nothing.
@@ -93,14 +95,15 @@ class ChunkTagCheck:
     def problem(self, chunk: TrajectoryChunk) -> str | None:
         """Why ``chunk`` is not attributable to the producer it names (None: it is). Not cached
         per worker: ``worker_index`` is the sender's to choose, and an HMAC costs microseconds."""
+        if len(chunk.tag) != TAG_BYTES:
+            return f"tag: {len(chunk.tag)} bytes, expected {TAG_BYTES} (every chunk of this run is tagged)"
+        key = producer_key(self._check_key, chunk.worker_index)
+        if not hmac.compare_digest(chunk_tag(key, header_of(chunk)), chunk.tag):
+            return f"tag: not the key of env worker {chunk.worker_index}, which the chunk claims"
+        # tagged by that worker: the names it gave must be its own
         own = f"{chunk.worker_index}/"
         for field in ("producer", "group"):
             name = getattr(chunk, field)
             if name and not name.startswith(own):
                 return f"{field}: {name!r:.40} is not env worker {chunk.worker_index}'s"
-        if len(chunk.tag) != TAG_BYTES:
-            return f"tag: {len(chunk.tag)} bytes, expected {TAG_BYTES} (every chunk of this run is tagged)"
-        key = producer_key(self._check_key, chunk.worker_index)
-        if not hmac.compare_digest(chunk_tag(key, header_of(chunk)), chunk.tag):
-            return f"tag: not env worker {chunk.worker_index}'s (forged or altered names)"
         return None

@@ -102,7 +102,9 @@ def spawn(proc: RoleProcess, ctx: SpawnContext) -> None:
     env.pop(run_secret.SECRET_ENV, None)
     secret_fd = None
     if ctx.secret is not None:
-        secret_fd = run_secret.hand_over(keys_for(proc.role, ctx.secret, proc.index).to_text())
+        secret_fd = run_secret.hand_over(
+            keys_for(proc.role, ctx.secret, index=proc.index).to_text()
+        )
     if secret_fd is not None:
         args += ["--secret-fd", str(secret_fd)]
     if ctx.nccl_interface and "NCCL_SOCKET_IFNAME" not in env:

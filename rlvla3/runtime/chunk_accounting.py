@@ -82,8 +82,6 @@ class ChunkAccounting:
             backlog there, which must not lag behind this trainer's own counts).
         resent: env workers keep resend buffers (``resend_buffer_chunks`` > 0), so a killed
             trainer's buffer is delivered again rather than lost.
-        tags: the check of every chunk's producer tag (a multi-host run's); None: a one-host
-            run's, whose chunks carry none.
     What settles or receives a chunk is counted in one ``role.counting_together()`` block, so
     that a flush from the heartbeat thread never takes half of it.
     """
@@ -94,7 +92,6 @@ class ChunkAccounting:
         flush_counters: Callable[[], None],
         *,
         resent: bool = True,
-        tags: ChunkTagCheck | None = None,
     ) -> None:
         self.role = role
         self.me = f"{role.name}/{role.index}"
@@ -102,7 +99,8 @@ class ChunkAccounting:
         self._together = role.counting_together
         self._last_arrival = time.monotonic()
         self.resent = resent
-        self.tags = tags
+        # a multi-host run's trainer checks every chunk's tag; a one-host run's carry none
+        self.tags = ChunkTagCheck(role.chunk_key) if role.chunk_key else None
         self.marks: SettledMarks[str] = SettledMarks.from_ledger(role.registry.chunk_ledger())
         self._drop_reports = DropReports()
 
@@ -160,8 +158,10 @@ class ChunkAccounting:
     # --- receiving -----------------------------------------------------------------------------
     def receive(self, message: object | None) -> TrajectoryChunk | None:
         """Count what the chunk queue gave (None: nothing within the wait); returns it if it is
-        a chunk received for the first time. After a second of nothing, what still counts as
-        queued is written off."""
+        a chunk received for the first time from the producer it names. A chunk that cannot be
+        counted for that producer (``attribution_problem``) is refused here, before it can
+        touch the marks. After a second of nothing, what still counts as queued is written
+        off."""
         now = time.monotonic()
         if message is None:
             if now - self._last_arrival >= _WRITE_OFF_AFTER_S:
@@ -172,17 +172,20 @@ class ChunkAccounting:
         if not isinstance(message, TrajectoryChunk):
             self.role.drop("bad_frames", f"dropped a {type(message).__name__} on the chunk queue")
             return None
+        problem = self.attribution_problem(message)
         with self._together():  # received and in the buffer's count: one flush
-            if self._duplicate(message):
+            if problem is None and self._duplicate(message):
                 return None
             self.role.count("chunks_received")  # env workers' back-pressure reads this
+        if problem is not None:
+            self.refuse(message, problem)
+            return None
         return message
 
     def _duplicate(self, chunk: TrajectoryChunk) -> bool:
-        """Whether ``chunk`` was received before (then counted as a duplicate). A chunk that was
-        not is in this trainer's buffer (the ledger's count) until it is settled."""
-        if self.attribution_problem(chunk) is not None:
-            return False  # refused by the checks, never in the marks
+        """Whether ``chunk`` (attributable) was received before (then counted as a duplicate).
+        A chunk that was not is in this trainer's buffer (the ledger's count) until it is
+        settled."""
         if self.marks.is_duplicate(chunk.producer, chunk.chunk_id):
             self.role.count("chunks_duplicate")
             return True
@@ -224,17 +227,20 @@ class ChunkAccounting:
 
     def refuse(self, chunk: TrajectoryChunk, problem: str) -> None:
         """A received chunk failed the checks: dropped, and counted as such, so the chunk
-        accounting adds up. A chunk whose producer or number cannot go into the ledger is not
-        in it (counted in ``bad_chunks_unattributed`` as produced); any other is settled, not
+        accounting adds up. A chunk whose producer or number cannot go into the ledger, or
+        whose tag is not its env worker's, is not in it (counted in
+        ``bad_chunks_unattributed`` as produced); any other is settled, not
         resent, and counted for its producer (``refused_field``: produced by the producer's
         own record where an env worker made one, else by this count)."""
+        attributed = self.attribution_problem(chunk) is None
+        sender = "of" if attributed else "claiming"  # (the claim is not the sender's word)
         self._report(
-            f"dropped chunk {chunk.chunk_id} of env worker {chunk.worker_index}: {problem}"
+            f"dropped chunk {chunk.chunk_id} {sender} env worker {chunk.worker_index}: {problem}"
         )
         with self._together():
             self.role.count("bad_chunks")
             self.role.count("samples_dropped", int(np.size(chunk.rewards)))
-            if self.attribution_problem(chunk) is None:
+            if attributed:
                 self._settle([chunk], "chunks_dropped")
                 self.role.ledger_add(refused_field(chunk.producer), 1)
             else:
@@ -324,15 +330,16 @@ class ChunkAccounting:
         while time.monotonic() < deadline and (chunk := queue.recv(timeout_s=0.5)) is not None:
             if not isinstance(chunk, TrajectoryChunk):
                 continue
+            problem = self.attribution_problem(chunk)
             with self._together():
-                if self._duplicate(chunk):
+                if problem is None and self._duplicate(chunk):
                     continue
                 # received now, so a restarted trainer does not write them off a second time
                 self.role.count("chunks_received")
-                if self.attribution_problem(chunk) is None:
+                if problem is None:
                     self.record(chunk)
-                else:
-                    self.role.count("chunks_in_flight_at_exit")  # not in the ledger's buffer
+            if problem is not None:
+                self.refuse(chunk, problem)  # produced and dropped by its own count
         still_held = self.marks.held()
         if len(still_held) < held:
             self.role.log.warning("the learner holds %d chunks the marks miss", held)

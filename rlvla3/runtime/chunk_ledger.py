@@ -13,7 +13,7 @@ From that ledger:
   number below the highest that no trainer received is a chunk lost on the way. Chunks the
   trainer refused by its checks are produced by their producer's record where it has one (an
   env worker's ``pushed``), else each by itself: those whose producer could not go into the
-  ledger (``bad_chunks_unattributed``) and those of a producer no env worker recorded (a
+  ledger or whose tag is not their env worker's (``bad_chunks_unattributed``) and those of a producer no env worker recorded (a
   forged one's, counted per producer in ``refused|PRODUCER``; its numbers are not trusted).
 - **received**: ``chunks_received`` less ``chunks_returned``: a killed trainer's buffer goes
   back to its producers (they resend what it held, ``rlvla3/runtime/chunk_acks.py``), so its

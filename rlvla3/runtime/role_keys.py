@@ -83,7 +83,7 @@ class RoleKeys:
         return json.dumps(fields)
 
 
-def keys_for(role: str, secret: str, index: int = 0) -> RoleKeys:
+def keys_for(role: str, secret: str, *, index: int) -> RoleKeys:
     """The bundle of process ``index`` of ``role``: the keys its row of the role table names,
     derived from ``secret`` (the launcher's); an env worker's chunk-tag key is its index's."""
     wanted = role_spec(role).keys
@@ -133,7 +133,7 @@ def take(fd: int | None, role: str, index: int) -> RoleKeys | None:
     if fd is not None:
         return from_text(run_secret.read_pipe(fd), f"--secret-fd {fd}")
     secret = run_secret.pop_env()
-    return None if secret is None else keys_for(role, secret, index)
+    return None if secret is None else keys_for(role, secret, index=index)
 
 
 def missing_key(role: str, key: RunKey) -> MissingKeyError:
@@ -149,7 +149,13 @@ def _hex(value: bytes | None) -> str | None:
 
 
 def _unhex(value: object) -> bytes | None:
-    return None if value is None else bytes.fromhex(_text(value) or "")
+    """A key in hex, or None; an empty one is no key (b"" would read as a one-host run's)."""
+    if value is None:
+        return None
+    key = bytes.fromhex(_text(value) or "")
+    if not key:
+        raise ValueError("an empty key")
+    return key
 
 
 def _text(value: object) -> str | None:

@@ -43,9 +43,8 @@ def main(role_cls: type[Role], argv: list[str] | None = None) -> None:
         help="a pipe holding this role's keys (the launcher's)",
     )
     args = parser.parse_args(argv)
-    keys = role_keys.take(
-        args.secret_fd, role_cls.name, args.index
-    )  # first: nothing started later inherits
+    # first: nothing started later inherits
+    keys = role_keys.take(args.secret_fd, role_cls.name, args.index)
     # the launcher asks a stalled role where it is stuck: every thread's stack to the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = load_config(args.config)
