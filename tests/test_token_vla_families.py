@@ -1,6 +1,6 @@
 """The token-VLA policy on image-text-to-text families that ``rlvla3`` names nowhere
-(tests/tiny_vlm_families.py: PaliGemma, Gemma 3, LLaVA-NeXT, Idefics2, Aya Vision, Qwen2-VL,
-Qwen2.5-VL),
+(tests/tiny_vlm_families.py: PaliGemma, Gemma 3, LLaVA-NeXT, LLaVA-OneVision, Idefics2, SmolVLM,
+InternVL, Aya Vision, Qwen2-VL, Qwen2.5-VL, and Mistral 3 where torchvision is installed),
 each a tiny random-weight checkpoint with its own processor: load, act (batched, greedy and
 sampled, prompts of different lengths), act's log-probs equal to evaluate's, one PPO update,
 LoRA adapters, and SFT's packed evaluation (or the reason a family cannot pack)."""
@@ -35,6 +35,7 @@ from tests.test_token_vla import (  # noqa: E402
 )
 from tests.tiny_vlm_families import (  # noqa: E402
     FAMILY_BUILDERS,
+    TORCHVISION_FAMILIES,
     VIDEO_FAMILIES,
     build_family,
     write_family,
@@ -45,6 +46,8 @@ HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 
 @pytest.fixture(scope="module", params=sorted(FAMILY_BUILDERS))
 def family(request) -> str:
+    if request.param in TORCHVISION_FAMILIES and not HAS_TORCHVISION:
+        pytest.skip(f"{request.param}'s processor is constructed only with torchvision")
     return request.param
 
 
@@ -59,8 +62,12 @@ def policy_of(family, tmp_path_factory):
             config = TokenVLAConfig(
                 **{"path": "unused", "dtype": "float32", "bins": 16, "value_hidden": 16, **fields}
             )
-            bins = action_bins(tabletop_spaces().action, config)
-            return TokenVLAPolicy(wrap_vlm(*build_family(family)), config, bins)
+            spaces = tabletop_spaces()
+            bins = action_bins(spaces.action, config)
+            vlm = wrap_vlm(*build_family(family))
+            image_shape = spaces.observation["image"].shape
+            shortcut, _ = DeviceInputs.probe(vlm.processor, vlm.image_token, image_shape)
+            return TokenVLAPolicy(vlm, config, bins, device_inputs=shortcut)
 
         return in_memory
     directory = write_family(tmp_path_factory.mktemp(family), family)
@@ -87,9 +94,10 @@ def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(policy_of
         torch.testing.assert_close(alone.log_prob[0], greedy.log_prob[row], atol=1e-4, rtol=0)
 
 
-NO_DEVICE_INPUTS = {"llava_next"} | set(VIDEO_FAMILIES)
-"""Families whose processors tile the image (LLaVA-NeXT) or flatten it into patches (Qwen2-VL,
-Qwen2.5-VL): ``DeviceInputs``' probe refuses them and the processor builds every batch."""
+NO_DEVICE_INPUTS = {"llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl"}
+"""Families whose processors tile the image (LLaVA-NeXT, LLaVA-OneVision) or flatten it into
+patches (Qwen2-VL, Qwen2.5-VL): ``DeviceInputs``' probe refuses them and the processor builds
+every batch."""
 
 
 def test_device_inputs_are_taken_where_the_probe_allows_and_change_nothing(
@@ -97,7 +105,6 @@ def test_device_inputs_are_taken_where_the_probe_allows_and_change_nothing(
 ) -> None:
     policy = policy_of()
     if family in NO_DEVICE_INPUTS:
-        # (the probe itself: without torchvision these families are built in memory, unprobed)
         image_shape = tabletop_spaces().observation["image"].shape
         shortcut, why_not = DeviceInputs.probe(
             policy.processor, policy.prompt.image_token, image_shape
@@ -139,7 +146,9 @@ def test_lora_trains_adapters_and_the_value_head_only(policy_of) -> None:
 @pytest.mark.parametrize("family", sorted(VIDEO_FAMILIES))
 def test_a_processor_that_needs_torchvision_is_one_clear_error(family, tmp_path) -> None:
     directory = write_family(tmp_path / family, family)
-    with pytest.raises(ConfigError, match="policy.token_vla.path: .*processor.*Torchvision"):
+    with pytest.raises(
+        ConfigError, match=r"policy.token_vla.path: .*processor.*(Torchvision|`torchvision`)"
+    ):
         make_policy(directory)
 
 

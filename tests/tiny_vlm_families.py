@@ -272,6 +272,143 @@ def aya_vision():
     return tf.AyaVisionForConditionalGeneration(config), processor
 
 
+def _video_processor(name: str) -> Any:
+    """The family's video processor (class ``name``, its defaults) where torchvision is
+    installed, so that the whole processor is saved and loads with its own settings (image
+    tokens per image...); None without torchvision (built for images only)."""
+    import importlib.util
+
+    import transformers as tf
+
+    return getattr(tf, name)() if importlib.util.find_spec("torchvision") else None
+
+
+def smolvlm():
+    """SmolVLM (SmolVLA's backbone): a SigLIP tower, pixel shuffle by 2 (4 tokens per image),
+    a Llama text model; the image between ``<fake_token_around_image>`` and ``<global-img>``
+    markers. Its processor spells numbers out, with ``num2words`` (the ``models`` extra)."""
+    import transformers as tf
+
+    markers = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>")
+    tokenizer, ids = _tokenizer(
+        *markers, image_token="<image>", image_boundary_token="<fake_token_around_image>"
+    )
+    config = tf.SmolVLMConfig(
+        vision_config=_siglip(),
+        text_config=_text(model_type="llama"),
+        scale_factor=2,
+        image_token_id=ids["<image>"],
+        tie_word_embeddings=False,
+    )
+    edge = {"longest_edge": IMAGE_SIZE}
+    image_processor = tf.SmolVLMImageProcessorPil(
+        do_image_splitting=False, size=edge, max_image_size=edge
+    )
+    processor = tf.SmolVLMProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=_video_processor("SmolVLMVideoProcessor"),
+        image_seq_len=4,
+    )
+    return tf.SmolVLMForConditionalGeneration(config), processor
+
+
+def llava_onevision():
+    """LLaVA-OneVision (anyres): a SigLIP tower over the whole image and its tiles, a Qwen2
+    text model; one 32 x 32 grid, so one tile."""
+    import transformers as tf
+
+    tokenizer, ids = _tokenizer("<image>", "<video>", image_token="<image>", video_token="<video>")
+    grid = [[IMAGE_SIZE, IMAGE_SIZE]]
+    config = tf.LlavaOnevisionConfig(
+        vision_config=tf.SiglipVisionConfig(**_siglip()),
+        text_config=tf.Qwen2Config(**_text()),
+        image_token_id=ids["<image>"],
+        video_token_id=ids["<video>"],
+        image_grid_pinpoints=grid,
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+    image_processor = tf.LlavaOnevisionImageProcessorPil(size=_SQUARE, image_grid_pinpoints=grid)
+    processor = tf.LlavaOnevisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=_video_processor("LlavaOnevisionVideoProcessor"),
+        num_image_tokens=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+        vision_feature_select_strategy="full",
+    )
+    return tf.LlavaOnevisionForConditionalGeneration(config), processor
+
+
+def internvl():
+    """InternVL: an InternViT tower, pixel shuffle by 2 (4 tokens per image), a Qwen2 text
+    model; the image as ``<IMG_CONTEXT>`` tokens between ``<img>`` and ``</img>``."""
+    import transformers as tf
+
+    markers = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
+    tokenizer, ids = _tokenizer(
+        *markers,
+        start_image_token="<img>",
+        end_image_token="</img>",
+        context_image_token="<IMG_CONTEXT>",
+        video_token="<video>",
+    )
+    vision = tf.InternVLVisionConfig(
+        **_TOWER,
+        num_hidden_layers=1,
+        image_size=[IMAGE_SIZE, IMAGE_SIZE],
+        patch_size=[PATCH_SIZE, PATCH_SIZE],
+    )
+    config = tf.InternVLConfig(
+        vision_config=vision,
+        text_config=_text(model_type="qwen2"),
+        image_token_id=ids["<IMG_CONTEXT>"],
+        downsample_ratio=0.5,
+        tie_word_embeddings=False,
+    )
+    image_processor = tf.GotOcr2ImageProcessorPil(crop_to_patches=False, size=_SQUARE)
+    processor = tf.InternVLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=_video_processor("InternVLVideoProcessor"),
+        image_seq_length=4,
+    )
+    return tf.InternVLForConditionalGeneration(config), processor
+
+
+def mistral3():
+    """Mistral 3: a Pixtral tower (2-D rotary positions), patches merged 2 x 2, a Mistral text
+    model; the image as rows of ``[IMG]`` tokens, each row ended by ``[IMG_BREAK]``, the
+    last by ``[IMG_END]``. ``PixtralProcessor`` is constructed only with torchvision."""
+    import transformers as tf
+
+    markers = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+    tokenizer, ids = _tokenizer(
+        *markers, image_token="[IMG]", image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]"
+    )
+    vision = tf.PixtralVisionConfig(
+        **_TOWER, num_hidden_layers=1, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, head_dim=16
+    )
+    config = tf.Mistral3Config(
+        vision_config=vision,
+        text_config=_text(model_type="mistral"),
+        image_token_index=ids["[IMG]"],
+        spatial_merge_size=2,
+        tie_word_embeddings=False,
+    )
+    image_processor = tf.PixtralImageProcessorPil(
+        size={"longest_edge": IMAGE_SIZE}, patch_size=PATCH_SIZE
+    )
+    processor = tf.PixtralProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        spatial_merge_size=2,
+    )
+    return tf.Mistral3ForConditionalGeneration(config), processor
+
+
 FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "paligemma": paligemma,
     "qwen2_vl": qwen2_vl,
@@ -280,14 +417,21 @@ FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "llava_next": llava_next,
     "idefics2": idefics2,
     "aya_vision": aya_vision,
+    "smolvlm": smolvlm,
+    "llava_onevision": llava_onevision,
+    "internvl": internvl,
+    "mistral3": mistral3,
 }
 """Family -> a builder of its (random-weight model, processor)."""
 
 
-VIDEO_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+VIDEO_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "smolvlm", "llava_onevision", "internvl"})
 """Families whose processor has a video processor: ``transformers`` constructs and loads one
 only with torchvision, whose CPU wheel is not on PyPI. Built here without it (images only),
 their directories load where torchvision is installed and are one clear error elsewhere."""
+
+TORCHVISION_FAMILIES = frozenset({"mistral3"})
+"""Families whose processor is not constructed at all without torchvision (Pixtral's)."""
 
 
 @contextmanager
