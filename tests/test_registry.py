@@ -107,14 +107,20 @@ def test_chunks_handed_back_twice_are_told_apart(registry) -> None:
 
 
 def test_every_key_has_the_run_prefix(registry) -> None:
+    """Under ``rlvla3:{run}:``, or ``rlvla3-guarded:{run}:`` for what env workers may only read
+    (the chunks handed back here); ``clear_run`` deletes both."""
     registry.register("demo_sink", 0, node="local", host="h", pid=1)
     registry.heartbeat("demo_sink", 0, 5, {"a": 1})
     registry.incr("x")
     registry.append("episodes", [{"return": 1.0}])
     hand_back_chunks(registry, [("0/0#a", 1)])
     names = list(registry.redis.scan_iter("*"))
-    mine = [n for n in names if n.startswith(keys.run_prefix(registry.run_id) + ":")]
+    prefixes = (keys.run_prefix(registry.run_id), keys.guarded_prefix(registry.run_id))
+    mine = [n for n in names if n.startswith(tuple(f"{p}:" for p in prefixes))]
     assert len(mine) == 7
+    assert [n for n in mine if n.startswith(f"{prefixes[1]}:")] == [
+        keys.handed_back_chunks(registry.run_id)
+    ]
     registry.clear_run()
     assert not [n for n in registry.redis.scan_iter("*") if n in mine]
 

@@ -22,7 +22,7 @@ from rlvla3.config.run_config import load_config
 from rlvla3.launch import netaddr, processes
 from rlvla3.launch.processes import RoleProcess, SpawnContext
 from rlvla3.runtime import role_keys, run_secret
-from rlvla3.runtime.redis_auth import run_password
+from rlvla3.runtime.redis_auth import ENV_USER, RUN_USER, env_password, run_password
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
 from rlvla3.runtime.role import Role
@@ -42,6 +42,7 @@ def secret_texts(secret: str) -> dict[str, str]:
     return {
         "the run secret": secret,
         "the Redis password": run_password(secret),
+        "the env workers' Redis password": env_password(secret),
         "the Redis TLS key": tls_key,
         "the weights key": weights_key(secret).hex(),
         "the CURVE server secret key": curve.server_secret.decode(),
@@ -65,13 +66,18 @@ def test_each_role_is_handed_the_keys_its_row_names_and_no_other() -> None:
         assert role_keys.from_text(keys.to_text(), "test") == keys
         assert secret not in keys.to_text()
     env = role_keys.keys_for("env_worker", secret, index=0)
-    assert env.names() == {RunKey.REDIS, RunKey.CURVE_CLIENT, RunKey.CHUNK_SIGN}
+    assert env.names() == {RunKey.REDIS_ENV, RunKey.CURVE_CLIENT, RunKey.CHUNK_SIGN}
+    assert env.redis_auth().username == ENV_USER
     assert env.weights is None and env.curve.server_secret is None and env.chunk_check is None
     assert_holds_none(
         env.to_text(),
         secret,
         "an env worker's bundle",
-        but=("the Redis password", "the CURVE client secret key", "env worker 0's chunk-tag key"),
+        but=(
+            "the env workers' Redis password",
+            "the CURVE client secret key",
+            "env worker 0's chunk-tag key",
+        ),
     )
     # another env worker's bundle: its own chunk-tag key, not worker 0's
     other = role_keys.keys_for("env_worker", secret, index=1)
@@ -80,7 +86,7 @@ def test_each_role_is_handed_the_keys_its_row_names_and_no_other() -> None:
         other.to_text(),
         secret,
         "env worker 1's bundle",
-        but=("the Redis password", "the CURVE client secret key"),
+        but=("the env workers' Redis password", "the CURVE client secret key"),
     )
     assert (
         role_keys.keys_for("eval_env_worker", secret, index=0).chunk_sign is None
@@ -88,7 +94,8 @@ def test_each_role_is_handed_the_keys_its_row_names_and_no_other() -> None:
     server = role_keys.keys_for("rollout_server", secret, index=0)
     assert server.curve.client_secret is None  # it connects to nothing
     trainer = role_keys.keys_for("trainer", secret, index=0)
-    assert trainer.names() == set(RunKey) - {RunKey.CHUNK_SIGN}
+    assert trainer.names() == set(RunKey) - {RunKey.CHUNK_SIGN, RunKey.REDIS_ENV}
+    assert trainer.redis_auth().username == RUN_USER
     assert trainer.chunk_check == chunk_check_key(secret)
 
 
@@ -229,7 +236,7 @@ def test_a_role_gets_its_keys_through_a_pipe_and_its_environment_holds_none(
     processes.spawn(proc, ctx)
     assert proc.popen.wait(timeout=60) == 0, (tmp_path / "probe.log").read_text()
     report = json.loads((tmp_path / "probe.json").read_text())
-    assert report["keys"] == ["chunk_sign", "curve_client", "redis"]
+    assert report["keys"] == ["chunk_sign", "curve_client", "redis_env"]
     assert report["bundle"] == role_keys.keys_for("env_worker", secret, index=0).to_text()
     for where in ("os_environ", "proc_environ", "cmdline", "child_environ"):
         assert_holds_none(report[where], secret, where)

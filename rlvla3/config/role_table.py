@@ -30,6 +30,10 @@ class RunKey(StrEnum):
 
     REDIS = "redis"
     """The run user's password on the run's Redis (with the Redis certificate, which is public)."""
+    REDIS_ENV = "redis_env"
+    """The env user's password on the run's Redis (``rlvla3/runtime/redis_auth.py``): it may
+    read every key and write all but the guarded ones (the trainers' side of the chunk ledger,
+    the weight versions...)."""
     CURVE_CLIENT = "curve_client"
     """The CURVE client secret key: connect to the run's ZeroMQ sockets."""
     CURVE_SERVER = "curve_server"
@@ -70,15 +74,15 @@ class RoleSpec(Generic[SettingsT]):
 
 
 _SERVED = ("requests_served", "req/s")
-_EVAL_ENV_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_CLIENT})
+_EVAL_ENV_KEYS = frozenset({RunKey.REDIS_ENV, RunKey.CURVE_CLIENT})
 """Evaluation env workers connect to rollout servers, bind nothing, take no weights and send
-no chunks."""
+no chunks; on the run's Redis they are the env user."""
 _ENV_KEYS = _EVAL_ENV_KEYS | {RunKey.CHUNK_SIGN}
 """Env workers also send chunks to the trainers, tagged with their own key."""
 _SERVING_KEYS = frozenset({RunKey.REDIS, RunKey.CURVE_SERVER, RunKey.WEIGHTS})
 """Rollout servers and the broadcaster bind sockets, connect to none (weight links are
 torch's), and check the tags of the weights they take."""
-_TRAINER_KEYS = frozenset(RunKey) - {RunKey.CHUNK_SIGN}
+_TRAINER_KEYS = frozenset(RunKey) - {RunKey.CHUNK_SIGN, RunKey.REDIS_ENV}
 """The trainer binds its chunk socket and checks every chunk's tag, connects to the
 broadcaster, signs the versions it publishes and checks the broadcaster's copy when it
 restarts."""

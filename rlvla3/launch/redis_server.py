@@ -17,7 +17,9 @@ The server is tied to its parent: it gets SIGTERM if the launcher dies (``setpri
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,9 +33,24 @@ from rlvla3.runtime import run_secret
 from rlvla3.runtime.redis_auth import RUN_USER, acl_lines
 from rlvla3.runtime.redis_tls import RedisTlsIdentity
 
+_log = logging.getLogger(__name__)
+
 
 class RedisServerError(RuntimeError):
     """The embedded redis-server could not be found or started."""
+
+
+def key_permissions(binary: str) -> bool:
+    """Whether ``binary`` is Redis 7 or newer, whose ACL has read-only key patterns (``%R~``);
+    ``redis-server --version`` prints ``Redis server v=7.0.15 ...``."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    found = re.search(r"v=(\d+)\.", out)
+    return found is not None and int(found.group(1)) >= 7
 
 
 _SYSTEM_BINARIES = (
@@ -109,6 +126,8 @@ class EmbeddedRedis:
         port: the TCP port on ``host`` (0: a free one).
         password: the run user's password (``rlvla3/runtime/redis_auth.py``); when set, the
             default user is off and the run user's ACL applies to every client.
+        env_password: with ``password``, the env user's (``ENV_USER``): writes only outside
+            the guarded keys where the redis-server has key permissions (7 and newer).
         tls: serve ``host:port`` with TLS only, with this certificate (None: plain TCP).
         data_dir: keep an append-only file here (None: no persistence).
         appendfsync: the AOF's fsync policy (``always``, ``everysec`` or ``no``).
@@ -125,6 +144,7 @@ class EmbeddedRedis:
         host: str | None = None,
         port: int = 0,
         password: str | None = None,
+        env_password: str | None = None,
         tls: RedisTlsIdentity | None = None,
         data_dir: Path | None = None,
         appendfsync: str = "always",
@@ -134,6 +154,7 @@ class EmbeddedRedis:
         self.data_dir, self.appendfsync = data_dir, appendfsync
         self.start_timeout_s = start_timeout_s
         self.host, self.port, self.password = host, port, password
+        self.env_password = env_password
         self.directory: Path | None = None
         self.process: subprocess.Popen | None = None
         self._args: list[str] = []
@@ -257,7 +278,14 @@ class EmbeddedRedis:
                 "tls-auth-clients no",  # clients prove themselves with the run user's AUTH
             ]
         if self.password is not None:
-            lines += acl_lines(self.password)
+            guards = key_permissions(self.binary)
+            if self.env_password is not None and not guards:
+                _log.warning(
+                    "%s is older than Redis 7 (no read-only key patterns): the env workers' "
+                    "Redis user may write every key of the run, the chunk ledger included",
+                    self.binary,
+                )
+            lines += acl_lines(self.password, self.env_password, key_permissions=guards)
         return "\n".join(lines) + "\n"
 
     def _wait_ready(self, stop_on_failure: bool = True) -> None:

@@ -36,7 +36,7 @@ from rlvla3.config.run_config import Config
 from rlvla3.launch.cluster import Seat, head_address, redis_port
 from rlvla3.launch.redis_server import EmbeddedRedis, url_host
 from rlvla3.runtime import run_secret
-from rlvla3.runtime.redis_auth import RedisAuth, run_password, run_redis_auth
+from rlvla3.runtime.redis_auth import RedisAuth, env_password, run_password, run_redis_auth
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
 
@@ -103,6 +103,7 @@ def head_store(
         host=address,
         port=redis_port(cfg, seat),
         password=run_password(secret),
+        env_password=env_password(secret),
         tls=redis_tls_identity(secret),  # across hosts TLS only (the module doc)
         **durable,
     ) as server:

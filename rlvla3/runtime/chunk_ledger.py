@@ -49,6 +49,13 @@ def pushed_field(producer: str) -> str:
     return f"{_PUSHED}{producer}"
 
 
+def is_pushed_field(field: str) -> bool:
+    """Whether ``field`` is an env worker's (``pushed_field``): kept under its own key
+    (``keys.chunk_pushed``), which env workers may write, apart from the trainers' side
+    (``keys.chunk_ledger``), which they may only read."""
+    return field.startswith(_PUSHED)
+
+
 def received_field(producer: str, trainer: str) -> str:
     """The ledger field of the highest sequence number ``trainer`` received from ``producer``."""
     return f"{_RECEIVED}{producer}|{trainer}"

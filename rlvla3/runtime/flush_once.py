@@ -19,10 +19,17 @@ from __future__ import annotations
 import redis
 
 from rlvla3.runtime import keys
+from rlvla3.runtime.chunk_ledger import is_pushed_field
 
 _ATTEMPTS = 3
 """Watched tries before giving up (only this process writes the key it watches, so a watch
 breaks only when a connection died mid-flush)."""
+
+
+def _ledger_key(run_id: str, field: str) -> str:
+    """The hash a chunk-ledger field lives in: an env worker's ``pushed`` mark apart from the
+    trainers' fields (``keys.chunk_pushed``)."""
+    return keys.chunk_pushed(run_id) if is_pushed_field(field) else keys.chunk_ledger(run_id)
 
 
 def flush_once(
@@ -50,11 +57,11 @@ def flush_once(
                 for name, amount in amounts.items():
                     if amount:
                         pipe.hincrby(keys.counters(run_id), name, amount)
-                if ledger_highs:
-                    pipe.hset(keys.chunk_ledger(run_id), mapping=ledger_highs)
+                for name, value in ledger_highs.items():
+                    pipe.hset(_ledger_key(run_id, name), name, value)
                 for name, amount in ledger_adds.items():
                     if amount:
-                        pipe.hincrby(keys.chunk_ledger(run_id), name, amount)
+                        pipe.hincrby(_ledger_key(run_id, name), name, amount)
                 pipe.set(marker, number)
                 pipe.execute()
                 return True

@@ -1,4 +1,5 @@
-"""Every Redis key the project uses, built in one place: ``rlvla3:{run_id}:...``.
+"""Every Redis key the project uses, built in one place: ``rlvla3:{run_id}:...``, and
+``rlvla3-guarded:{run_id}:...`` for those env workers may only read.
 
 Roles, the launcher and the monitor never spell a key themselves; they call these functions, so
 the key layout can be read (and changed) here alone.
@@ -7,6 +8,17 @@ the key layout can be read (and changed) here alone.
 from __future__ import annotations
 
 PREFIX = "rlvla3"
+GUARDED_PREFIX = "rlvla3-guarded"
+"""Prefix of the keys a multi-host run's env workers may read but not write (their Redis user's
+ACL, ``rlvla3/runtime/redis_auth.py``): the trainers' side of the chunk ledger, the chunks
+handed back, the weight versions, the learning curve, and what launchers write of the run.
+Its own prefix, not a name under ``rlvla3:``, because an ACL key pattern cannot leave names
+out."""
+
+
+def guarded_prefix(run_id: str) -> str:
+    """``rlvla3-guarded:{run_id}``: the run's guarded keys (``GUARDED_PREFIX``)."""
+    return f"{GUARDED_PREFIX}:{run_id}"
 
 
 def run_prefix(run_id: str) -> str:
@@ -46,18 +58,25 @@ def counters(run_id: str) -> str:
     return f"{run_prefix(run_id)}:counters"
 
 
+def chunk_pushed(run_id: str) -> str:
+    """Hash of the env workers' side of the chunk ledger (``rlvla3/runtime/chunk_ledger.py``):
+    the highest sequence number each producer pushed."""
+    return f"{run_prefix(run_id)}:chunk_pushed"
+
+
 def chunk_ledger(run_id: str) -> str:
-    """Hash of the chunk accounting that survives crashes (``rlvla3/runtime/chunk_ledger.py``): the
-    highest sequence number each producer pushed and each trainer received from it, and what
-    each trainer holds in its buffer."""
-    return f"{run_prefix(run_id)}:chunk_ledger"
+    """Hash of the trainers' side of the chunk accounting that survives crashes
+    (``rlvla3/runtime/chunk_ledger.py``): the highest sequence number each trainer received
+    from each producer, each producer's settled mark, and what each trainer holds in its
+    buffer."""
+    return f"{guarded_prefix(run_id)}:chunk_ledger"
 
 
 def handed_back_chunks(run_id: str) -> str:
     """Set of ``producer chunk_id``: the chunks a failed trainer left unsettled for its
     successor (``ChunkAccounting.hand_back``); a chunk handed back a second time is settled
     instead."""
-    return f"{run_prefix(run_id)}:handed_back_chunks"
+    return f"{guarded_prefix(run_id)}:handed_back_chunks"
 
 
 def counter_flush(run_id: str, flusher: str) -> str:
@@ -69,50 +88,50 @@ def counter_flush(run_id: str, flusher: str) -> str:
 def weights(run_id: str) -> str:
     """Hash: ``version`` and ``at`` (unix seconds) of the newest broadcast weights, and
     ``trained``, the newest version a trainer produced."""
-    return f"{run_prefix(run_id)}:weights"
+    return f"{guarded_prefix(run_id)}:weights"
 
 
 def config(run_id: str) -> str:
     """String: the resolved run config as YAML."""
-    return f"{run_prefix(run_id)}:config"
+    return f"{guarded_prefix(run_id)}:config"
 
 
 def launch(run_id: str) -> str:
     """Hash: ``at`` (unix time) and ``id`` (a fresh id) of the head launcher's (re)start of the
     run."""
-    return f"{run_prefix(run_id)}:launch"
+    return f"{guarded_prefix(run_id)}:launch"
 
 
 def launchers_index(run_id: str) -> str:
     """Set of the node names whose launchers joined the run."""
-    return f"{run_prefix(run_id)}:launchers"
+    return f"{guarded_prefix(run_id)}:launchers"
 
 
 def launcher_record(run_id: str, node: str) -> str:
     """Hash: one node's launcher: ``status``, ``pid``, ``address``, ``hostname``, ``heartbeat_at``."""
     _check(node, "node")
-    return f"{run_prefix(run_id)}:launcher:{node}"
+    return f"{guarded_prefix(run_id)}:launcher:{node}"
 
 
 def launcher_alive(run_id: str, node: str) -> str:
     """String with a TTL; present while the node's launcher heartbeats."""
     _check(node, "node")
-    return f"{run_prefix(run_id)}:launcher_alive:{node}"
+    return f"{guarded_prefix(run_id)}:launcher_alive:{node}"
 
 
 def run_end(run_id: str) -> str:
     """Hash: ``reason`` and exit ``code`` of a run the head launcher has ended."""
-    return f"{run_prefix(run_id)}:end"
+    return f"{guarded_prefix(run_id)}:end"
 
 
 def stop_request(run_id: str) -> str:
     """String: set (with a reason) by any role that wants the whole run to end."""
-    return f"{run_prefix(run_id)}:stop"
+    return f"{guarded_prefix(run_id)}:stop"
 
 
 def evaluation(run_id: str) -> str:
     """Hash: ``version`` (int) the end-of-run evaluation measures, and ``started_at``."""
-    return f"{run_prefix(run_id)}:eval"
+    return f"{guarded_prefix(run_id)}:eval"
 
 
 def eval_round(run_id: str) -> str:
@@ -155,7 +174,7 @@ def eval_results(run_id: str) -> str:
 
 def metrics(run_id: str) -> str:
     """List of JSON learning-curve points pushed by the trainer (bounded)."""
-    return f"{run_prefix(run_id)}:metrics"
+    return f"{guarded_prefix(run_id)}:metrics"
 
 
 def episodes(run_id: str) -> str:

@@ -8,6 +8,14 @@ FLUSHALL, KEYS, EVAL, so a holder of the password cannot write files as the run'
 the server over. Across hosts it speaks only TLS, and the client trusts only the run's
 certificate (``redis_tls.py``), so the password never travels in cleartext and never reaches a
 server that does not hold the secret.
+
+Env workers, the roles closest to untrusted code (simulators), log in as ``ENV_USER`` with a
+password of their own: the same commands, every key readable, but writable only under
+``keys.PREFIX``, not the guarded keys (``keys.GUARDED_PREFIX``: the trainers' side of the chunk
+ledger, the chunks handed back, the weight versions, the learning curve, what launchers write
+of the run). A compromised env worker can so not move a producer's settled mark. Key
+permissions need Redis 7 (``%R~``); with an older redis-server the env user may write every
+key, as the run user, and the launcher says so.
 """
 
 from __future__ import annotations
@@ -15,12 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlvla3.runtime import keys
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from transport.derived_keys import derive
 
 RUN_USER = "rlvla3"
-"""The Redis user of every process of a multi-host run."""
+"""The Redis user of a multi-host run's launchers and roles but its env workers."""
+ENV_USER = "rlvla3-env"
+"""The Redis user of a multi-host run's env workers (the module doc)."""
 _PASSWORD_LABEL = b"rlvla3 redis password"
+_ENV_PASSWORD_LABEL = b"rlvla3 redis env password"
 
 RUN_USER_COMMANDS = (
     # connection set-up (redis-py sends HELLO; CLIENT SETINFO it tolerates being refused)
@@ -72,14 +84,28 @@ def run_password(secret: str) -> str:
     return derive(secret, _PASSWORD_LABEL).hex()
 
 
+def env_password(secret: str) -> str:
+    """The env user's password (``ENV_USER``), derived like the run user's under its own
+    label: neither reveals the other."""
+    return derive(secret, _ENV_PASSWORD_LABEL).hex()
+
+
 def run_redis_auth(secret: str) -> RedisAuth:
     """The credentials of a multi-host run's private Redis: the run user, its password, and
     the run's certificate pinned for TLS."""
     return RedisAuth(run_password(secret), RUN_USER, redis_tls_identity(secret).cert_pem)
 
 
-def acl_lines(password: str) -> list[str]:
+def acl_lines(
+    password: str, env_password: str | None = None, *, key_permissions: bool = True
+) -> list[str]:
     """``redis.conf`` lines: the default user off, the run user allowed ``RUN_USER_COMMANDS``
-    on every key and nothing else."""
+    on every key and nothing else, and (``env_password``) the env user allowed the same
+    commands, writing only under ``keys.PREFIX`` and reading every key; without
+    ``key_permissions`` (a redis-server before 7) writing every key."""
     allowed = " ".join(f"+{command}" for command in RUN_USER_COMMANDS)
-    return ["user default off", f"user {RUN_USER} on >{password} ~* -@all {allowed}"]
+    lines = ["user default off", f"user {RUN_USER} on >{password} ~* -@all {allowed}"]
+    if env_password is not None:
+        scope = f"~{keys.PREFIX}:* %R~{keys.GUARDED_PREFIX}:*" if key_permissions else "~*"
+        lines.append(f"user {ENV_USER} on >{env_password} {scope} -@all {allowed}")
+    return lines

@@ -205,8 +205,12 @@ class Registry:
         )
 
     def chunk_ledger(self) -> dict[str, int]:
-        """The chunk ledger's fields (see ``rlvla3/runtime/chunk_ledger.py``)."""
-        return {k: int(v) for k, v in self.redis.hgetall(keys.chunk_ledger(self.run_id)).items()}
+        """The chunk ledger's fields, both sides (see ``rlvla3/runtime/chunk_ledger.py``)."""
+        with self.redis.pipeline() as pipe:  # one transaction: both sides at one moment
+            for key in (keys.chunk_pushed(self.run_id), keys.chunk_ledger(self.run_id)):
+                pipe.hgetall(key)
+            sides = pipe.execute()
+        return {k: int(v) for side in sides for k, v in side.items()}
 
     def counters(self) -> dict[str, int]:
         """All run-wide counters."""
@@ -386,10 +390,10 @@ class Registry:
         """
         if refuse_live:
             self.refuse_if_live()
-        pattern = f"{keys.run_prefix(self.run_id)}:*"
-        batch = list(self.redis.scan_iter(match=pattern, count=1000))
-        if batch:
-            self.redis.delete(*batch)
+        for prefix in (keys.run_prefix(self.run_id), keys.guarded_prefix(self.run_id)):
+            batch = list(self.redis.scan_iter(match=f"{prefix}:*", count=1000))
+            if batch:
+                self.redis.delete(*batch)
 
     def close(self) -> None:
         """Close the connection pool."""

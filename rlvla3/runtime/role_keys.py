@@ -3,11 +3,13 @@
 The launcher holds the run secret; a role never does. For each role it starts, the launcher
 derives the keys the role table names for it (``RoleSpec.keys``, ``rlvla3/config/role_table.py``)
 and hands them over as a small JSON bundle through a pipe (``--secret-fd``,
-``run_secret.hand_over``). An env worker so holds the Redis credentials, the CURVE client
-key pair and its own chunk-tag key (``transport/chunk_auth.py``, derived for its index), and
-neither the weights key, the CURVE server secret key, another worker's chunk-tag key nor
-anything from which to derive them: a compromised simulator process cannot sign weights, pose
-as a server or send chunks under another worker's name.
+``run_secret.hand_over``). An env worker so holds the env user's Redis credentials
+(``rlvla3/runtime/redis_auth.py``), the CURVE client key pair and its own chunk-tag key
+(``transport/chunk_auth.py``, derived for its index), and neither the run user's password,
+the weights key, the CURVE server secret key, another worker's chunk-tag key nor anything
+from which to derive them: a compromised simulator process cannot sign weights, pose as a
+server, send chunks under another worker's name or write the trainers' side of the chunk
+ledger.
 
 A role asked to do something it holds no key for fails with ``MissingKeyError`` naming the
 key. A role started by hand with ``RLVLA3_RUN_SECRET`` derives its bundle the same way and
@@ -22,14 +24,14 @@ from typing import Any
 
 from rlvla3.config.role_table import RunKey, role_spec
 from rlvla3.runtime import run_secret
-from rlvla3.runtime.redis_auth import RUN_USER, RedisAuth, run_password
+from rlvla3.runtime.redis_auth import ENV_USER, RUN_USER, RedisAuth, env_password, run_password
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from transport.chunk_auth import chunk_check_key, producer_key
 from transport.derived_keys import MissingKeyError
 from transport.security import RunKeys, run_keys
 from transport.weight_auth import weights_key
 
-_TEXT_FIELDS = ("redis_password", "redis_cert_pem")
+_TEXT_FIELDS = ("redis_password", "redis_user", "redis_cert_pem")
 _HEX_FIELDS = ("weights", "chunk_check", "chunk_sign")
 _Z85_FIELDS = ("server_public", "server_secret", "client_public", "client_secret")
 _Z85_KEY_CHARS = 40  # a 32-byte Curve25519 key in Z85
@@ -42,7 +44,10 @@ class RoleKeys:
     role: str
     """The role the bundle was made for (named in a missing key's error)."""
     redis_password: str | None
-    """The run user's Redis password (``RunKey.REDIS``)."""
+    """The Redis password: the run user's (``RunKey.REDIS``) or the env user's
+    (``RunKey.REDIS_ENV``)."""
+    redis_user: str | None
+    """Whose password it is: ``RUN_USER`` or ``ENV_USER`` (None without a password)."""
     redis_cert_pem: str | None
     """The run Redis's certificate, pinned for TLS (public; with ``RunKey.REDIS``)."""
     curve: RunKeys
@@ -57,13 +62,14 @@ class RoleKeys:
     def redis_auth(self) -> RedisAuth:
         """The run user's credentials on the run's Redis."""
         if self.redis_password is None:
-            raise missing_key(self.role, RunKey.REDIS)
-        return RedisAuth(self.redis_password, RUN_USER, self.redis_cert_pem)
+            raise missing_key(self.role, RunKey.REDIS)  # (or REDIS_ENV: the same pipe)
+        return RedisAuth(self.redis_password, self.redis_user, self.redis_cert_pem)
 
     def names(self) -> frozenset[RunKey]:
         """The keys this bundle holds."""
         held = {
-            RunKey.REDIS: self.redis_password is not None,
+            RunKey.REDIS: self.redis_password is not None and self.redis_user == RUN_USER,
+            RunKey.REDIS_ENV: self.redis_password is not None and self.redis_user == ENV_USER,
             RunKey.CURVE_CLIENT: self.curve.client_secret is not None,
             RunKey.CURVE_SERVER: self.curve.server_secret is not None,
             RunKey.WEIGHTS: self.weights is not None,
@@ -90,10 +96,13 @@ def keys_for(role: str, secret: str, *, index: int) -> RoleKeys:
     curve = run_keys(secret).only(
         server=RunKey.CURVE_SERVER in wanted, client=RunKey.CURVE_CLIENT in wanted
     )
-    redis = RunKey.REDIS in wanted
+    env_user = RunKey.REDIS_ENV in wanted
+    redis = RunKey.REDIS in wanted or env_user
+    password = env_password(secret) if env_user else run_password(secret)
     return RoleKeys(
         role=role,
-        redis_password=run_password(secret) if redis else None,
+        redis_password=password if redis else None,
+        redis_user=(ENV_USER if env_user else RUN_USER) if redis else None,
         redis_cert_pem=redis_tls_identity(secret).cert_pem if redis else None,
         curve=curve,
         weights=weights_key(secret) if RunKey.WEIGHTS in wanted else None,
@@ -116,6 +125,7 @@ def from_text(text: str, where: str) -> RoleKeys:
         return RoleKeys(
             role=str(fields["role"]),
             redis_password=_text(fields["redis_password"]),
+            redis_user=_text(fields["redis_user"]),
             redis_cert_pem=_text(fields["redis_cert_pem"]),
             curve=RunKeys(**curve),
             **{name: _unhex(fields[name]) for name in _HEX_FIELDS},
