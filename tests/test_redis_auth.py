@@ -21,7 +21,7 @@ from rlvla3.launch.cluster import Seat
 from rlvla3.launch.redis_server import EmbeddedRedis, RedisServerError, find_redis_server, has_tls
 from rlvla3.launch.rendezvous import JoinError, find_head_store
 from rlvla3.launch.slurm import SlurmStep
-from rlvla3.runtime import redis_auth, role_keys, run_secret
+from rlvla3.runtime import keys, redis_auth, role_keys, run_secret
 from rlvla3.runtime.chunk_acks import hand_back_chunks, read_acks
 from rlvla3.runtime.chunk_ledger import pushed_field, settled_field
 from rlvla3.runtime.eval_queue import EvalQueue
@@ -35,6 +35,7 @@ from rlvla3.runtime.redis_auth import (
 )
 from rlvla3.runtime.redis_tls import redis_tls_identity
 from rlvla3.runtime.registry import Registry
+from transport.chunk_auth import chunk_check_key
 from transport.security import run_keys
 from transport.weight_auth import weights_key
 
@@ -69,12 +70,14 @@ def test_the_keys_derived_from_the_secret_are_all_different() -> None:
     tls = redis_tls_identity(secret)
     derived = {
         run_password(secret),
+        env_password(secret),
         weights_key(secret).hex(),
+        chunk_check_key(secret).hex(),
         curve.server_secret.decode(),
         curve.client_secret.decode(),
         hashlib.sha256(tls.key_pem.encode()).hexdigest(),
     }
-    assert len(derived) == 5 and secret not in derived
+    assert len(derived) == 7 and secret not in derived
     assert redis_tls_identity(secret) == tls  # every holder builds the same certificate
     assert redis_tls_identity(run_secret.new_secret()).cert_pem != tls.cert_pem
 
@@ -249,7 +252,11 @@ def test_the_env_user_writes_what_env_workers_write_and_only_reads_the_guarded_k
     claim = EvalQueue(env).take("eval_env_worker/0", 7)
     assert claim is not None
     EvalQueue(env).finish(claim, {"key": "a"})
+    # a trainer's flush marker (it would have the trainer's flushes skipped as applied)
+    marker = keys.counter_flush("env_acl", "trainer/0#t", guarded=True)
+    assert env.redis.get(marker) == "0"
     forged = (
+        lambda: env.redis.set(marker, 2**62),
         lambda: env.flush({}, {settled_field("0/0#a"): 2**40}, {}, flusher="env#0", number=1),
         lambda: hand_back_chunks(env, [("0/0#a", 3)]),
         lambda: env.set_weight_version(99),
@@ -260,6 +267,16 @@ def test_the_env_user_writes_what_env_workers_write_and_only_reads_the_guarded_k
         with pytest.raises(redis.exceptions.NoPermissionError):
             write()
     assert trainer.chunk_ledger()[settled_field("0/0#a")] == 3 and trainer.stop_reason() is None
+    # the env workers' own hash takes anything, but only its pushed marks are read from it
+    env.redis.hset(
+        keys.chunk_pushed("env_acl"),
+        mapping={
+            settled_field("1/0#b"): 2**40,
+            "buffered|trainer/0": 7,
+            pushed_field("1/0#b"): "x",
+        },
+    )
+    assert trainer.chunk_ledger() == {settled_field("0/0#a"): 3, pushed_field("0/0#a"): 5}
     env.close()
     trainer.clear_run()
     trainer.close()
@@ -352,4 +369,4 @@ def test_an_older_redis_server_lets_the_env_user_write_every_key_and_says_so(cap
             env.set_weight_version(3)  # a guarded key, written
             assert env.weight_version() == 3
             env.close()
-    assert "older than Redis 7" in caplog.text
+    assert "is Redis 6, before 7 (no read-only key patterns)" in caplog.text

@@ -169,7 +169,7 @@ def test_keys_a_role_was_not_handed_fail_naming_the_key(tmp_path, redis_url) -> 
         with pytest.raises(MissingKeyError, match="no CURVE client secret key"):
             guard.client(context.socket(zmq.DEALER))
         guard.server(context.socket(zmq.ROUTER))
-    with pytest.raises(MissingKeyError, match="^env_worker holds no redis key"):
+    with pytest.raises(MissingKeyError, match="^env_worker holds no redis_env key"):
         replace(env, redis_password=None).redis_auth()
 
     class Probe(Role):

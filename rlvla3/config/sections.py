@@ -75,7 +75,8 @@ class RunConfig:
     """Run identity, mode and bookkeeping. Multi-node runs: docs/multi-node.md."""
 
     name: str = "run"
-    """Run id (Redis keys ``rlvla3:{name}:...``) and the run dir's name."""
+    """Run id (Redis keys ``rlvla3:{name}:...`` and ``rlvla3-guarded:{name}:...``) and the run
+    dir's name."""
     mode: Mode = "async"
     """``sync``, ``async_rollout`` or ``async``: how much asynchrony (README, modes)."""
     seed: int = bounded(0, ge=0, le=2**63 - 1)

@@ -40,17 +40,28 @@ class RedisServerError(RuntimeError):
     """The embedded redis-server could not be found or started."""
 
 
-def key_permissions(binary: str) -> bool:
-    """Whether ``binary`` is Redis 7 or newer, whose ACL has read-only key patterns (``%R~``);
-    ``redis-server --version`` prints ``Redis server v=7.0.15 ...``."""
+def redis_major_version(binary: str) -> int | None:
+    """``binary``'s major version (``redis-server --version`` prints ``Redis server v=7.0.15
+    ...``); None when it cannot be read."""
     try:
         out = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+            [binary, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env=_without_secret(),
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return None
     found = re.search(r"v=(\d+)\.", out)
-    return found is not None and int(found.group(1)) >= 7
+    return None if found is None else int(found.group(1))
+
+
+def key_permissions(binary: str) -> bool:
+    """Whether ``binary`` is Redis 7 or newer, whose ACL has read-only key patterns (``%R~``)."""
+    major = redis_major_version(binary)
+    return major is not None and major >= 7
 
 
 _SYSTEM_BINARIES = (
@@ -155,6 +166,7 @@ class EmbeddedRedis:
         self.start_timeout_s = start_timeout_s
         self.host, self.port, self.password = host, port, password
         self.env_password = env_password
+        self._key_permissions: bool | None = None  # (asked of the binary once, ``_guards``)
         self.directory: Path | None = None
         self.process: subprocess.Popen | None = None
         self._args: list[str] = []
@@ -278,15 +290,25 @@ class EmbeddedRedis:
                 "tls-auth-clients no",  # clients prove themselves with the run user's AUTH
             ]
         if self.password is not None:
-            guards = key_permissions(self.binary)
-            if self.env_password is not None and not guards:
-                _log.warning(
-                    "%s is older than Redis 7 (no read-only key patterns): the env workers' "
-                    "Redis user may write every key of the run, the chunk ledger included",
-                    self.binary,
-                )
-            lines += acl_lines(self.password, self.env_password, key_permissions=guards)
+            lines += acl_lines(self.password, self.env_password, key_permissions=self._guards())
         return "\n".join(lines) + "\n"
+
+    def _guards(self) -> bool:
+        """Whether the env user's ACL can keep it off the guarded keys (Redis 7 and newer);
+        asked once per server (a restart keeps the answer), and said when it cannot."""
+        if self._key_permissions is None:
+            major = redis_major_version(self.binary)
+            self._key_permissions = major is not None and major >= 7
+            if self.env_password is not None and not self._key_permissions:
+                found = "an unreadable version" if major is None else f"Redis {major}"
+                _log.warning(
+                    "%s is %s, before 7 (no read-only key patterns): the env workers' Redis "
+                    "user may write every key of the run, the chunk ledger's settled marks "
+                    "included; install Redis 7 or newer to keep it off them",
+                    self.binary,
+                    found,
+                )
+        return self._key_permissions
 
     def _wait_ready(self, stop_on_failure: bool = True) -> None:
         deadline = time.monotonic() + self.start_timeout_s

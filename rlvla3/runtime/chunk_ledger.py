@@ -56,6 +56,22 @@ def is_pushed_field(field: str) -> bool:
     return field.startswith(_PUSHED)
 
 
+def ledger_fields(raw: dict[str, str], *, env_side: bool) -> dict[str, int]:
+    """One side's hash as read from Redis, less what is not that side's: the env workers'
+    (``env_side``) holds only ``pushed`` marks, the trainers' everything else. A field of the
+    other side, or a value that is no integer, is left out: env workers may write their hash
+    (``rlvla3/runtime/redis_auth.py``), so what is in it is not the trainers' word."""
+    fields: dict[str, int] = {}
+    for name, value in raw.items():
+        if is_pushed_field(name) != env_side:
+            continue
+        try:
+            fields[name] = int(value)
+        except ValueError:
+            continue
+    return fields
+
+
 def received_field(producer: str, trainer: str) -> str:
     """The ledger field of the highest sequence number ``trainer`` received from ``producer``."""
     return f"{_RECEIVED}{producer}|{trainer}"

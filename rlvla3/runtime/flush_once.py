@@ -32,20 +32,28 @@ def _ledger_key(run_id: str, field: str) -> str:
     return keys.chunk_pushed(run_id) if is_pushed_field(field) else keys.chunk_ledger(run_id)
 
 
+def _by_key(run_id: str, fields: dict[str, int]) -> dict[str, dict[str, int]]:
+    """``fields`` grouped by the hash each lives in (one HSET per hash)."""
+    grouped: dict[str, dict[str, int]] = {}
+    for name, value in fields.items():
+        grouped.setdefault(_ledger_key(run_id, name), {})[name] = value
+    return grouped
+
+
 def flush_once(
     client: redis.Redis,
     run_id: str,
     *,
-    flusher: str,
+    marker: str,
     number: int,
     amounts: dict[str, int],
     ledger_highs: dict[str, int],
     ledger_adds: dict[str, int],
 ) -> bool:
-    """Apply flush ``number`` of ``flusher`` unless it was already; returns whether this call
-    applied it. Raises redis' errors when Redis cannot be reached (the caller keeps the flush
-    and sends it again under the same number)."""
-    marker = keys.counter_flush(run_id, flusher)
+    """Apply flush ``number`` of the flusher whose key is ``marker`` (``keys.counter_flush``)
+    unless it was already; returns whether this call applied it. Raises redis' errors when
+    Redis cannot be reached (the caller keeps the flush and sends it again under the same
+    number)."""
     with client.pipeline(transaction=True) as pipe:
         for attempt in range(_ATTEMPTS):
             try:
@@ -57,8 +65,8 @@ def flush_once(
                 for name, amount in amounts.items():
                     if amount:
                         pipe.hincrby(keys.counters(run_id), name, amount)
-                for name, value in ledger_highs.items():
-                    pipe.hset(_ledger_key(run_id, name), name, value)
+                for key, highs in _by_key(run_id, ledger_highs).items():
+                    pipe.hset(key, mapping=highs)
                 for name, amount in ledger_adds.items():
                     if amount:
                         pipe.hincrby(_ledger_key(run_id, name), name, amount)

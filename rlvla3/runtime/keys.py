@@ -79,10 +79,13 @@ def handed_back_chunks(run_id: str) -> str:
     return f"{guarded_prefix(run_id)}:handed_back_chunks"
 
 
-def counter_flush(run_id: str, flusher: str) -> str:
+def counter_flush(run_id: str, flusher: str, *, guarded: bool) -> str:
     """String: the number of the last counter flush applied for ``flusher`` (one role process),
-    so that a flush sent again after its reply was lost is not applied twice."""
-    return f"{run_prefix(run_id)}:counter_flush:{flusher}"
+    so that a flush sent again after its reply was lost is not applied twice. ``guarded``:
+    the flusher may write the guarded keys (all but env workers): its marker is guarded too,
+    so that no env worker can mark its flushes applied and have them skipped."""
+    prefix = guarded_prefix(run_id) if guarded else run_prefix(run_id)
+    return f"{prefix}:counter_flush:{flusher}"
 
 
 def weights(run_id: str) -> str:

@@ -1,8 +1,8 @@
 """How a client authenticates to Redis: a plain password, or a multi-host run's credentials.
 
 A multi-host run's private Redis (``rlvla3/launch/redis_server.py``) has its default user
-disabled and one user, ``RUN_USER``, whose password is derived from the run secret under its
-own label (never the secret itself) and whose ACL allows only the commands rlvla3 sends
+disabled and the run user, ``RUN_USER``, whose password is derived from the run secret under
+its own label (never the secret itself) and whose ACL allows only the commands rlvla3 sends
 (``RUN_USER_COMMANDS``): no CONFIG, MODULE, REPLICAOF, DEBUG, SHUTDOWN, ACL, MIGRATE,
 FLUSHALL, KEYS, EVAL, so a holder of the password cannot write files as the run's user or take
 the server over. Across hosts it speaks only TLS, and the client trusts only the run's

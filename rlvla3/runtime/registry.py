@@ -17,8 +17,9 @@ import redis
 
 from rlvla3.config import redis_url
 from rlvla3.runtime import keys
+from rlvla3.runtime.chunk_ledger import ledger_fields
 from rlvla3.runtime.flush_once import flush_once
-from rlvla3.runtime.redis_auth import RedisAuth, as_auth
+from rlvla3.runtime.redis_auth import ENV_USER, RedisAuth, as_auth
 from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
 _MAX_LIST_POINTS = 200_000  # a long run's learning curve from its first episode (~30 MB)
@@ -49,6 +50,8 @@ class Registry:
         self.url = redis_url.redacted(url)  # what messages may show
         url = redis_url.without_password(url)
         self.run_id = run_id
+        # the env user may not write the guarded keys: its flushes keep their marker apart
+        self.writes_guarded = auth is None or auth.username != ENV_USER
         self._said_unreadable: set[str] = set()  # registry records left out, each said once
         options: dict[str, Any] = {
             "decode_responses": True,
@@ -197,7 +200,7 @@ class Registry:
         return flush_once(
             self.redis,
             self.run_id,
-            flusher=flusher,
+            marker=keys.counter_flush(self.run_id, flusher, guarded=self.writes_guarded),
             number=number,
             amounts=amounts,
             ledger_highs=ledger_highs or {},
@@ -207,10 +210,12 @@ class Registry:
     def chunk_ledger(self) -> dict[str, int]:
         """The chunk ledger's fields, both sides (see ``rlvla3/runtime/chunk_ledger.py``)."""
         with self.redis.pipeline() as pipe:  # one transaction: both sides at one moment
-            for key in (keys.chunk_pushed(self.run_id), keys.chunk_ledger(self.run_id)):
-                pipe.hgetall(key)
-            sides = pipe.execute()
-        return {k: int(v) for side in sides for k, v in side.items()}
+            pipe.hgetall(keys.chunk_pushed(self.run_id))
+            pipe.hgetall(keys.chunk_ledger(self.run_id))
+            pushed, trainers = pipe.execute()
+        # each side's own fields only: env workers write chunk_pushed, so a settled mark or a
+        # buffer there is not the trainers' (nor a value that is no number)
+        return ledger_fields(pushed, env_side=True) | ledger_fields(trainers, env_side=False)
 
     def counters(self) -> dict[str, int]:
         """All run-wide counters."""

@@ -18,8 +18,8 @@ Roles run as ``python -m roles.<name> --config RUN_DIR/config.yaml --index I --n
 --address ADDR --device DEV``, ``DEV`` being where the launcher placed the instance
 (``rlvla3/config/devices.py``; it becomes the role's ``settings.device``). In a multi-host run (or on one host bound beyond loopback) the launcher hands
 over the keys the role needs through a pipe (``--secret-fd``, ``rlvla3/runtime/role_keys.py``),
-never the run secret: the role then authenticates to Redis with the run user's credentials
-(``rlvla3/runtime/redis_auth.py``) and speaks CURVE on every socket
+never the run secret: the role then authenticates to Redis with the run user's credentials (an
+env worker's: the env user's, ``rlvla3/runtime/redis_auth.py``) and speaks CURVE on every socket
 (``transport/security.py``). A role rides out a Redis it cannot reach (a network outage between
 hosts) for ``run.head_timeout_s``, then stops with an error. A Redis that refuses the run's
 secret is no outage: the role stops at once.

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rlvla3.config.role_table import RunKey, role_spec
+from rlvla3.config.role_table import ROLE_TABLE, RunKey, role_spec
 from rlvla3.runtime import run_secret
 from rlvla3.runtime.redis_auth import ENV_USER, RUN_USER, RedisAuth, env_password, run_password
 from rlvla3.runtime.redis_tls import redis_tls_identity
@@ -49,7 +49,7 @@ class RoleKeys:
     redis_user: str | None
     """Whose password it is: ``RUN_USER`` or ``ENV_USER`` (None without a password)."""
     redis_cert_pem: str | None
-    """The run Redis's certificate, pinned for TLS (public; with ``RunKey.REDIS``)."""
+    """The run Redis's certificate, pinned for TLS (public; with either Redis password)."""
     curve: RunKeys
     """The CURVE keys: both public keys, and the secret keys of the sides its role uses."""
     weights: bytes | None
@@ -60,9 +60,11 @@ class RoleKeys:
     """This env worker's own chunk-tag key (``RunKey.CHUNK_SIGN``)."""
 
     def redis_auth(self) -> RedisAuth:
-        """The run user's credentials on the run's Redis."""
+        """The role's credentials on the run's Redis: the run user's, or the env user's."""
         if self.redis_password is None:
-            raise missing_key(self.role, RunKey.REDIS)  # (or REDIS_ENV: the same pipe)
+            spec = ROLE_TABLE.get(self.role)
+            env = spec is not None and RunKey.REDIS_ENV in spec.keys
+            raise missing_key(self.role, RunKey.REDIS_ENV if env else RunKey.REDIS)
         return RedisAuth(self.redis_password, self.redis_user, self.redis_cert_pem)
 
     def names(self) -> frozenset[RunKey]:

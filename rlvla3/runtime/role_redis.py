@@ -1,5 +1,5 @@
 """Which Redis a role process talks to, and with which password: the run's own (its URL in the
-run dir's ``run.json``, the run user's credentials from the role's keys where it wants AUTH),
+run dir's ``run.json``, the role's Redis credentials from its keys where it wants AUTH),
 or a configured
 ``run.redis_url`` (its password in the run dir's ``redis_password`` where ``config.yaml``
 shows ``***``)."""
