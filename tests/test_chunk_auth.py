@@ -4,8 +4,6 @@ run's CURVE keys cannot move another producer's settled mark (docs/reliability.m
 
 from __future__ import annotations
 
-import threading
-
 import msgspec
 import numpy as np
 import pytest
@@ -14,12 +12,10 @@ from rlvla3.runtime import run_secret
 from rlvla3.runtime.chunk_accounting import ChunkAccounting
 from rlvla3.runtime.chunk_ledger import balance, pushed_field, settled_field
 from rlvla3.runtime.role_keys import keys_for
-from roles.env.chunk_sink import ChunkSink, ChunkStream
-from roles.env.peers import Peers
-from roles.env.resend_buffer import ResendBuffer
+from roles.env.chunk_sink import ChunkStream
 from tests.env_fakes import RecordingCounters
 from tests.test_learners import FakeTrainer, numbered
-from tests.test_resend_buffer import steps
+from tests.test_resend_buffer import open_sink, steps
 from transport import sockets
 from transport.chunk_auth import ChunkTagCheck, chunk_check_key, chunk_tag, header_of
 from transport.messages import TrajectoryChunk
@@ -133,17 +129,8 @@ def test_a_workers_sink_tags_every_chunk_it_pushes_and_resends(secret) -> None:
     passes the trainer's check over the socket."""
     receiver = sockets.pull(hwm=100)
     address = receiver.bind()
-    sink = ChunkSink(
-        worker_index=3,
-        trains=True,
-        peers=Peers([], [address]),
-        queue_hwm=100,
-        resend=ResendBuffer(4),
-        tag_key=keys_for("env_worker", secret, index=3).chunk_sign,
-        counters=RecordingCounters(),
-        stop_event=threading.Event(),
-    )
-    sink.open()
+    worker_3 = keys_for("env_worker", secret, index=3).chunk_sign
+    sink = open_sink(address, 4, RecordingCounters(), worker_index=3, tag_key=worker_3)
     try:
         stream = ChunkStream(1, "3/1#a")
         for _ in range(2):

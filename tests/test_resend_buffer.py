@@ -76,20 +76,29 @@ def test_resend_from_is_each_producers_oldest_kept_chunk() -> None:
     assert buffer.resend_from("9/9#z", 5) == 5
 
 
-def test_the_sink_pushes_kept_chunks_again_before_the_next_one() -> None:
-    receiver = sockets.pull(hwm=100)
-    address = receiver.bind()
-    counters = RecordingCounters()
+def open_sink(
+    address: str, kept: int, counters: RecordingCounters, worker_index: int = 0, tag_key=b""
+) -> ChunkSink:
+    """An env worker's chunk sink pushing to ``address``, keeping ``kept`` chunks to resend."""
     sink = ChunkSink(
-        worker_index=0,
+        worker_index=worker_index,
         trains=True,
         peers=Peers([], [address]),
         queue_hwm=100,
-        resend=ResendBuffer(2),
+        resend=ResendBuffer(kept),
+        tag_key=tag_key,
         counters=counters,
         stop_event=threading.Event(),
     )
     sink.open()
+    return sink
+
+
+def test_the_sink_pushes_kept_chunks_again_before_the_next_one() -> None:
+    receiver = sockets.pull(hwm=100)
+    address = receiver.bind()
+    counters = RecordingCounters()
+    sink = open_sink(address, 2, counters)
     try:
         stream = ChunkStream(0, "0/0#a")
         for _ in range(3):
