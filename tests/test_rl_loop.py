@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3.runtime.chunk_ledger import balance, settled_marks
+from rlvla3.runtime.chunk_ledger import balance, is_pushed_field, settled_marks
 from rlvla3.runtime.registry import Registry
 from tests.conftest import wait_until
 from tests.launching import launcher_output, pid_gone, start_launcher, write_yaml
@@ -160,6 +160,9 @@ def test_trainer_killed_resumes_from_checkpoint(
         wait_until(lambda: list(ckpt_dir.glob("ckpt_*.pt")), 60, "a checkpoint")
         trainer = next(r for r in registry.roles() if r.role == "trainer")
         wait_until(lambda: settled_marks(registry.chunk_ledger()), 60, "chunks settled")
+        # the env workers flush their pushed marks on their own clock, the trainer its settled
+        # ones on its own: the first settled mark can come before any pushed one
+        wait_until(lambda: any(is_pushed_field(f) for f in registry.chunk_ledger()), 30, "pushed")
         before = registry.weight_version()
         os.kill(trainer.pid, signal.SIGKILL)
         pushed = {
