@@ -60,7 +60,10 @@ def redis_major_version(binary: str) -> int | None:
 
 def key_permissions(binary: str) -> bool:
     """Whether ``binary`` is Redis 7 or newer, whose ACL has read-only key patterns (``%R~``)."""
-    major = redis_major_version(binary)
+    return _has_key_permissions(redis_major_version(binary))
+
+
+def _has_key_permissions(major: int | None) -> bool:
     return major is not None and major >= 7
 
 
@@ -298,7 +301,7 @@ class EmbeddedRedis:
         asked once per server (a restart keeps the answer), and said when it cannot."""
         if self._key_permissions is None:
             major = redis_major_version(self.binary)
-            self._key_permissions = major is not None and major >= 7
+            self._key_permissions = _has_key_permissions(major)
             if self.env_password is not None and not self._key_permissions:
                 found = "an unreadable version" if major is None else f"Redis {major}"
                 _log.warning(

@@ -19,25 +19,11 @@ from __future__ import annotations
 import redis
 
 from rlvla3.runtime import keys
-from rlvla3.runtime.chunk_ledger import is_pushed_field
+from rlvla3.runtime.ledger_store import by_key, ledger_key
 
 _ATTEMPTS = 3
 """Watched tries before giving up (only this process writes the key it watches, so a watch
 breaks only when a connection died mid-flush)."""
-
-
-def _ledger_key(run_id: str, field: str) -> str:
-    """The hash a chunk-ledger field lives in: an env worker's ``pushed`` mark apart from the
-    trainers' fields (``keys.chunk_pushed``)."""
-    return keys.chunk_pushed(run_id) if is_pushed_field(field) else keys.chunk_ledger(run_id)
-
-
-def _by_key(run_id: str, fields: dict[str, int]) -> dict[str, dict[str, int]]:
-    """``fields`` grouped by the hash each lives in (one HSET per hash)."""
-    grouped: dict[str, dict[str, int]] = {}
-    for name, value in fields.items():
-        grouped.setdefault(_ledger_key(run_id, name), {})[name] = value
-    return grouped
 
 
 def flush_once(
@@ -65,11 +51,11 @@ def flush_once(
                 for name, amount in amounts.items():
                     if amount:
                         pipe.hincrby(keys.counters(run_id), name, amount)
-                for key, highs in _by_key(run_id, ledger_highs).items():
+                for key, highs in by_key(run_id, ledger_highs).items():
                     pipe.hset(key, mapping=highs)
                 for name, amount in ledger_adds.items():
                     if amount:
-                        pipe.hincrby(_ledger_key(run_id, name), name, amount)
+                        pipe.hincrby(ledger_key(run_id, name), name, amount)
                 pipe.set(marker, number)
                 pipe.execute()
                 return True

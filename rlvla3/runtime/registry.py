@@ -17,8 +17,8 @@ import redis
 
 from rlvla3.config import redis_url
 from rlvla3.runtime import keys
-from rlvla3.runtime.chunk_ledger import ledger_fields
 from rlvla3.runtime.flush_once import flush_once
+from rlvla3.runtime.ledger_store import read_ledger
 from rlvla3.runtime.redis_auth import ENV_USER, RedisAuth, as_auth
 from rlvla3.runtime.registry_records import LauncherRecord, RoleRecord, launcher_record, role_record
 
@@ -190,12 +190,10 @@ class Registry:
         flusher: str,
         number: int,
     ) -> bool:
-        """Add ``amounts`` to the counters, set the chunk ledger's ``ledger_highs`` fields
-        (each a high-water mark its one writer only raises) and add ``ledger_adds`` to its
-        other fields, in one atomic step: a role killed at any moment leaves all of a flush
-        or none of it, so counts and ledger always agree. ``flusher`` (one per role process)
-        numbers its flushes; one not numbered above the last applied is skipped, so a retry
-        whose first try landed unanswered counts once (``rlvla3/runtime/flush_once.py``).
+        """Add ``amounts`` to the counters, raise the ledger's ``ledger_highs`` marks and add
+        ``ledger_adds`` to its other fields in one atomic step (a role killed at any moment
+        leaves all of a flush or none). ``flusher`` (one per role process) numbers its flushes:
+        a retry whose first try landed unanswered is skipped (``rlvla3/runtime/flush_once.py``).
         Returns whether this call applied it."""
         return flush_once(
             self.redis,
@@ -208,14 +206,8 @@ class Registry:
         )
 
     def chunk_ledger(self) -> dict[str, int]:
-        """The chunk ledger's fields, both sides (see ``rlvla3/runtime/chunk_ledger.py``)."""
-        with self.redis.pipeline() as pipe:  # one transaction: both sides at one moment
-            pipe.hgetall(keys.chunk_pushed(self.run_id))
-            pipe.hgetall(keys.chunk_ledger(self.run_id))
-            pushed, trainers = pipe.execute()
-        # each side's own fields only: env workers write chunk_pushed, so a settled mark or a
-        # buffer there is not the trainers' (nor a value that is no number)
-        return ledger_fields(pushed, env_side=True) | ledger_fields(trainers, env_side=False)
+        """The chunk ledger's fields, both writers' (``rlvla3/runtime/ledger_store.py``)."""
+        return read_ledger(self.redis, self.run_id)
 
     def counters(self) -> dict[str, int]:
         """All run-wide counters."""
