@@ -24,7 +24,7 @@ from rlvla3.config.role_settings import EnvWorkerSettings
 from rlvla3.runtime.rate_meter import RateMeter
 from rlvla3.runtime.role import Role
 from rlvla3.runtime.role_main import main
-from roles.env.chunk_sink import ChunkSink, ChunkStream
+from roles.env.chunk_sink import DELIVERY_S, ChunkSink, ChunkStream
 from roles.env.env_runner import EnvRunner
 from roles.env.env_slot import EnvSlot
 from roles.env.episode_queue import EpisodeQueue
@@ -35,6 +35,7 @@ from roles.env.resend_buffer import AckFollower, ResendBuffer
 from roles.env.runner_thread import Runner, RunnerParts, RunnerThread, make_env_group
 from roles.env.sim_meter import SimMeter
 from roles.env.vector_runner import VectorRunner
+from transport import sockets
 
 _PEER_SCAN_PERIOD_S = 1.0
 
@@ -56,6 +57,7 @@ class EnvWorker(Role[EnvWorkerSettings]):
         trainers = self.wait_for_endpoints("trainer", "chunks") if self.trains else []
         self.peers = Peers(servers, trainers)
         self.acks = AckFollower(self.registry, on_trainer_restart=self._find_trainers)
+        self.chunk_delivery = sockets.DeliveryContext()
         self.step_rate = RateMeter()
         grpo = self.trains and self.cfg.algo.kind == "grpo"
         self.group_rounds = (
@@ -155,6 +157,7 @@ class EnvWorker(Role[EnvWorkerSettings]):
         if self.trains:
             self.acks.follow(resend, [self.producer(i) for i in env_indices])
         sink = ChunkSink(
+            delivery=self.chunk_delivery,
             worker_index=self.index,
             trains=self.trains,
             peers=self.peers,
@@ -206,6 +209,10 @@ class EnvWorker(Role[EnvWorkerSettings]):
         self.pacing.abort()
         for runner in self.runners:
             runner.thread.join(timeout=30)
+        # The runners closed their chunk sockets; what those still queue must reach a trainer
+        # before this process exits (os._exit skips ZeroMQ's teardown): it counts as pushed.
+        if not self.chunk_delivery.finish(timeout_s=DELIVERY_S + 1.0):
+            self.log.warning("chunks still queued towards the trainers after %.0f s", DELIVERY_S)
         try:
             self.episodes.write(self.registry)  # the last ones too: a stop loses no episode
         except Exception as err:  # Redis already gone: say what was lost, stop cleanly

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,33 @@ def context() -> zmq.Context:
     return zmq.Context.instance()
 
 
+class DeliveryContext:
+    """A ZeroMQ context for sockets whose queued messages must reach their peer before the
+    process exits (an env worker's chunks: counted as pushed once queued).
+
+    A socket's ``LINGER`` keeps its queue after ``close`` only while the context's I/O thread
+    lives, and roles end with ``os._exit`` (``rlvla3/runtime/role_main.py``), which never
+    terminates the process-wide context: what was still queued died with the process. A
+    context of their own lets these sockets be waited for alone (``finish``), whatever other
+    sockets of the process are still open.
+    """
+
+    def __init__(self) -> None:
+        self.raw = zmq.Context()
+
+    def finish(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every socket of this context is closed and has sent
+        what it queued (or its linger ran out); True when that happened in time."""
+        done = threading.Event()
+
+        def terminate() -> None:
+            self.raw.term()  # blocks until then
+            done.set()
+
+        threading.Thread(target=terminate, name="zmq-delivery", daemon=True).start()
+        return done.wait(timeout_s)
+
+
 class MessageSocket:
     """A ZeroMQ socket that sends and receives messages (not raw bytes).
 
@@ -45,6 +73,8 @@ class MessageSocket:
         limits: decode bounds for incoming frames; their largest frame is also the socket's
             ``ZMQ_MAXMSGSIZE``, so libzmq drops a larger frame (and disconnects its sender)
             before buffering it (``transport/socket_limits.py`` has one per socket kind).
+        delivery: the context to open it in when what it queues must be delivered at exit
+            (``DeliveryContext``); None: the process-wide one.
     """
 
     def __init__(
@@ -54,8 +84,9 @@ class MessageSocket:
         hwm: int = 1000,
         on_bad_frame: BadFrameHandler | None = None,
         limits: CodecLimits = DEFAULT_LIMITS,
+        delivery: DeliveryContext | None = None,
     ) -> None:
-        self.raw = context().socket(kind)
+        self.raw = (context() if delivery is None else delivery.raw).socket(kind)
         self.raw.setsockopt(zmq.LINGER, 0)
         self.raw.setsockopt(zmq.SNDHWM, hwm)
         self.raw.setsockopt(zmq.RCVHWM, hwm)

@@ -17,6 +17,10 @@ from transport import sockets
 from transport.chunk_auth import chunk_tag, tagged_header
 from transport.messages import TrajectoryChunk
 
+DELIVERY_S = 10.0
+"""How long a closed sink's socket keeps sending the chunks it still queues (its ``LINGER``),
+and so the longest an env worker waits for them at exit (``EnvWorker.shutdown``)."""
+
 
 @dataclass(slots=True)
 class ChunkStream:
@@ -72,13 +76,17 @@ class ChunkSink:
     """Chunks queued towards the trainers before a send blocks (``chunk_queue_hwm``)."""
     resend: ResendBuffer
     """The chunks pushed and not settled yet, pushed again when a trainer restarts."""
+    delivery: sockets.DeliveryContext | None = None
+    """The worker's context for chunk sockets, waited for at exit so that every chunk counted
+    as pushed leaves the process (None: the process-wide one, which nobody waits for)."""
     tag_key: bytes = b""
     """The worker's chunk-tag key (``transport/chunk_auth.py``); b"": a one-host run's, no tags."""
     socket: sockets.MessageSocket | None = field(default=None, init=False)
 
     def open(self) -> None:
-        self.socket = sockets.push(hwm=self.queue_hwm)
-        self.socket.raw.setsockopt(sockets.zmq.LINGER, 10_000)  # deliver pushed chunks at exit
+        self.socket = sockets.push(hwm=self.queue_hwm, delivery=self.delivery)
+        # deliver pushed chunks after the close
+        self.socket.raw.setsockopt(sockets.zmq.LINGER, int(DELIVERY_S * 1000))
         self.socket.connect(self.peers.trainers)
 
     def close(self) -> None:
