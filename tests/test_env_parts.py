@@ -15,7 +15,7 @@ import pytest
 
 from roles.env.episode_queue import EpisodeQueue, FinishedEpisode
 from roles.env.eval_rounds import EvalRounds
-from roles.env.pacing import Pacing
+from roles.env.pacing import EpisodeBudget, Pacing
 from roles.env.peers import Peers
 from roles.env.policy_client import PolicyClient
 from tests.env_fakes import RecordingCounters
@@ -145,6 +145,22 @@ def test_pacing_holds_runners_during_back_pressure_and_asks_again_after() -> Non
     assert pacing.pause() and not pacing.pause()  # one pause, counted once
     threading.Timer(0.2, pacing.resume).start()
     assert pacing.hold(4, round_over=False, ask=ask, version_of=int) == 5 and len(asked) == 1
+
+
+@pytest.mark.parametrize("start", [-1, 0])
+def test_an_episode_budget_pauses_after_its_episodes_until_the_next_version(start: int) -> None:
+    pacing = Pacing(threading.Event(), groups=1, lock_step=False, version=start)
+    budget = EpisodeBudget(pacing, per_version=1, version=start)
+    budget.episode_ended()  # played on version 0 (servers serve nothing before it)
+    assert pacing.paused
+    budget.see(0, evaluating=False)  # version 0 published: already played, no second budget
+    assert pacing.paused
+    budget.see(1, evaluating=False)
+    assert not pacing.paused
+    budget.episode_ended()
+    assert pacing.paused
+    budget.see(1, evaluating=True)  # the end-of-run evaluation plays unpaused
+    assert not pacing.paused
 
 
 def test_a_sync_round_waits_for_a_newer_version_and_acts_on_the_newest() -> None:

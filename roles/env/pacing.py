@@ -63,6 +63,11 @@ class Pacing:
     def resume(self) -> None:
         self._may_produce.set()
 
+    @property
+    def paused(self) -> bool:
+        """The runners are held (``pause``) until ``resume``."""
+        return not self._may_produce.is_set()
+
     def wait_for_credit(self) -> bool:
         """Block while back-pressure pauses the runners; return whether it did."""
         if self._may_produce.is_set():
@@ -110,13 +115,17 @@ class EpisodeBudget:
     """Live evaluation's pacing in a run without an RL trainer (an SFT run): ``per_version``
     episodes on each new weight version, then the runners pause until the next version; the
     end-of-run evaluation plays unpaused. Runner threads count episodes as they end, so the
-    pause comes at the next step, not at the main loop's next pass."""
+    pause comes at the next step, not at the main loop's next pass.
+
+    Nothing published yet (version -1) is version 0's budget: rollout servers serve nothing
+    before the first weights, so every episode played before the worker reads a version was
+    played on version 0, and a budget of its own would give version 0 a second one."""
 
     def __init__(self, pacing: Pacing, per_version: int, version: int) -> None:
         self.pacing = pacing
         self.per_version = per_version
         self._lock = threading.Lock()
-        self._version = version
+        self._version = max(version, 0)
         self._left = per_version
         self._evaluating = False
 
@@ -130,6 +139,7 @@ class EpisodeBudget:
     def see(self, version: int, evaluating: bool) -> None:
         """The main loop read the published ``version`` and whether the end-of-run evaluation
         has begun."""
+        version = max(version, 0)
         with self._lock:
             self._evaluating = evaluating
             if version != self._version:
