@@ -111,6 +111,17 @@ class EnvWorker(Role[EnvWorkerSettings]):
             if runner.error is not None:
                 raise RuntimeError(f"env {runner.env_index} failed") from runner.error
 
+    def _last_acks(self) -> None:
+        """Read the settled marks and trainer starts once more at the stop: a trainer that
+        restarted since the last read still gets what it should have resent
+        (``ChunkSink.resend_at_exit``)."""
+        if not self.trains:
+            return
+        try:
+            self.acks.poll()
+        except Exception as err:  # Redis already gone: the resend goes by the last read
+            self.log.warning("settled marks not read at the stop: %s", err)
+
     def _find_trainers(self) -> None:
         self.peers.trainers = self.registry.endpoints("trainer", "chunks") or self.peers.trainers
 
@@ -207,8 +218,11 @@ class EnvWorker(Role[EnvWorkerSettings]):
     def shutdown(self) -> None:
         self.stop_event.set()
         self.pacing.abort()
+        self._last_acks()
         for runner in self.runners:
             runner.thread.join(timeout=30)
+            if not runner.thread.is_alive():  # (a stuck one still owns its sink)
+                runner.runner.parts.sink.resend_at_exit()
         # The runners closed their chunk sockets; what those still queue must reach a trainer
         # before this process exits (os._exit skips ZeroMQ's teardown): it counts as pushed.
         if not self.chunk_delivery.finish(timeout_s=DELIVERY_S + 1.0):

@@ -77,10 +77,16 @@ def test_resend_from_is_each_producers_oldest_kept_chunk() -> None:
 
 
 def open_sink(
-    address: str, kept: int, counters: RecordingCounters, worker_index: int = 0, tag_key=b""
+    address: str,
+    kept: int,
+    counters: RecordingCounters,
+    worker_index: int = 0,
+    tag_key=b"",
+    delivery: sockets.DeliveryContext | None = None,
 ) -> ChunkSink:
     """An env worker's chunk sink pushing to ``address``, keeping ``kept`` chunks to resend."""
     sink = ChunkSink(
+        delivery=delivery,
         worker_index=worker_index,
         trains=True,
         peers=Peers([], [address]),
@@ -116,4 +122,52 @@ def test_the_sink_pushes_kept_chunks_again_before_the_next_one() -> None:
         }
     finally:
         sink.close()
+        receiver.close()
+
+
+def test_a_resend_due_at_the_stop_is_pushed_at_exit_to_the_restarted_trainer() -> None:
+    """A trainer restarted; the runner stopped (or sat paused by back-pressure) before its next
+    push: what it keeps goes to the new trainer from a socket of its own, not lost with the
+    process. What was queued for the dead trainer is dropped at the close, not waited for."""
+    dead = sockets.pull(hwm=1)
+    dead_address = dead.bind()
+    dead.close()  # the killed trainer: its address takes nothing any more
+    counters = RecordingCounters()
+    delivery = sockets.DeliveryContext()
+    sink = open_sink(dead_address, 8, counters, delivery=delivery)
+    stream = ChunkStream(0, "0/0#a")
+    for _ in range(3):
+        sink.push(stream, steps(), bootstrap_value=0.0)
+    successor = sockets.pull(hwm=100)
+    try:
+        sink.peers.trainers = [successor.bind()]  # the worker read the new trainer's address
+        sink.resend.acknowledge({"0/0#a": 1})  # chunk 0 was settled before the kill
+        sink.resend.request_resend()
+        sink.stop_event.set()
+        sink.close()  # the runner ends
+        sink.resend_at_exit()
+        got = [successor.recv(timeout_s=5.0) for _ in range(2)]
+        assert [c.chunk_id for c in got] == [1, 2]
+        assert successor.recv(timeout_s=0.2) is None
+        assert counters.counters["chunks_resent"] == 2
+        sink.resend_at_exit()  # nothing due any more
+        assert successor.recv(timeout_s=0.2) is None
+        # what was queued for the dead trainer does not hold the exit (its linger is 10 s)
+        assert delivery.finish(timeout_s=2.0)
+    finally:
+        successor.close()
+
+
+def test_nothing_is_pushed_at_exit_without_a_trainer_restart() -> None:
+    receiver = sockets.pull(hwm=100)
+    counters = RecordingCounters()
+    sink = open_sink(receiver.bind(), 8, counters)
+    try:
+        sink.push(ChunkStream(0, "0/0#a"), steps(), bootstrap_value=0.0)
+        assert receiver.recv(timeout_s=5.0).chunk_id == 0
+        sink.stop_event.set()
+        sink.close()
+        sink.resend_at_exit()  # unsettled, but in the live trainer's hands: no duplicate
+        assert receiver.recv(timeout_s=0.2) is None and "chunks_resent" not in counters.counters
+    finally:
         receiver.close()

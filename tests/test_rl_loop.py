@@ -163,8 +163,18 @@ def test_trainer_killed_resumes_from_checkpoint(
         # the env workers flush their pushed marks on their own clock, the trainer its settled
         # ones on its own: the first settled mark can come before any pushed one
         wait_until(lambda: any(is_pushed_field(f) for f in registry.chunk_ledger()), 30, "pushed")
-        before = registry.weight_version()
         os.kill(trainer.pid, signal.SIGKILL)
+
+        def restarted() -> bool:
+            rec = next(r for r in registry.roles() if r.role == "trainer")
+            return rec.restarts == 1 and rec.pid != trainer.pid and rec.status == "running"
+
+        # Versions the killed trainer had sent can still be published after the kill, and
+        # settled marks it flushed can pass pushed marks read then: neither says a successor
+        # runs. Wait for it, then read what the env workers had pushed by then (their marks
+        # lag their pushes by a flush, so also some pushed to the dead trainer).
+        wait_until(restarted, 120, "the trainer restarted")
+        before = registry.weight_version()
         pushed = {
             field.removeprefix("pushed|"): high
             for field, high in registry.chunk_ledger().items()

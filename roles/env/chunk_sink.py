@@ -5,6 +5,7 @@ them until a trainer settles them (``roles/env/resend_buffer.py``)."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -91,7 +92,50 @@ class ChunkSink:
 
     def close(self) -> None:
         if self.socket is not None:
-            self.socket.raw.close()
+            if self._trainer_gone():
+                self.socket.close()  # LINGER 0: see ``_to_trainers``
+            else:
+                self.socket.raw.close()  # lingers: what it queued is delivered at exit
+            self.socket = None
+
+    def _trainer_gone(self) -> bool:
+        """The socket is connected to a trainer the worker no longer knows (it was killed and
+        its successor published another address)."""
+        assert self.socket is not None
+        return any(a not in self.peers.trainers for a in self.socket.addresses)
+
+    def _to_trainers(self) -> sockets.MessageSocket:
+        """The socket, connected to the trainers the worker knows now. One that is connected to
+        a trainer that went away is closed without linger and opened again: what it queued
+        was for the gone trainer (one trainer takes chunks, a data-parallel group's leader),
+        whose address takes nothing any more, and a lingering queue would hold the worker's
+        exit for ``DELIVERY_S``; the resend buffer keeps those chunks."""
+        assert self.socket is not None, "ChunkSink.open() first"
+        if self._trainer_gone():
+            self.socket.close()
+            self.open()
+        else:
+            self.socket.connect(self.peers.trainers)
+        return self.socket
+
+    def resend_at_exit(self) -> None:
+        """Push what a trainer restart made due and the runner did not resend (it was stopping,
+        or held by back-pressure, when the restart was seen), from a socket of its own: the
+        runner's thread has ended and closed its socket. The trainers stop after the env
+        workers and take what is queued then, so these reach the restarted trainer instead of
+        dying with this process. Bounded by ``DELIVERY_S`` in all."""
+        due = self.resend.take_resend()
+        if not due or not self.trains:
+            return
+        self.open()
+        deadline = time.monotonic() + DELIVERY_S
+        try:
+            for chunk in due:
+                if not self._deliver(chunk, deadline=deadline):
+                    break
+                self.counters.count("chunks_resent")
+        finally:
+            self.close()
 
     def push(self, stream: ChunkStream, steps: Transitions, bootstrap_value: float) -> None:
         """Send ``stream``'s next chunk: ``steps`` and the value of the observation after them."""
@@ -118,6 +162,7 @@ class ChunkSink:
         not counted. What a restarted trainer should get again goes first, oldest first."""
         for kept in self.resend.take_resend():
             if not self._deliver(kept):
+                self.resend.request_resend()  # still due: ``resend_at_exit`` sends them
                 return
             self.counters.count("chunks_resent")
         if not self._deliver(chunk):
@@ -130,12 +175,10 @@ class ChunkSink:
         if overflow:
             self.counters.count("chunks_resend_overflow", overflow)
 
-    def _deliver(self, chunk: TrajectoryChunk) -> bool:
-        """Push one chunk, waiting while the trainers are busy; False: the worker stopped first."""
-        assert self.socket is not None, "ChunkSink.open() first"
-        self.socket.sync_peers(self.peers.trainers)
-        while not self.socket.send(chunk, timeout_s=0.5):  # back-pressure from a busy trainer
-            if self.stop_event.is_set():
+    def _deliver(self, chunk: TrajectoryChunk, deadline: float | None = None) -> bool:
+        """Push one chunk, waiting while the trainers are busy; False: the worker stopped first
+        (after the stop, with a ``deadline``: that passed first)."""
+        while not self._to_trainers().send(chunk, timeout_s=0.5):  # a busy trainer
+            if self.stop_event.is_set() and (deadline is None or time.monotonic() >= deadline):
                 return False
-            self.socket.sync_peers(self.peers.trainers)
         return True
