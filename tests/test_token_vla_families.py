@@ -94,10 +94,15 @@ def test_act_is_batched_and_its_log_probs_are_what_evaluate_recomputes(policy_of
         torch.testing.assert_close(alone.log_prob[0], greedy.log_prob[row], atol=1e-4, rtol=0)
 
 
-NO_DEVICE_INPUTS = {"llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl"}
-"""Families whose processors tile the image (LLaVA-NeXT, LLaVA-OneVision) or flatten it into
-patches (Qwen2-VL, Qwen2.5-VL): ``DeviceInputs``' probe refuses them and the processor builds
-every batch."""
+NO_DEVICE_INPUTS = {
+    **dict.fromkeys(("llava_next", "llava_onevision"), "pixel_values"),
+    **dict.fromkeys(("qwen2_vl", "qwen2_5_vl", "qwen3_vl"), "pixel_values"),
+    "mllama": "cross_attention_mask",
+}
+"""Families ``DeviceInputs``' probe refuses, and what its reason names: processors that tile
+the image (LLaVA-NeXT, LLaVA-OneVision) or flatten it into patches (Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL), or whose per-token image mask changes with the prompt (Mllama); the processor
+builds every batch."""
 
 
 def test_device_inputs_are_taken_where_the_probe_allows_and_change_nothing(
@@ -109,7 +114,7 @@ def test_device_inputs_are_taken_where_the_probe_allows_and_change_nothing(
         shortcut, why_not = DeviceInputs.probe(
             policy.processor, policy.prompt.image_token, image_shape
         )
-        assert shortcut is None and "pixel_values" in why_not, why_not
+        assert shortcut is None and NO_DEVICE_INPUTS[family] in why_not, why_not
         assert policy.device_inputs is None
         return
     assert policy.device_inputs is not None
@@ -161,7 +166,7 @@ def test_packed_evaluate_gives_the_padded_figures_or_says_why_not(policy_of, var
     policy = policy_of().eval()
     reason = packing_unsupported(policy.model)
     if reason is not None:
-        known = ("token_type_ids", "rotary positions are multimodal")
+        known = ("token_type_ids", "rotary positions are multimodal", "cross-attention")
         assert any(why in reason for why in known), reason
         return
     obs = observations(6)

@@ -155,6 +155,34 @@ def qwen2_5_vl():
     return tf.Qwen2_5_VLForConditionalGeneration(config), processor
 
 
+def qwen3_vl():
+    """Qwen3-VL: interleaved multimodal rotary positions, a vision tower with learned position
+    embeddings interpolated to the image's grid, and DeepStack (vision features of inner
+    layers added to the first text layers' hidden states at the image tokens)."""
+    import transformers as tf
+
+    tokenizer, ids = _tokenizer(*_QWEN_SPECIALS, image_token="<|image_pad|>")
+    vision = {
+        "depth": 1,
+        "hidden_size": WIDTH,
+        "intermediate_size": 2 * WIDTH,
+        "out_hidden_size": WIDTH,
+        "num_heads": 2,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 16,  # a 4 x 4 grid: the 32-pixel image's 8-pixel patches
+        "deepstack_visual_indexes": [0],
+    }
+    text = _text(
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
+    )
+    config = tf.Qwen3VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids(ids))
+    processor = tf.Qwen3VLProcessor(image_processor=_qwen_image_processor(), tokenizer=tokenizer)
+    return tf.Qwen3VLForConditionalGeneration(config), processor
+
+
 def gemma3():
     """Gemma 3: a SigLIP tower pooled to 4 soft tokens between begin/end-of-image markers;
     ``token_type_ids`` mark the image tokens (bidirectional among themselves)."""
@@ -409,10 +437,40 @@ def mistral3():
     return tf.Mistral3ForConditionalGeneration(config), processor
 
 
+def mllama():
+    """Mllama (Llama 3.2 Vision): the image enters through cross-attention layers, not as
+    tokens; one ``<|image|>`` token marks it, and ``cross_attention_mask`` [B, L, images,
+    tiles] says per token which images' tiles it attends to."""
+    import transformers as tf
+
+    tokenizer, ids = _tokenizer("<|image|>", image_token="<|image|>")
+    vision = {
+        "hidden_size": WIDTH,
+        "intermediate_size": 2 * WIDTH,
+        "attention_heads": 2,
+        "num_hidden_layers": 2,
+        "num_global_layers": 1,
+        "intermediate_layers_indices": [0],
+        "vision_output_dim": 2 * WIDTH,  # the last layer's and one intermediate layer's
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH_SIZE,
+        "max_num_tiles": 1,
+        "supported_aspect_ratios": [[1, 1]],
+    }
+    text = _text(cross_attention_layers=[1])
+    config = tf.MllamaConfig(
+        vision_config=vision, text_config=text, image_token_index=ids["<|image|>"]
+    )
+    image_processor = tf.MllamaImageProcessorPil(size=_SQUARE, max_image_tiles=1)
+    processor = tf.MllamaProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return tf.MllamaForConditionalGeneration(config), processor
+
+
 FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "paligemma": paligemma,
     "qwen2_vl": qwen2_vl,
     "qwen2_5_vl": qwen2_5_vl,
+    "qwen3_vl": qwen3_vl,
     "gemma3": gemma3,
     "llava_next": llava_next,
     "idefics2": idefics2,
@@ -421,11 +479,14 @@ FAMILY_BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "llava_onevision": llava_onevision,
     "internvl": internvl,
     "mistral3": mistral3,
+    "mllama": mllama,
 }
 """Family -> a builder of its (random-weight model, processor)."""
 
 
-VIDEO_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "smolvlm", "llava_onevision", "internvl"})
+VIDEO_FAMILIES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm", "llava_onevision", "internvl"}
+)
 """Families whose processor has a video processor: ``transformers`` constructs and loads one
 only with torchvision, whose CPU wheel is not on PyPI. Built here without it (images only),
 their directories load where torchvision is installed and are one clear error elsewhere."""

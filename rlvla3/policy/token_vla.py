@@ -319,10 +319,13 @@ class TokenVLAPolicy(ActorCritic):
         }
         per_token = inputs["input_ids"].shape  # not per image (Qwen2-VL's image_grid_thw [B, 3])
         for key, value in inputs.items():
-            if value.shape == per_token and not value.is_floating_point() and k:
-                pad = self.pad_id if key == "input_ids" else 0
-                value = torch.cat([value, value.new_full((b, k), pad)], dim=1)
-                value = value.scatter(1, columns, action_values.get(key, 0))
+            if value.shape[:2] == per_token and not value.is_floating_point() and k:
+                if value.dim() == 2:
+                    pad = self.pad_id if key == "input_ids" else 0
+                    value = torch.cat([value, value.new_full((b, k), pad)], dim=1)
+                    value = value.scatter(1, columns, action_values.get(key, 0))
+                else:
+                    value = _extend_per_token(value, lengths, columns)
             extended[key] = value
         # logits only from the first position any row needs on: a full vocabulary's logits at
         # every position would be most of a large model's activation memory
@@ -335,6 +338,18 @@ class TokenVLAPolicy(ActorCritic):
         logits = picked[..., self.action_ids].float() / self.config.temperature
         last_hidden = out.hidden_states[-1][torch.arange(b, device=rows.device), lengths - 1]
         return logits, last_hidden.float()
+
+
+def _extend_per_token(value: Tensor, lengths: Tensor, columns: Tensor) -> Tensor:
+    """A per-token input with more dims than the token's (Mllama's ``cross_attention_mask``
+    [B, L, images, tiles]: which images each token attends to), extended by the action tokens
+    at ``columns`` [B, k]: each attends as its row's last prompt token does."""
+    b, k = columns.shape
+    rows = torch.arange(b, device=value.device)
+    last = value[rows, lengths - 1]  # [B, ...]
+    value = torch.cat([value, value.new_zeros((b, k, *value.shape[2:]))], dim=1)
+    value[rows[:, None], columns] = last[:, None].expand(b, k, *last.shape[1:])
+    return value
 
 
 def _numpy(value: Tensor | np.ndarray) -> np.ndarray:

@@ -25,7 +25,9 @@ What cannot pack (``packing_unsupported``, decided once from the model):
 - multimodal rotary positions (Qwen2-VL and its kin: 3-D position ids computed from the image
   grid by the model's ``get_rope_index``): positions that restart per frame are not theirs;
 - ``token_type_ids`` (PaliGemma, Gemma 3: a bidirectional prefix per sample): transformers
-  reads them at the packed positions, not at the tokens, once it remaps a packed mask.
+  reads them at the packed positions, not at the tokens, once it remaps a packed mask;
+- cross-attention to the images (Mllama: ``cross_attention_mask`` [B, L, images, tiles]),
+  which the packed rows do not lay out.
 
 A sliding attention window (Mistral, Cohere 2...) does not stop packing: packed attention
 attends over the whole frame, which is what the window does for a frame no longer than it.
@@ -72,6 +74,11 @@ def packing_unsupported(model: nn.Module) -> str | None:
         return (
             "it takes token_type_ids (a bidirectional prefix per sample), which transformers' "
             "packed mask reads at the wrong places"
+        )
+    if "cross_attention_mask" in params:
+        return (
+            "its images enter through cross-attention layers (Mllama's kind), masked per token "
+            "and image, which the packed rows do not lay out"
         )
     return None
 
