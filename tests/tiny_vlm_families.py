@@ -111,6 +111,21 @@ def _qwen_token_ids(ids: dict[str, int]) -> dict:
     }
 
 
+def _qwen_vision(**changes: Any) -> dict:
+    """A one-layer Qwen2.5-VL / Qwen3-VL vision tower: 8-pixel patches, 2 x 2 merged."""
+    return {
+        "depth": 1,
+        "hidden_size": WIDTH,
+        "intermediate_size": 2 * WIDTH,
+        "out_hidden_size": WIDTH,
+        "num_heads": 2,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        **changes,
+    }
+
+
 def qwen2_vl():
     """Qwen2-VL: multimodal rotary positions (3-D position ids from the image grid)."""
     import transformers as tf
@@ -137,18 +152,7 @@ def qwen2_5_vl():
     import transformers as tf
 
     tokenizer, ids = _tokenizer(*_QWEN_SPECIALS, image_token="<|image_pad|>")
-    vision = {
-        "depth": 1,
-        "hidden_size": WIDTH,
-        "intermediate_size": 2 * WIDTH,
-        "out_hidden_size": WIDTH,
-        "num_heads": 2,
-        "patch_size": PATCH_SIZE,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 2 * PATCH_SIZE,
-        "fullatt_block_indexes": [0],
-    }
+    vision = _qwen_vision(window_size=2 * PATCH_SIZE, fullatt_block_indexes=[0])
     text = _text(rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]})
     config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids(ids))
     processor = tf.Qwen2_5_VLProcessor(image_processor=_qwen_image_processor(), tokenizer=tokenizer)
@@ -162,18 +166,8 @@ def qwen3_vl():
     import transformers as tf
 
     tokenizer, ids = _tokenizer(*_QWEN_SPECIALS, image_token="<|image_pad|>")
-    vision = {
-        "depth": 1,
-        "hidden_size": WIDTH,
-        "intermediate_size": 2 * WIDTH,
-        "out_hidden_size": WIDTH,
-        "num_heads": 2,
-        "patch_size": PATCH_SIZE,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "num_position_embeddings": 16,  # a 4 x 4 grid: the 32-pixel image's 8-pixel patches
-        "deepstack_visual_indexes": [0],
-    }
+    # learned positions on a 4 x 4 grid: the 32-pixel image's 8-pixel patches
+    vision = _qwen_vision(num_position_embeddings=16, deepstack_visual_indexes=[0])
     text = _text(
         head_dim=16,
         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
