@@ -218,19 +218,40 @@ class EnvWorker(Role[EnvWorkerSettings]):
     def shutdown(self) -> None:
         self.stop_event.set()
         self.pacing.abort()
-        self._last_acks()
+        self._last_acks()  # a restarted trainer's address, before the runners close
         for runner in self.runners:
             runner.thread.join(timeout=30)
-            if not runner.thread.is_alive():  # (a stuck one still owns its sink)
-                runner.runner.parts.sink.resend_at_exit()
-        # The runners closed their chunk sockets; what those still queue must reach a trainer
-        # before this process exits (os._exit skips ZeroMQ's teardown): it counts as pushed.
-        if not self.chunk_delivery.finish(timeout_s=DELIVERY_S + 1.0):
-            self.log.warning("chunks still queued towards the trainers after %.0f s", DELIVERY_S)
         try:
             self.episodes.write(self.registry)  # the last ones too: a stop loses no episode
         except Exception as err:  # Redis already gone: say what was lost, stop cleanly
             self.log.warning("%d finished episodes not recorded: %s", len(self.episodes), err)
+        self._deliver_at_exit()
+
+    def _deliver_at_exit(self) -> None:
+        """Chunks counted as pushed leave this process before it exits (``os._exit`` skips
+        ZeroMQ's teardown): a resend that came due too late for the runners, and what their
+        closed sockets still queue. Bounded by ``DELIVERY_S`` and half of
+        ``run.stop_timeout_s`` (the launcher kills a role that takes longer to stop); nothing
+        waits when no trainer is live to take them."""
+        if not self.trains:
+            return  # its sinks send nothing
+        if not self._trainer_live():
+            self.log.info("no trainer is live: chunks still queued for one are not waited for")
+            return
+        deadline = time.monotonic() + min(DELIVERY_S, 0.5 * self.cfg.run.stop_timeout_s)
+        self._last_acks()  # a trainer restart seen during the joins still gets its resend
+        for runner in self.runners:
+            if not runner.thread.is_alive():  # (a stuck one still owns its sink)
+                runner.runner.parts.sink.resend_at_exit(deadline)
+        if not self.chunk_delivery.finish(timeout_s=max(0.0, deadline - time.monotonic())):
+            self.log.warning("chunks still queued towards the trainers at exit: not delivered")
+
+    def _trainer_live(self) -> bool:
+        """A trainer is listed live to take chunks (Redis gone: assume one is)."""
+        try:
+            return bool(self.registry.endpoints("trainer", "chunks"))
+        except Exception:
+            return True
 
 
 if __name__ == "__main__":

@@ -147,19 +147,23 @@ def test_pacing_holds_runners_during_back_pressure_and_asks_again_after() -> Non
     assert pacing.hold(4, round_over=False, ask=ask, version_of=int) == 5 and len(asked) == 1
 
 
-@pytest.mark.parametrize("start", [-1, 0])
-def test_an_episode_budget_pauses_after_its_episodes_until_the_next_version(start: int) -> None:
+@pytest.mark.parametrize(("start", "first"), [(-1, 0), (0, 0), (-1, 7)])
+def test_an_episode_budget_pauses_after_its_episodes_until_the_next_version(
+    start: int, first: int
+) -> None:
+    """``first``: the first version published (7: a resumed trainer's); ``start``: what the
+    worker read at setup (-1: nothing published yet)."""
     pacing = Pacing(threading.Event(), groups=1, lock_step=False, version=start)
     budget = EpisodeBudget(pacing, per_version=1, version=start)
-    budget.episode_ended()  # played on version 0 (servers serve nothing before it)
+    budget.episode_ended()  # played on the first version (servers serve nothing before it)
     assert pacing.paused
-    budget.see(0, evaluating=False)  # version 0 published: already played, no second budget
+    budget.see(first, evaluating=False)  # published: already played, no second budget
     assert pacing.paused
-    budget.see(1, evaluating=False)
+    budget.see(first + 1, evaluating=False)
     assert not pacing.paused
     budget.episode_ended()
     assert pacing.paused
-    budget.see(1, evaluating=True)  # the end-of-run evaluation plays unpaused
+    budget.see(first + 1, evaluating=True)  # the end-of-run evaluation plays unpaused
     assert not pacing.paused
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import msgspec
 
@@ -145,12 +146,12 @@ def test_a_resend_due_at_the_stop_is_pushed_at_exit_to_the_restarted_trainer() -
         sink.resend.request_resend()
         sink.stop_event.set()
         sink.close()  # the runner ends
-        sink.resend_at_exit()
+        sink.resend_at_exit(time.monotonic() + 5.0)
         got = [successor.recv(timeout_s=5.0) for _ in range(2)]
         assert [c.chunk_id for c in got] == [1, 2]
         assert successor.recv(timeout_s=0.2) is None
         assert counters.counters["chunks_resent"] == 2
-        sink.resend_at_exit()  # nothing due any more
+        sink.resend_at_exit(time.monotonic() + 5.0)  # nothing due any more
         assert successor.recv(timeout_s=0.2) is None
         # what was queued for the dead trainer does not hold the exit (its linger is 10 s)
         assert delivery.finish(timeout_s=2.0)
@@ -167,7 +168,9 @@ def test_nothing_is_pushed_at_exit_without_a_trainer_restart() -> None:
         assert receiver.recv(timeout_s=5.0).chunk_id == 0
         sink.stop_event.set()
         sink.close()
-        sink.resend_at_exit()  # unsettled, but in the live trainer's hands: no duplicate
+        sink.resend_at_exit(
+            time.monotonic() + 5.0
+        )  # unsettled, but in the live trainer's hands: no duplicate
         assert receiver.recv(timeout_s=0.2) is None and "chunks_resent" not in counters.counters
     finally:
         receiver.close()

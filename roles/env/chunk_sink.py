@@ -85,6 +85,8 @@ class ChunkSink:
     socket: sockets.MessageSocket | None = field(default=None, init=False)
 
     def open(self) -> None:
+        if self.socket is not None:  # (not closed by its runner)
+            self.socket.close()
         self.socket = sockets.push(hwm=self.queue_hwm, delivery=self.delivery)
         # deliver pushed chunks after the close
         self.socket.raw.setsockopt(sockets.zmq.LINGER, int(DELIVERY_S * 1000))
@@ -92,43 +94,22 @@ class ChunkSink:
 
     def close(self) -> None:
         if self.socket is not None:
-            if self._trainer_gone():
+            if self._trainers_gone():
                 self.socket.close()  # LINGER 0: see ``_to_trainers``
             else:
                 self.socket.raw.close()  # lingers: what it queued is delivered at exit
             self.socket = None
 
-    def _trainer_gone(self) -> bool:
-        """The socket is connected to a trainer the worker no longer knows (it was killed and
-        its successor published another address)."""
-        assert self.socket is not None
-        return any(a not in self.peers.trainers for a in self.socket.addresses)
-
-    def _to_trainers(self) -> sockets.MessageSocket:
-        """The socket, connected to the trainers the worker knows now. One that is connected to
-        a trainer that went away is closed without linger and opened again: what it queued
-        was for the gone trainer (one trainer takes chunks, a data-parallel group's leader),
-        whose address takes nothing any more, and a lingering queue would hold the worker's
-        exit for ``DELIVERY_S``; the resend buffer keeps those chunks."""
-        assert self.socket is not None, "ChunkSink.open() first"
-        if self._trainer_gone():
-            self.socket.close()
-            self.open()
-        else:
-            self.socket.connect(self.peers.trainers)
-        return self.socket
-
-    def resend_at_exit(self) -> None:
+    def resend_at_exit(self, deadline: float) -> None:
         """Push what a trainer restart made due and the runner did not resend (it was stopping,
         or held by back-pressure, when the restart was seen), from a socket of its own: the
         runner's thread has ended and closed its socket. The trainers stop after the env
         workers and take what is queued then, so these reach the restarted trainer instead of
-        dying with this process. Bounded by ``DELIVERY_S`` in all."""
+        dying with this process. Gives up at ``deadline`` (``time.monotonic``)."""
         due = self.resend.take_resend()
         if not due or not self.trains:
             return
         self.open()
-        deadline = time.monotonic() + DELIVERY_S
         try:
             for chunk in due:
                 if not self._deliver(chunk, deadline=deadline):
@@ -136,6 +117,28 @@ class ChunkSink:
                 self.counters.count("chunks_resent")
         finally:
             self.close()
+
+    def _trainers_gone(self) -> bool:
+        """Every trainer the socket is connected to is one the worker no longer knows (killed:
+        its successor published another address)."""
+        assert self.socket is not None
+        known = self.peers.trainers
+        return bool(self.socket.addresses) and all(a not in known for a in self.socket.addresses)
+
+    def _to_trainers(self) -> sockets.MessageSocket:
+        """The socket, connected to the trainers the worker knows now. When every trainer it
+        was connected to went away, it is closed without linger and opened again: what it
+        queued was for them, their addresses take nothing any more, and a lingering queue
+        would hold the worker's exit; the resend buffer keeps those chunks. (One trainer takes
+        chunks, a data-parallel group's leader; were there more, a gone one is only
+        disconnected, so nothing queued for a live one is dropped.)"""
+        assert self.socket is not None, "ChunkSink.open() first"
+        if self._trainers_gone():
+            self.socket.close()
+            self.open()
+        else:
+            self.socket.sync_peers(self.peers.trainers)
+        return self.socket
 
     def push(self, stream: ChunkStream, steps: Transitions, bootstrap_value: float) -> None:
         """Send ``stream``'s next chunk: ``steps`` and the value of the observation after them."""

@@ -117,15 +117,16 @@ class EpisodeBudget:
     end-of-run evaluation plays unpaused. Runner threads count episodes as they end, so the
     pause comes at the next step, not at the main loop's next pass.
 
-    Nothing published yet (version -1) is version 0's budget: rollout servers serve nothing
-    before the first weights, so every episode played before the worker reads a version was
-    played on version 0, and a budget of its own would give version 0 a second one."""
+    Nothing published yet (version -1) is the first published version's budget (0, or a
+    resumed trainer's version): rollout servers serve nothing before the first weights, so
+    every episode played before the worker reads a version was played on that one, and a
+    budget of its own would give it a second one."""
 
     def __init__(self, pacing: Pacing, per_version: int, version: int) -> None:
         self.pacing = pacing
         self.per_version = per_version
         self._lock = threading.Lock()
-        self._version = max(version, 0)
+        self._version = version
         self._left = per_version
         self._evaluating = False
 
@@ -139,10 +140,11 @@ class EpisodeBudget:
     def see(self, version: int, evaluating: bool) -> None:
         """The main loop read the published ``version`` and whether the end-of-run evaluation
         has begun."""
-        version = max(version, 0)
         with self._lock:
             self._evaluating = evaluating
-            if version != self._version:
+            if self._version < 0:  # the first published version: what was played was on it
+                self._version = version
+            elif version != self._version:
                 self._version, self._left = version, self.per_version
             if evaluating or self._left > 0:
                 self.pacing.resume()

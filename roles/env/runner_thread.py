@@ -85,9 +85,17 @@ class RunnerThread:
             self.log.exception("env %d failed", self.env_index)
             self.error = err
         finally:
-            envs.close()
-            parts.client.close()
-            parts.sink.close()
+            # the sink first, and each on its own: a simulator that fails to close must not
+            # leave the chunk socket open (the worker's exit waits for it)
+            for part, close in (
+                ("chunk sink", parts.sink.close),
+                ("policy client", parts.client.close),
+                ("envs", envs.close),
+            ):
+                try:
+                    close()
+                except Exception:
+                    self.log.exception("env %d: closing its %s failed", self.env_index, part)
 
 
 def make_env_group(
