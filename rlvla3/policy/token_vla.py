@@ -55,6 +55,7 @@ from torch.distributions import Categorical
 
 from rlvla3.config.token_vla import TokenVLAConfig
 from rlvla3.config.typed_load import ConfigError
+from rlvla3.policy.action_suffix import append_action_tokens
 from rlvla3.policy.action_tokens import ActionBins, action_bins, action_token_ids
 from rlvla3.policy.base import ActionSpec, ActorCritic, ActOutput, EvalOutput, ObsBatch
 from rlvla3.policy.device_inputs import DeviceInputs, batch_inputs, probed
@@ -307,26 +308,13 @@ class TokenVLAPolicy(ActorCritic):
         """
         b, k = actions.shape
         width = inputs["input_ids"].shape[1] + k
-        columns = lengths[:, None] + torch.arange(k, device=lengths.device)
-        extended = {}
-        # per-token inputs (ids, mask, token types) get each row's action tokens right after
-        # its prompt, which for a shorter row is inside its padding: every column an action
-        # token takes gets the action token's value, not the padding's
-        action_values = {
-            "input_ids": self.action_ids[actions],
-            "attention_mask": 1,
-            "token_type_ids": self.suffix_token_type,
-        }
-        per_token = inputs["input_ids"].shape  # not per image (Qwen2-VL's image_grid_thw [B, 3])
-        for key, value in inputs.items():
-            if value.shape[:2] == per_token and not value.is_floating_point() and k:
-                if value.dim() == 2:
-                    pad = self.pad_id if key == "input_ids" else 0
-                    value = torch.cat([value, value.new_full((b, k), pad)], dim=1)
-                    value = value.scatter(1, columns, action_values.get(key, 0))
-                else:
-                    value = _extend_per_token(value, lengths, columns)
-            extended[key] = value
+        extended = append_action_tokens(
+            inputs,
+            lengths,
+            self.action_ids[actions],
+            pad_id=self.pad_id,
+            suffix_token_type=self.suffix_token_type,
+        )
         # logits only from the first position any row needs on: a full vocabulary's logits at
         # every position would be most of a large model's activation memory
         first = int(lengths.min()) - 1
@@ -338,18 +326,6 @@ class TokenVLAPolicy(ActorCritic):
         logits = picked[..., self.action_ids].float() / self.config.temperature
         last_hidden = out.hidden_states[-1][torch.arange(b, device=rows.device), lengths - 1]
         return logits, last_hidden.float()
-
-
-def _extend_per_token(value: Tensor, lengths: Tensor, columns: Tensor) -> Tensor:
-    """A per-token input with more dims than the token's (Mllama's ``cross_attention_mask``
-    [B, L, images, tiles]: which images each token attends to), extended by the action tokens
-    at ``columns`` [B, k]: each attends as its row's last prompt token does."""
-    b, k = columns.shape
-    rows = torch.arange(b, device=value.device)
-    last = value[rows, lengths - 1]  # [B, ...]
-    value = torch.cat([value, value.new_zeros((b, k, *value.shape[2:]))], dim=1)
-    value[rows[:, None], columns] = last[:, None].expand(b, k, *last.shape[1:])
-    return value
 
 
 def _numpy(value: Tensor | np.ndarray) -> np.ndarray:

@@ -134,8 +134,7 @@ class ChunkSink:
         disconnected, so nothing queued for a live one is dropped.)"""
         assert self.socket is not None, "ChunkSink.open() first"
         if self._trainers_gone():
-            self.socket.close()
-            self.open()
+            self.open()  # (closes this one without linger)
         else:
             self.socket.sync_peers(self.peers.trainers)
         return self.socket
